@@ -15,6 +15,7 @@ import importlib.util
 import logging
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,12 +156,10 @@ def _dequantize(gguf: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, filename = str(gguf.parent), gguf.name
-    print(f"tokenrelay: dequantizing {gguf.name} (one time) ...", flush=True)
+    print(f"tokenrelay: dequantizing {gguf.name} (one time) ...", file=sys.stderr, flush=True)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
-    model = AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file=filename, dtype=torch.float32
-    )
-    print(f"tokenrelay: writing safetensors to {out}", flush=True)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+    print(f"tokenrelay: writing safetensors to {out}", file=sys.stderr, flush=True)
     out.mkdir(parents=True, exist_ok=True)
     config = model.config
     # The weights are plain float tensors now; the GGUF origin is not part of the checkpoint.

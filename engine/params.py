@@ -39,7 +39,9 @@ class SamplingParams:
             raise ValueError(f"top_k must be an integer, got {self.top_k!r}")
         if self.top_k < -1:
             raise ValueError(f"top_k must be >= 0 (0 or -1 disables it), got {self.top_k}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, int)
+        ):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         if isinstance(self.stop, str):
             self.stop = [self.stop]

@@ -90,10 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
     from gateway.logs import setup_logging
 
+    try:
+        parser = build_parser()
+    except ValueError as exc:  # a bad TOKENRELAY_* value in the environment
+        print(f"tokenrelay: {exc}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     try:
         setup_logging(getattr(args, "log_level", None), getattr(args, "log_format", None))
         code: int = args.handler(args)

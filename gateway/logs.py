@@ -58,8 +58,10 @@ def setup_logging(level: str | None = None, fmt: str | None = None) -> None:
     text on a terminal and JSON otherwise).
     """
     level = (level or os.environ.get("TOKENRELAY_LOG_LEVEL") or "info").upper()
-    fmt = fmt or os.environ.get("TOKENRELAY_LOG_FORMAT") or (
-        "text" if sys.stderr.isatty() else "json"
+    fmt = (
+        fmt
+        or os.environ.get("TOKENRELAY_LOG_FORMAT")
+        or ("text" if sys.stderr.isatty() else "json")
     )
     if fmt not in ("json", "text"):
         raise ValueError(f"log format must be 'json' or 'text', got {fmt!r}")

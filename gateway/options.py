@@ -61,7 +61,7 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     add(p, "--model", default="default", help="default, a HF model folder or a .gguf file")
     add(p, "--device", default="auto", help="auto, cpu or cuda[:N]")
     add(p, "--kv-cache-memory", default=None, type=float,
-        help="GiB for the KV cache (default: a fraction of free GPU memory, 1 GiB on CPU)")  # fmt: skip
+        help="GiB for the KV cache (default: share of free GPU memory; 1 GiB on CPU)")  # fmt: skip
     add(p, "--max-num-seqs", default=64, type=int, help="most sequences in one batch")
     add(p, "--max-num-batched-tokens", default=1024, type=int, help="token budget per step")
     add(p, "--worker-id", default=None, help="consumer name in the request group")

@@ -1,0 +1,101 @@
+"""Engine configuration, validated on construction (torch-free)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.model_store import resolve_model
+
+DTYPES = {
+    "auto": None,
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+}
+_DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+CPU_BATCHED_TOKENS = 1024
+GPU_BATCHED_TOKENS = 8192
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+@dataclass
+class EngineConfig:
+    """Everything :class:`engine.LLMEngine` needs to start.
+
+    ``model`` is ``"default"``, a local Hugging Face folder or a ``.gguf`` file;
+    it is resolved to a folder (``model_path``) here, so an unknown path fails
+    fast. ``max_num_batched_tokens`` and ``max_model_len`` left as ``None`` are
+    filled in by the engine (from the device and the model). ``num_blocks``
+    overrides the memory-based KV pool size (tests use it to force preemption).
+    """
+
+    model: str = "default"
+    device: str = "auto"
+    dtype: str | None = None  # None/"auto": fp32 on CPU, bf16 (or fp16) on CUDA
+    block_size: int = 16
+    kv_cache_memory: float | None = None  # GiB for the KV pool
+    num_blocks: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int | None = None  # per-step token budget
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    model_path: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str | Path) or not str(self.model).strip():
+            raise ValueError(f"model must be a name or a path, got {self.model!r}")
+        self.model = str(self.model)
+        if not isinstance(self.device, str) or not _DEVICE_RE.match(self.device):
+            raise ValueError(
+                f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}"
+            )
+        if self.dtype is not None:
+            if not isinstance(self.dtype, str) or self.dtype.lower() not in DTYPES:
+                raise ValueError(
+                    f"dtype must be one of {sorted(set(DTYPES))} or None, got {self.dtype!r}"
+                )
+            self.dtype = DTYPES[self.dtype.lower()]
+        _check_int("block_size", self.block_size, 1)
+        if self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.kv_cache_memory is not None:
+            bad = isinstance(self.kv_cache_memory, bool) or not isinstance(
+                self.kv_cache_memory, int | float
+            )
+            if bad or not self.kv_cache_memory > 0:
+                got = self.kv_cache_memory
+                raise ValueError(f"kv_cache_memory must be a positive number of GiB, got {got!r}")
+            self.kv_cache_memory = float(self.kv_cache_memory)
+        if self.num_blocks is not None:
+            _check_int("num_blocks", self.num_blocks, 1)
+        _check_int("max_num_seqs", self.max_num_seqs, 1)
+        if self.max_num_batched_tokens is not None:
+            _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        if self.max_model_len is not None:
+            _check_int("max_model_len", self.max_model_len, 2)
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(
+                f"enable_prefix_caching must be a boolean, got {self.enable_prefix_caching!r}"
+            )
+        # Raises ModelNotFoundError (a ValueError starting with "model:") for unknown models.
+        self.model_path = resolve_model(self.model)
+
+    def default_batched_tokens(self, device_type: str) -> int:
+        """The per-step token budget: the configured one, else a per-device default."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return GPU_BATCHED_TOKENS if device_type == "cuda" else CPU_BATCHED_TOKENS

@@ -1,0 +1,189 @@
+"""The architecture of a Llama-family checkpoint, read from its ``config.json``.
+
+Supported ``model_type`` values: ``llama``, ``mistral``, ``qwen2``, ``qwen3``.
+RoPE scaling types: ``default``, ``linear``, ``llama3`` and ``yarn`` (the
+``dynamic`` NTK variant depends on the running sequence length and is rejected).
+Sliding-window attention (Mistral, Qwen2 ``use_sliding_window``) is ignored:
+every layer attends to the full context, which equals sliding-window attention
+for sequences shorter than the window.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary embedding parameters (``rope_type`` plus its scaling fields)."""
+
+    theta: float = 10000.0
+    rope_type: str = "default"
+    factor: float = 1.0
+    # llama3
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int | None = None
+    # yarn
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything the decoder needs to know about a checkpoint's shapes."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope: RopeConfig
+    max_position_embeddings: int
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False  # bias on q/k/v projections (Qwen2 always; Llama attention_bias)
+    o_bias: bool = False  # bias on the output projection (Llama/Qwen3 attention_bias)
+    mlp_bias: bool = False  # bias on gate/up/down (Llama mlp_bias)
+    qk_norm: bool = False  # RMSNorm on q and k per head (Qwen3)
+    eos_token_ids: frozenset[int] = field(default_factory=frozenset)
+    bos_token_id: int | None = None
+
+    @property
+    def num_kv_groups(self) -> int:
+        """Query heads per KV head (grouped-query attention)."""
+        return self.num_heads // self.num_kv_heads
+
+    @classmethod
+    def from_dict(
+        cls, cfg: dict[str, Any], generation_config: dict[str, Any] | None = None
+    ) -> ModelConfig:
+        """Build from the parsed ``config.json`` (and ``generation_config.json``)."""
+        model_type = cfg.get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"model_type: {model_type!r} is not supported "
+                f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+            )
+        hidden = _int(cfg, "hidden_size")
+        heads = _int(cfg, "num_attention_heads")
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        head_dim = int(cfg.get("head_dim") or hidden // heads)
+        if kv_heads <= 0 or heads % kv_heads:
+            raise ValueError(
+                f"num_key_value_heads: {kv_heads} must divide num_attention_heads ({heads})"
+            )
+        act = cfg.get("hidden_act", "silu")
+        if act not in ("silu", "swish"):
+            raise ValueError(f"hidden_act: {act!r} is not supported (only silu)")
+        max_pos = int(cfg.get("max_position_embeddings") or 4096)
+        attn_bias = model_type != "mistral" and bool(cfg.get("attention_bias", False))
+        eos = _ids(cfg.get("eos_token_id"))
+        if generation_config:
+            eos |= _ids(generation_config.get("eos_token_id"))
+        return cls(
+            model_type=model_type,
+            vocab_size=_int(cfg, "vocab_size"),
+            hidden_size=hidden,
+            num_layers=_int(cfg, "num_hidden_layers"),
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            intermediate_size=_int(cfg, "intermediate_size"),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope=_rope(cfg, max_pos),
+            max_position_embeddings=max_pos,
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            # Qwen2 always has a qkv bias (and none on o_proj); Llama/Qwen3 use attention_bias.
+            qkv_bias=model_type == "qwen2" or attn_bias,
+            o_bias=model_type != "qwen2" and attn_bias,
+            mlp_bias=model_type == "llama" and bool(cfg.get("mlp_bias", False)),
+            qk_norm=model_type == "qwen3",
+            eos_token_ids=frozenset(eos),
+            bos_token_id=cfg.get("bos_token_id"),
+        )
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> ModelConfig:
+        """Read ``config.json`` (and ``generation_config.json`` if any) in ``path``."""
+        folder = Path(path)
+        cfg_file = folder / "config.json"
+        if not cfg_file.is_file():
+            raise ValueError(f"model: {folder} has no config.json")
+        cfg = json.loads(cfg_file.read_text())
+        gen_file = folder / "generation_config.json"
+        gen = json.loads(gen_file.read_text()) if gen_file.is_file() else None
+        return cls.from_dict(cfg, gen)
+
+
+def _int(cfg: dict[str, Any], key: str) -> int:
+    value = cfg.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{key}: expected a positive integer in config.json, got {value!r}")
+    return value
+
+
+def _ids(value: Any) -> set[int]:
+    if value is None:
+        return set()
+    if isinstance(value, int):
+        return {value}
+    return {int(v) for v in value}
+
+
+def _rope(cfg: dict[str, Any], max_pos: int) -> RopeConfig:
+    """Merge transformers-5 ``rope_parameters`` and older ``rope_theta``/``rope_scaling``."""
+    params: dict[str, Any] = dict(cfg.get("rope_scaling") or {})
+    params.update(cfg.get("rope_parameters") or {})
+    if any(isinstance(v, dict) for v in params.values()):
+        raise ValueError("rope_parameters: per-layer-type RoPE parameters are not supported")
+    theta = float(params.get("rope_theta") or cfg.get("rope_theta") or 10000.0)
+    rope_type = params.get("rope_type") or params.get("type") or "default"
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(
+            f"rope_scaling.rope_type: {rope_type!r} is not supported "
+            f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
+        )
+    if float(cfg.get("partial_rotary_factor") or params.get("partial_rotary_factor") or 1.0) != 1:
+        raise ValueError("partial_rotary_factor: only 1.0 is supported")
+    factor = params.get("factor")
+    if rope_type in ("linear", "llama3") and factor is None:
+        raise ValueError(f"rope_scaling.factor: required for rope_type {rope_type!r}")
+    orig = params.get("original_max_position_embeddings") or cfg.get(
+        "original_max_position_embeddings"
+    )
+    if rope_type in ("llama3", "yarn") and orig is None:
+        orig = max_pos
+    if rope_type == "yarn" and factor is None:
+        factor = max_pos / int(orig)
+    return RopeConfig(
+        theta=theta,
+        rope_type=rope_type,
+        factor=float(factor if factor is not None else 1.0),
+        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=int(orig) if orig is not None else None,
+        beta_fast=float(params.get("beta_fast") or 32.0),
+        beta_slow=float(params.get("beta_slow") or 1.0),
+        attention_factor=_opt_float(params.get("attention_factor")),
+        mscale=_opt_float(params.get("mscale")),
+        mscale_all_dim=_opt_float(params.get("mscale_all_dim")),
+        truncate=bool(params.get("truncate", True)),
+    )
+
+
+def _opt_float(value: Any) -> float | None:
+    return None if value is None else float(value)
