@@ -173,13 +173,15 @@ def _plan_torch(
         mask_rows.masked_fill_(cols[None, :] > rows[:, None], float("-inf"))
         nb = -(-c // bs)
         blocks = torch.from_numpy(bt_np[i, :nb].copy()).to(device) if start > 0 else None
-        meta.prefills.append(
-            PrefillPlan(int(cu_q[i]), int(cu_q[i + 1]), start, blocks, mask_rows)
-        )
+        meta.prefills.append(PrefillPlan(int(cu_q[i]), int(cu_q[i + 1]), start, blocks, mask_rows))
 
 
 def store_kv(
-    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
 ) -> None:
     """Write this step's ``k``, ``v`` ``[T, Hkv, D]`` into the pool at ``slots`` ``[T]``."""
     num_kv_heads, head_dim = k.shape[1], k.shape[2]
@@ -196,7 +198,7 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
-    """Store ``k``/``v`` and attend: ``q`` ``[T, H, D]``, ``k``/``v`` ``[T, Hkv, D]`` -> ``[T, H, D]``.
+    """Store ``k``/``v`` ``[T, Hkv, D]`` and attend with ``q`` ``[T, H, D]`` -> ``[T, H, D]``.
 
     ``k_cache``/``v_cache`` are ``[num_blocks, block_size, Hkv, D]``.
     """
@@ -207,7 +209,11 @@ def paged_attention(
 
 
 def _flash_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
 ) -> torch.Tensor:
     from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
 
@@ -245,7 +251,7 @@ def _torch_attention(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
-    num_tokens, num_heads, head_dim = q.shape
+    _, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     groups = num_heads // num_kv_heads
     bs = meta.block_size
@@ -273,8 +279,10 @@ def _torch_attention(
             p.folded_mask = p.mask_rows.repeat(groups, 1)  # [G * n, ctx], rows ordered (g, i)
         o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=p.folded_mask, scale=scale)
         # [Hkv, G * n, D] -> [n, H, D]
-        out[p.start : p.end] = o.view(num_kv_heads, groups, n, head_dim).permute(2, 0, 1, 3).reshape(
-            n, num_heads, head_dim
+        out[p.start : p.end] = (
+            o.view(num_kv_heads, groups, n, head_dim)
+            .permute(2, 0, 1, 3)
+            .reshape(n, num_heads, head_dim)
         )
     return out
 

@@ -189,6 +189,20 @@ class BlockManager:
             # else: cached already, or the same content went into another block first
         seq.num_registered_blocks = max(seq.num_registered_blocks, num_full)
 
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached-free block (blocks in use stay registered); returns how many."""
+        dropped = 0
+        while self._evictable:
+            block, _ = self._evictable.popitem(last=False)
+            block_hash = self._block_hash[block]
+            assert block_hash is not None
+            del self._hash_to_block[block_hash]
+            self._block_hash[block] = None
+            self._block_tokens[block] = None
+            self._free.append(block)
+            dropped += 1
+        return dropped
+
     # ------------------------------------------------------------------ checks
     def check_invariants(self, live: Iterable[Sequence]) -> None:
         """Assert the pool is consistent with the block tables of ``live`` sequences."""

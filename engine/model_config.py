@@ -168,7 +168,7 @@ def _rope(cfg: dict[str, Any], max_pos: int) -> RopeConfig:
     if rope_type in ("llama3", "yarn") and orig is None:
         orig = max_pos
     if rope_type == "yarn" and factor is None:
-        factor = max_pos / int(orig)
+        factor = max_pos / int(orig or max_pos)
     return RopeConfig(
         theta=theta,
         rope_type=rope_type,

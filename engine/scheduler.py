@@ -21,6 +21,7 @@ size), so every request completes.
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -62,7 +63,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._live: dict[str, Sequence] = {}  # every unfinished sequence, by request id
-        self._pending_aborts: dict[str, None] = {}  # ordered set
+        self._pending_aborts: dict[str, None] = {}  # ordered set, guarded by _abort_lock
+        self._abort_lock = threading.Lock()  # abort() may come from another thread
         # New admissions leave this many blocks free for running decodes (not
         # when nothing runs: then the head of the queue must always get in).
         self.watermark_blocks = max(1, block_manager.num_blocks // 100)
@@ -93,15 +95,20 @@ class Scheduler:
         if seq.request_id in self._live:
             raise ValueError(f"request_id {seq.request_id!r} is already running")
         seq.status = SequenceStatus.WAITING
-        self._live[seq.request_id] = seq
+        with self._abort_lock:
+            self._live[seq.request_id] = seq
         self.waiting.append(seq)
 
     def abort(self, request_id: str) -> bool:
-        """Drop ``request_id`` at the next :meth:`schedule`; False if it is unknown."""
-        if request_id not in self._live:
-            return False
-        self._pending_aborts[request_id] = None
-        return True
+        """Drop ``request_id`` at the next :meth:`schedule`; False if it is unknown.
+
+        The only method safe to call from another thread than the step loop's.
+        """
+        with self._abort_lock:
+            if request_id not in self._live:
+                return False
+            self._pending_aborts[request_id] = None
+            return True
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """End ``seq`` (stop, length, abort) and release its blocks."""
@@ -114,8 +121,9 @@ class Scheduler:
         self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
-        self._live.pop(seq.request_id, None)
-        self._pending_aborts.pop(seq.request_id, None)
+        with self._abort_lock:
+            self._live.pop(seq.request_id, None)
+            self._pending_aborts.pop(seq.request_id, None)
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
@@ -135,12 +143,13 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Plan one step: drop aborted sequences, then fill the token budget."""
         out = SchedulerOutput()
-        for request_id in list(self._pending_aborts):
+        with self._abort_lock:
+            pending, self._pending_aborts = list(self._pending_aborts), {}
+        for request_id in pending:
             seq = self._live.get(request_id)
             if seq is not None:
                 self.finish(seq, "abort")
                 out.aborted.append(seq)
-        self._pending_aborts.clear()
 
         bm = self.block_manager
         budget = self.max_num_batched_tokens
@@ -231,9 +240,7 @@ class Scheduler:
         self.decode_tokens_computed += out.num_decode_tokens
         return out
 
-    def update(
-        self, out: SchedulerOutput, sampled: list[int | None]
-    ) -> list[tuple[Sequence, int]]:
+    def update(self, out: SchedulerOutput, sampled: list[int | None]) -> list[tuple[Sequence, int]]:
         """Record a finished step: advance computed counts, append sampled tokens.
 
         Returns the ``(sequence, new token)`` pairs; the caller decides which of

@@ -40,6 +40,7 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
 def add_redis_url(p: argparse.ArgumentParser, *, required: bool) -> None:
     hint = "shared Redis URL" if required else "Redis URL (default: start an embedded Redis)"
     add(p, "--redis-url", default=None, help=hint)
+    add(p, "--redis-prefix", default="tr:", help="prefix of every Redis key (one namespace)")
 
 
 def add_stream_options(p: argparse.ArgumentParser) -> None:
@@ -55,6 +56,12 @@ def add_http_options(p: argparse.ArgumentParser) -> None:
     add(p, "--heartbeat", default=20.0, type=float, help="seconds between server pings")
     add(p, "--max-frame-bytes", default=1 << 20, type=int, help="largest client frame accepted")
     add(p, "--model-name", default=None, help="model name reported by the API")
+    add(p, "--max-connections", default=10_000, type=int,
+        help="WebSockets accepted at once (more are closed with 1013)")  # fmt: skip
+    add(p, "--max-streams-per-connection", default=64, type=int,
+        help="concurrent streams one WebSocket may carry")  # fmt: skip
+    add(p, "--max-pending", default=4096, type=int,
+        help="queued + running requests before new ones get 'overloaded'")  # fmt: skip
 
 
 def add_engine_options(p: argparse.ArgumentParser) -> None:

@@ -1,0 +1,250 @@
+"""The step-level engine: requests in, per-step text deltas out.
+
+One :class:`LLMEngine` owns the tokenizer, the model runner (weights, KV pool,
+sampler), the block manager and the scheduler. A caller (the gateway's worker,
+or :class:`engine.LLM`) adds requests at any time and calls :meth:`step` in a
+loop; each step returns a :class:`RequestOutput` for every request that
+produced text or tokens, or finished, in that step.
+
+Threading: :meth:`abort` may be called from another thread; everything else
+belongs to the thread that calls :meth:`step`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+
+log = logging.getLogger("tokenrelay.engine")
+
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+
+
+@dataclass
+class RequestOutput:
+    """What one request produced in one step.
+
+    ``new_text`` is the text delta (a stop string and anything after it never
+    appears); ``new_token_ids`` may hold a token that adds no text (EOS, a
+    partial UTF-8 character, a held-back possible stop-string prefix).
+    """
+
+    request_id: str
+    new_text: str
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort" | None
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class LLMEngine:
+    """Continuous batching over a paged KV cache, one step at a time."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        import torch
+        from transformers import AutoTokenizer
+
+        from engine.detokenizer import IncrementalDetokenizer
+        from engine.model_runner import ModelRunner
+
+        self.config = config
+        self._detokenizer_cls = IncrementalDetokenizer
+        self.tokenizer: Any = AutoTokenizer.from_pretrained(str(config.model_path))
+        self.runner = ModelRunner(
+            config.model_path,
+            device=config.device,
+            dtype=getattr(torch, config.dtype) if config.dtype else None,
+            block_size=config.block_size,
+            kv_cache_memory_gib=config.kv_cache_memory,
+            num_blocks=config.num_blocks,
+        )
+        model_len = self.runner.max_model_len
+        if config.max_model_len is not None and config.max_model_len > model_len:
+            raise ValueError(
+                f"max_model_len: {config.max_model_len} exceeds the model's context {model_len}"
+            )
+        pool_len = self.runner.num_blocks * config.block_size
+        # Capped at the pool so the oldest sequence alone always fits (no preemption deadlock).
+        self.max_model_len = min(config.max_model_len or model_len, pool_len)
+        if self.max_model_len < 2:
+            raise ValueError(f"num_blocks: a pool of {pool_len} token slots is too small")
+        self.vocab_size = self.runner.model_config.vocab_size
+        self.eos_token_ids: set[int] = set(self.runner.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            self.eos_token_ids.add(int(self.tokenizer.eos_token_id))
+        self.block_manager = BlockManager(
+            self.runner.num_blocks, config.block_size, config.enable_prefix_caching
+        )
+        self.max_num_batched_tokens = config.default_batched_tokens(self.runner.device.type)
+        self.scheduler = Scheduler(
+            self.block_manager, config.max_num_seqs, self.max_num_batched_tokens
+        )
+        self._detok: dict[str, Any] = {}
+        self._arrivals = 0
+        self.num_steps = 0
+        self.num_generated_tokens = 0
+        self.step_seconds = 0.0
+
+    # ---------------------------------------------------------------- requests
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+    ) -> int:
+        """Queue a request; returns its prompt token count.
+
+        Raises ``ValueError`` naming the field for an empty or too long prompt,
+        token ids outside the vocabulary, a duplicate ``request_id`` or bad
+        params; nothing else is disturbed.
+        """
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
+        if self.scheduler.get(request_id) is not None:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        if params is None:
+            params = SamplingParams()
+        elif not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        token_ids = self._prompt_ids(prompt)
+        if len(token_ids) + 1 > self.max_model_len:
+            raise ValueError(
+                f"prompt: {len(token_ids)} tokens leave no room to generate within the "
+                f"context of {self.max_model_len} tokens"
+            )
+        detok = self._detokenizer_cls(self.tokenizer, list(params.stop))
+        seq = Sequence(request_id, token_ids, params, self._arrivals)
+        self._arrivals += 1
+        self.scheduler.add(seq)
+        self._detok[request_id] = detok
+        return len(token_ids)
+
+    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt must not be empty")
+            ids = list(self.tokenizer(prompt)["input_ids"])
+        elif isinstance(prompt, list | tuple):
+            ids = list(prompt)
+            for tok in ids:
+                if isinstance(tok, bool) or not isinstance(tok, int):
+                    raise ValueError(f"prompt: token ids must be integers, got {tok!r}")
+                if not 0 <= tok < self.vocab_size:
+                    raise ValueError(
+                        f"prompt: token id {tok} is outside the vocabulary [0, {self.vocab_size})"
+                    )
+        else:
+            raise ValueError(f"prompt must be a string or a list of token ids, got {prompt!r}")
+        if not ids:
+            raise ValueError("prompt must not be empty")
+        return ids
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+        """Token ids of ``messages`` rendered by the model's chat template,
+        ending with the assistant's generation prompt."""
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("messages must be a non-empty list")
+        for i, msg in enumerate(messages):
+            if not isinstance(msg, dict):
+                raise ValueError(f"messages[{i}] must be an object with role and content")
+            if msg.get("role") not in CHAT_ROLES:
+                raise ValueError(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}")
+            if not isinstance(msg.get("content"), str):
+                raise ValueError(f"messages[{i}].content must be a string")
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("messages: this model has no chat template; send a prompt instead")
+        text = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        )
+        # The template already holds any BOS; don't let the tokenizer add another.
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def abort(self, request_id: str) -> bool:
+        """Stop ``request_id`` at the next step (its blocks are freed then).
+
+        Returns False for an unknown or already finished request. Thread-safe.
+        """
+        return self.scheduler.abort(request_id)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -------------------------------------------------------------------- step
+    def step(self) -> list[RequestOutput]:
+        """Run one engine step: aborts, one batched forward pass, sampling, detokenizing."""
+        started = time.perf_counter()
+        plan = self.scheduler.schedule()
+        outputs = [
+            RequestOutput(
+                seq.request_id, "", [], True, "abort", seq.num_prompt_tokens, seq.num_output_tokens
+            )
+            for seq in plan.aborted
+        ]
+        for seq in plan.aborted:
+            self._detok.pop(seq.request_id, None)
+        if plan.items:
+            sampled = self.runner.execute(plan.items)
+            for seq, token in self.scheduler.update(plan, sampled):
+                outputs.append(self._on_token(seq, token))
+            self.num_steps += 1
+        self.step_seconds += time.perf_counter() - started
+        return outputs
+
+    def _on_token(self, seq: Sequence, token: int) -> RequestOutput:
+        params = seq.params
+        detok = self._detok[seq.request_id]
+        self.num_generated_tokens += 1
+        reason: str | None = None
+        if token in self.eos_token_ids and not params.ignore_eos:
+            text, reason = detok.flush(), "stop"  # EOS ends the text, never part of it
+        else:
+            text = detok.add(token)
+            if detok.stopped:
+                reason = "stop"
+            elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+                text += detok.flush()
+                reason = "length"
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
+            del self._detok[seq.request_id]
+        return RequestOutput(
+            seq.request_id,
+            text,
+            [token],
+            reason is not None,
+            reason,
+            seq.num_prompt_tokens,
+            seq.num_output_tokens,
+        )
+
+    def reset_prefix_cache(self) -> int:
+        """Forget the cached-free prefix blocks (for benchmarks and tests)."""
+        return self.block_manager.reset_prefix_cache()
+
+    # ------------------------------------------------------------------- stats
+    def stats(self) -> dict[str, Any]:
+        """Pool, queue and work counters (``blocks_free`` includes cached-free blocks)."""
+        sched = self.scheduler
+        return {
+            **self.block_manager.stats(),
+            "running": sched.num_running,
+            "waiting": sched.num_waiting,
+            "prompt_tokens_computed": sched.prompt_tokens_computed,
+            "decode_tokens_computed": sched.decode_tokens_computed,
+            "generated_tokens": self.num_generated_tokens,
+            "preemptions": sched.num_preemptions,
+            "num_steps": self.num_steps,
+            "step_seconds": round(self.step_seconds, 6),
+            "max_model_len": self.max_model_len,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "max_num_seqs": sched.max_num_seqs,
+        }

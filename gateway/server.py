@@ -1,0 +1,67 @@
+"""``tokenrelay gateway``: serve the Starlette app with uvicorn against a shared Redis."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import socket
+
+import uvicorn
+
+from gateway.app import Gateway, Settings, create_app
+
+log = logging.getLogger("tokenrelay.server")
+
+
+class GatewayServer(uvicorn.Server):
+    """uvicorn, except that on shutdown WebSockets get close code 1001 first.
+
+    uvicorn's own connection shutdown sends 1012; the protocol promises 1001
+    ("going away"), so the gateway closes its sockets itself before that.
+    """
+
+    def __init__(self, config: uvicorn.Config, gw: Gateway) -> None:
+        super().__init__(config)
+        self.gw = gw
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()  # stop accepting first
+        try:
+            await self.gw.close_connections(wait=2.0)
+        except Exception:  # never block the shutdown
+            log.exception("closing websockets failed")
+        await super().shutdown(sockets)
+
+
+def build_server(
+    settings: Settings, host: str, port: int, *, log_level: str = "info"
+) -> GatewayServer:
+    """A uvicorn server for the gateway app (not started)."""
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        ws="websockets-sansio",
+        ws_max_size=settings.max_frame_bytes,
+        ws_ping_interval=settings.heartbeat,
+        ws_ping_timeout=settings.heartbeat,
+        ws_per_message_deflate=False,
+        log_config=None,  # keep tokenrelay's JSON/text logging
+        log_level=log_level.lower(),
+        access_log=False,
+        timeout_graceful_shutdown=5,
+        lifespan="on",
+    )
+    return GatewayServer(config, app.state.gateway)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Entry point of ``tokenrelay gateway``."""
+    settings = Settings.from_args(args)
+    server = build_server(settings, args.host, args.port, log_level=args.log_level)
+    log.info("gateway listening", extra={"host": args.host, "port": args.port})
+    asyncio.run(server.serve())
+    return 0

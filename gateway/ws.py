@@ -1,0 +1,309 @@
+"""``/v1/ws``: one full-duplex WebSocket carrying any number of streams.
+
+Per socket there is a reader loop (client frames, answered in order), one
+tail task per stream (replay + live events from the Redis log) and one writer
+task that owns the socket's send side. Everything the tails produce goes
+through a bounded send queue: when the client reads slowly, the queue fills,
+the tails stop pulling from Redis (the log is the buffer) and nothing else
+waits. docs/protocol.md is the reference for the frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from gateway import protocol as p
+from gateway.streamlog import (
+    BadOffset,
+    NoWorker,
+    Overloaded,
+    RedisUnavailable,
+    StreamForbidden,
+    StreamNotFound,
+)
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+log = logging.getLogger("tokenrelay.ws")
+
+RATE_PER_S = 50.0  # client frames per second, sustained
+RATE_BURST = 200.0
+MAX_VIOLATIONS = 200  # rate-limited frames in a row before closing with 1008
+
+
+class _Close:
+    def __init__(self, code: int, reason: str = "") -> None:
+        self.code, self.reason = code, reason
+
+
+class Connection:
+    """One accepted WebSocket and the streams it carries."""
+
+    def __init__(self, ws: WebSocket, gw: Gateway) -> None:
+        self.ws = ws
+        self.gw = gw
+        self.queue: asyncio.Queue[str | _Close] = asyncio.Queue(gw.settings.send_queue)
+        self.tails: dict[str, asyncio.Task[None]] = {}
+        self.owned: set[str] = set()
+        self._tokens = RATE_BURST
+        self._refilled = time.monotonic()
+        self._violations = 0
+        self._closing = False
+
+    # --- lifecycle ---------------------------------------------------------------
+
+    async def run(self) -> None:
+        await self.ws.accept()
+        writer = asyncio.create_task(self._write_loop(), name="ws-writer")
+        try:
+            if self.gw.shutting_down:
+                self.close(p.CLOSE_GOING_AWAY, "gateway shutting down")
+            elif len(self.gw.connections) > self.gw.settings.max_connections:
+                self.close(p.CLOSE_OVERLOADED, "too many connections")
+            else:
+                await self.send(
+                    p.hello_frame(
+                        self.gw.settings.heartbeat,
+                        max_frame_bytes=self.gw.settings.max_frame_bytes,
+                        server=self.gw.server_name,
+                    )
+                )
+                await self._read_loop()
+        finally:
+            for task in list(self.tails.values()):
+                task.cancel()
+            await asyncio.gather(*self.tails.values(), return_exceptions=True)
+            if self._closing:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(writer), 2.0)
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await writer
+
+    def close(self, code: int, reason: str = "") -> None:
+        """Close the socket with ``code`` after what is queued (or at once when full)."""
+        if self._closing:
+            return
+        self._closing = True
+        if self.queue.full():  # drop what a slow client has not read; it will resume
+            while not self.queue.empty():
+                self.queue.get_nowait()
+        self.queue.put_nowait(_Close(code, reason))
+
+    async def _write_loop(self) -> None:
+        try:
+            while True:
+                item = await self.queue.get()
+                if isinstance(item, _Close):
+                    await self.ws.close(item.code, item.reason)
+                    return
+                await self.ws.send_text(item)
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            return
+        except Exception as exc:  # e.g. uvicorn's ClientDisconnected
+            log.debug("websocket send failed: %r", exc)
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        """Queue a frame (waits while the send queue is full)."""
+        if not self._closing:
+            await self.queue.put(p.encode(frame))
+
+    async def _read_loop(self) -> None:
+        while not self._closing:
+            msg = await self.ws.receive()
+            if msg["type"] == "websocket.disconnect":
+                return
+            text = msg.get("text")
+            if text is None:
+                await self.send(p.error_frame("bad_request", "binary frames are not supported"))
+                continue
+            if not self._allow():
+                self._violations += 1
+                if self._violations >= MAX_VIOLATIONS:
+                    self.close(p.CLOSE_POLICY, "rate limit exceeded")
+                    return
+                await self.send(p.error_frame("rate_limited", "too many frames; slow down"))
+                continue
+            self._violations = 0
+            try:
+                await self._handle(p.parse_frame(text, self.gw.limits))
+            except p.ProtocolError as exc:
+                await self.send(exc.frame())
+            except RedisUnavailable:
+                await self.send(p.error_frame("unavailable", "the stream store is unreachable"))
+            except Exception:
+                log.exception("frame handler failed")
+                await self.send(p.error_frame("internal", "internal error"))
+
+    def _allow(self) -> bool:
+        now = time.monotonic()
+        self._tokens = min(RATE_BURST, self._tokens + (now - self._refilled) * RATE_PER_S)
+        self._refilled = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
+
+    # --- frames ----------------------------------------------------------------------
+
+    async def _handle(self, frame: p.ClientFrame) -> None:
+        if isinstance(frame, p.Ping):
+            await self.send(p.pong_frame())
+        elif isinstance(frame, p.Generate):
+            await self._generate(frame)
+        elif isinstance(frame, p.Resume):
+            await self._resume(frame)
+        elif isinstance(frame, p.Cancel):
+            await self._cancel(frame)
+
+    async def _generate(self, g: p.Generate) -> None:
+        rid = g.request_id
+        if len(self.tails) >= self.gw.settings.max_streams_per_connection:
+            limit = self.gw.settings.max_streams_per_connection
+            raise p.ProtocolError(
+                "rate_limited", f"at most {limit} concurrent streams per socket", request_id=rid
+            )
+        try:
+            new = await self.gw.log.create(g.body(), rid)
+        except NoWorker as exc:
+            raise p.ProtocolError("unavailable", str(exc), request_id=rid) from None
+        except Overloaded as exc:
+            raise p.ProtocolError("overloaded", str(exc), request_id=rid) from None
+        except RedisUnavailable:
+            raise p.ProtocolError(
+                "unavailable", "the stream store is unreachable", request_id=rid
+            ) from None
+        self.owned.add(new.stream_id)
+        log.info("generate", extra={"request_id": rid, "stream_id": new.stream_id})
+        self._start_tail(new.stream_id, -1, new.attach_id, (rid, new.resume_token))
+
+    async def _resume(self, r: p.Resume) -> None:
+        sid = r.stream_id
+        try:
+            info = await self.gw.log.authorize(sid, r.resume_token)
+            await self.gw.log.check_after(sid, r.after)
+        except StreamNotFound as exc:
+            raise p.ProtocolError("not_found", str(exc), stream_id=sid) from None
+        except StreamForbidden as exc:
+            raise p.ProtocolError("forbidden", str(exc), stream_id=sid) from None
+        except BadOffset as exc:
+            raise p.ProtocolError("bad_request", str(exc), stream_id=sid) from None
+        except RedisUnavailable:
+            raise p.ProtocolError(
+                "unavailable", "the stream store is unreachable", stream_id=sid
+            ) from None
+        old = self.tails.pop(sid, None)
+        if old is not None:  # one tail per stream per socket
+            old.cancel()
+            await asyncio.gather(old, return_exceptions=True)
+        elif len(self.tails) >= self.gw.settings.max_streams_per_connection:
+            limit = self.gw.settings.max_streams_per_connection
+            raise p.ProtocolError(
+                "rate_limited", f"at most {limit} concurrent streams per socket", stream_id=sid
+            )
+        attach_id = None
+        if info.status != "done":
+            with contextlib.suppress(RedisUnavailable):
+                attach_id = await self.gw.log.attach(sid)
+        self.owned.add(sid)
+        extra = {"stream_id": sid, "request_id": info.request_id, "after": r.after}
+        log.info("resume", extra=extra)
+        await self.send(p.resumed_frame(sid, r.after))
+        self._start_tail(sid, r.after, attach_id, None)
+
+    async def _cancel(self, c: p.Cancel) -> None:
+        sid = c.stream_id
+        try:
+            if sid not in self.owned:
+                if c.resume_token is None:
+                    info = await self.gw.log.info(sid)
+                    if info is None:
+                        raise StreamNotFound("no such stream (unknown or expired)")
+                    raise StreamForbidden(
+                        "this socket did not start or resume the stream: send its resume_token"
+                    )
+                await self.gw.log.authorize(sid, c.resume_token)
+            before = await self.gw.log.info(sid)
+            info = await self.gw.log.cancel(sid)
+        except StreamNotFound as exc:
+            raise p.ProtocolError("not_found", str(exc), stream_id=sid) from None
+        except StreamForbidden as exc:
+            raise p.ProtocolError("forbidden", str(exc), stream_id=sid) from None
+        except RedisUnavailable:
+            raise p.ProtocolError(
+                "unavailable", "the stream store is unreachable", stream_id=sid
+            ) from None
+        already = before is not None and before.status == "done"
+        state = "finished" if already else "cancelling"
+        await self.send(p.cancelled_frame(sid, state, info.finish_reason if already else None))
+
+    # --- tails -----------------------------------------------------------------------
+
+    def _start_tail(
+        self, sid: str, after: int, attach_id: str | None, started: tuple[str | None, str] | None
+    ) -> None:
+        task = asyncio.create_task(self._tail(sid, after, attach_id, started), name=f"tail-{sid}")
+        self.tails[sid] = task
+
+    async def _tail(
+        self, sid: str, after: int, attach_id: str | None, started: tuple[str | None, str] | None
+    ) -> None:
+        rid = started[0] if started else None
+        try:
+            async with contextlib.aclosing(self.gw.log.tail(sid, after)) as events:
+                async for ev in events:
+                    if ev.kind == "token":
+                        await self.send(p.token_frame(sid, ev.seq, ev.text))
+                    elif ev.kind == "done":
+                        await self.send(
+                            p.done_frame(
+                                sid,
+                                ev.seq,
+                                ev.finish_reason or "error",
+                                ev.prompt_tokens,
+                                ev.completion_tokens,
+                                ev.message,
+                            )
+                        )
+                        return
+                    elif started is not None and (ev.kind == "accepted" or ev.code == "cancelled"):
+                        await self.send(p.started_frame(rid, sid, started[1], ev.prompt_tokens))
+                        started = None
+                    elif started is not None and ev.kind == "rejected":
+                        code = ev.code if ev.code in p.ERROR_CODES else "internal"
+                        await self.send(
+                            p.error_frame(code, ev.message or "rejected", request_id=rid)
+                        )
+                        return
+        except StreamNotFound as exc:  # expired, or the events after `after` were trimmed
+            await self.send(p.error_frame("not_found", str(exc), request_id=rid, stream_id=sid))
+        except RedisUnavailable:
+            msg = "the stream store is unreachable; resume later"
+            await self.send(p.error_frame("unavailable", msg, request_id=rid, stream_id=sid))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("stream tail failed", extra={"stream_id": sid, "request_id": rid})
+            await self.send(p.error_frame("internal", "internal error", stream_id=sid))
+        finally:
+            if self.tails.get(sid) is asyncio.current_task():
+                del self.tails[sid]
+            await self.gw.log.detach(sid, attach_id)
+
+
+async def websocket_endpoint(ws: WebSocket) -> None:
+    """Starlette endpoint for ``/v1/ws``."""
+    gw: Gateway = ws.app.state.gateway
+    conn = Connection(ws, gw)
+    gw.connections.add(conn)
+    try:
+        await conn.run()
+    finally:
+        gw.connections.discard(conn)

@@ -1,0 +1,772 @@
+// The chat page at `/`: conversations in localStorage, streaming Markdown answers over
+// TokenRelayClient, Stop / regenerate / copy, a connection indicator, and resume after a
+// reload (the in-flight stream's id, resume token, last seq and text are saved per token).
+// QA hooks (docs/client.md): `?debug=1`, `window.tokenrelay`, stable data-testid selectors.
+import { TokenRelayClient } from "./tokenrelay-client.js";
+import { copyText, decorateCodeBlocks, renderMarkdown } from "./markdown.js";
+
+const KEY = {
+  conversations: "tokenrelay.v1.conversations",
+  current: "tokenrelay.v1.current",
+  settings: "tokenrelay.v1.settings",
+  inflight: "tokenrelay.v1.inflight",
+};
+
+const DEFAULT_SETTINGS = {
+  temperature: 0.7,
+  max_tokens: 256,
+  top_p: 1,
+  top_k: 0,
+  seed: null,
+  system: "",
+};
+const NUMERIC = ["temperature", "max_tokens", "top_p", "top_k", "seed"];
+
+const STATE_LABELS = {
+  idle: "Not connected",
+  connecting: "Connecting...",
+  open: "Connected",
+  reconnecting: "Reconnecting...",
+  offline: "Offline: waiting for the network...",
+  closed: "Disconnected",
+};
+
+const $ = (/** @type {string} */ id) => /** @type {HTMLElement} */ (document.getElementById(id));
+
+// --- storage -----------------------------------------------------------------------------
+
+const storage = {
+  get(key, fallback) {
+    try {
+      const raw = localStorage.getItem(key);
+      return raw == null ? fallback : JSON.parse(raw);
+    } catch {
+      return fallback;
+    }
+  },
+  set(key, value) {
+    try {
+      localStorage.setItem(key, JSON.stringify(value));
+    } catch {
+      /* quota or disabled storage: the page still works, without persistence */
+    }
+  },
+  remove(key) {
+    try {
+      localStorage.removeItem(key);
+    } catch {
+      /* ignore */
+    }
+  },
+};
+
+function uid(prefix) {
+  const b = new Uint8Array(8);
+  crypto.getRandomValues(b);
+  return prefix + Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("");
+}
+
+/**
+ * @typedef {{id: string, role: "user"|"assistant", content: string,
+ *   state?: "streaming"|"done"|"cancelled"|"error", error?: string, meta?: object,
+ *   createdAt: number}} Msg
+ * @typedef {{id: string, title: string, createdAt: number, updatedAt: number,
+ *   messages: Msg[]}} Conversation
+ * @typedef {{convId: string, msgId: string, requestId?: string, streamId: string|null,
+ *   resumeToken: string|null, lastSeq: number, text: string, sentAt: number,
+ *   firstTokenAt: number|null, tokens: number, resumes: number}} Inflight
+ */
+
+/** @type {{order: string[], items: Record<string, Conversation>}} */
+let convs = storage.get(KEY.conversations, { order: [], items: {} });
+if (!convs || !Array.isArray(convs.order) || typeof convs.items !== "object") {
+  convs = { order: [], items: {} };
+}
+/** @type {string|null} */
+let currentId = storage.get(KEY.current, null);
+if (currentId && !convs.items[currentId]) currentId = null;
+/** @type {Record<string, Inflight>} */
+let inflight = storage.get(KEY.inflight, {}) ?? {};
+
+function saveConversations() {
+  storage.set(KEY.conversations, convs);
+}
+function saveInflight() {
+  storage.set(KEY.inflight, inflight);
+}
+
+function newConversation() {
+  const now = Date.now();
+  /** @type {Conversation} */
+  const c = { id: uid("c"), title: "New chat", createdAt: now, updatedAt: now, messages: [] };
+  convs.items[c.id] = c;
+  convs.order.unshift(c.id);
+  return c;
+}
+
+function current() {
+  return currentId ? convs.items[currentId] : null;
+}
+
+function findMessage(convId, msgId) {
+  return convs.items[convId]?.messages.find((m) => m.id === msgId) ?? null;
+}
+
+// --- settings ----------------------------------------------------------------------------
+
+const presets = (() => {
+  try {
+    return JSON.parse($("presets")?.textContent || "{}") ?? {};
+  } catch {
+    return {};
+  }
+})();
+const settingsForm = /** @type {HTMLFormElement} */ ($("settings-form"));
+
+function readSettingsForm() {
+  /** @type {Record<string, any>} */
+  const out = {};
+  for (const el of settingsForm.elements) {
+    const input = /** @type {HTMLInputElement} */ (el);
+    if (!input.name) continue;
+    if (NUMERIC.includes(input.name)) {
+      const v = input.value.trim() === "" ? null : Number(input.value);
+      out[input.name] = v === null || Number.isFinite(v) ? v : null;
+    } else out[input.name] = input.value;
+  }
+  return out;
+}
+
+function initSettings() {
+  const stored = storage.get(KEY.settings, {}) ?? {};
+  for (const el of settingsForm.elements) {
+    const input = /** @type {HTMLInputElement} */ (el);
+    if (!input.name || input.name in presets) continue; // URL presets win (already rendered)
+    const v = stored[input.name];
+    input.value = v == null ? "" : String(v);
+  }
+  settingsForm.addEventListener("input", () => storage.set(KEY.settings, readSettingsForm()));
+  settingsForm.addEventListener("submit", (e) => e.preventDefault());
+}
+
+/** The params of a generate frame from the settings (blank fields use the defaults). */
+function generationParams() {
+  const s = readSettingsForm();
+  /** @type {Record<string, number>} */
+  const params = {};
+  const num = (name) => (s[name] ?? DEFAULT_SETTINGS[name]);
+  params.temperature = Math.max(0, num("temperature"));
+  params.max_tokens = Math.max(1, Math.round(num("max_tokens")));
+  const topP = num("top_p");
+  if (topP > 0 && topP <= 1) params.top_p = topP;
+  const topK = num("top_k");
+  if (topK > 0) params.top_k = Math.round(topK);
+  if (s.seed != null) params.seed = Math.round(s.seed);
+  return { params, system: (s.system ?? "").trim() };
+}
+
+// --- client ------------------------------------------------------------------------------
+
+const client = new TokenRelayClient({});
+
+/** The answer being streamed now (one at a time). */
+/** @type {{stream: import("./tokenrelay-client.js").TokenRelayStream, record: Inflight}|null} */
+let active = null;
+
+// --- rendering ---------------------------------------------------------------------------
+
+const messagesEl = $("messages");
+const composer = /** @type {HTMLTextAreaElement} */ ($("composer"));
+const sendBtn = /** @type {HTMLButtonElement} */ ($("send"));
+const stopBtn = /** @type {HTMLButtonElement} */ ($("stop"));
+const announcer = $("announcer");
+
+function announce(text) {
+  announcer.textContent = "";
+  setTimeout(() => {
+    announcer.textContent = text;
+  }, 30);
+}
+
+function nearBottom() {
+  return messagesEl.scrollHeight - messagesEl.scrollTop - messagesEl.clientHeight < 80;
+}
+function scrollToBottom() {
+  messagesEl.scrollTop = messagesEl.scrollHeight;
+}
+
+function formatMeta(meta, msg) {
+  const parts = [];
+  if (meta?.ttftMs != null) parts.push(`TTFT ${Math.round(meta.ttftMs)} ms`);
+  if (meta?.tokensPerSec != null) parts.push(`${meta.tokensPerSec.toFixed(1)} tokens/s`);
+  if (meta?.completionTokens != null) parts.push(`${meta.completionTokens} tokens`);
+  if (meta?.resumed) parts.push(`resumed ${meta.resumed}x`);
+  if (msg.state === "cancelled") parts.push("stopped");
+  if (msg.state === "done" && meta?.finishReason === "length") parts.push("hit max tokens");
+  return parts.join(" \u00b7 ");
+}
+
+/** @param {Msg} msg @param {Conversation} conv */
+function messageElement(msg, conv) {
+  const el = document.createElement("article");
+  el.className = `message message-${msg.role}`;
+  el.dataset.testid = "message";
+  el.dataset.role = msg.role;
+  el.dataset.id = msg.id;
+  const label = document.createElement("h3");
+  label.className = "visually-hidden";
+  label.textContent = msg.role === "user" ? "You said:" : "Assistant:";
+  const bubble = document.createElement("div");
+  bubble.className = "bubble";
+  const content = document.createElement("div");
+  content.className = msg.role === "user" ? "content plain" : "content markdown";
+  content.dataset.testid = "message-content";
+  const meta = document.createElement("div");
+  meta.className = "meta";
+  meta.dataset.testid = "message-meta";
+  const actions = document.createElement("div");
+  actions.className = "actions";
+  bubble.append(content);
+  el.append(label, bubble);
+  if (msg.role === "assistant") {
+    content.setAttribute("aria-live", "polite");
+    const copy = document.createElement("button");
+    copy.type = "button";
+    copy.className = "btn btn-small";
+    copy.dataset.testid = "copy";
+    copy.textContent = "Copy";
+    copy.setAttribute("aria-label", "Copy this answer");
+    copy.addEventListener("click", async () => {
+      const m = findMessage(conv.id, msg.id);
+      const ok = await copyText(m?.content ?? "");
+      copy.textContent = ok ? "Copied" : "Copy failed";
+      announce(ok ? "Answer copied" : "Could not copy");
+      setTimeout(() => {
+        copy.textContent = "Copy";
+      }, 1500);
+    });
+    const regen = document.createElement("button");
+    regen.type = "button";
+    regen.className = "btn btn-small";
+    regen.dataset.testid = "regenerate";
+    regen.textContent = "Regenerate";
+    regen.setAttribute("aria-label", "Regenerate this answer");
+    regen.addEventListener("click", () => regenerate(conv.id, msg.id));
+    actions.append(copy, regen);
+    bubble.append(meta, actions);
+  }
+  updateMessageElement(el, msg, conv);
+  return el;
+}
+
+/** @param {HTMLElement} el @param {Msg} msg @param {Conversation} conv */
+function updateMessageElement(el, msg, conv) {
+  const state = msg.role === "user" ? "done" : (msg.state ?? "done");
+  el.dataset.state = state;
+  const content = /** @type {HTMLElement} */ (el.querySelector(".content"));
+  if (msg.role === "user") {
+    content.textContent = msg.content; // never HTML
+  } else {
+    content.setAttribute("aria-busy", state === "streaming" ? "true" : "false");
+    content.replaceChildren(renderMarkdown(msg.content));
+    if (state === "streaming") {
+      const caret = document.createElement("span");
+      caret.className = "caret";
+      caret.setAttribute("aria-hidden", "true");
+      (content.lastElementChild ?? content).append(caret);
+    } else {
+      decorateCodeBlocks(content, copyText);
+    }
+    if (state === "error") {
+      const err = document.createElement("p");
+      err.className = "error-text";
+      err.dataset.testid = "message-error";
+      err.textContent = msg.error || "Something went wrong.";
+      content.append(err);
+    }
+    const meta = /** @type {HTMLElement} */ (el.querySelector(".meta"));
+    meta.textContent = formatMeta(msg.meta, msg);
+    if (msg.meta?.ttftMs != null) meta.dataset.ttftMs = String(Math.round(msg.meta.ttftMs));
+    if (msg.meta?.tokensPerSec != null) meta.dataset.tokensPerSec = msg.meta.tokensPerSec.toFixed(2);
+    const last = conv.messages.at(-1)?.id === msg.id;
+    const regen = /** @type {HTMLElement} */ (el.querySelector("[data-testid=regenerate]"));
+    regen.hidden = !last || state === "streaming";
+    const copy = /** @type {HTMLElement} */ (el.querySelector("[data-testid=copy]"));
+    copy.hidden = state === "streaming";
+  }
+}
+
+function renderMessages() {
+  const conv = current();
+  const items = conv?.messages ?? [];
+  $("empty-state").hidden = items.length > 0;
+  for (const el of messagesEl.querySelectorAll("[data-testid=message]")) el.remove();
+  if (!conv) return;
+  for (const msg of items) messagesEl.append(messageElement(msg, conv));
+  scrollToBottom();
+}
+
+function renderConversationList() {
+  const list = $("conversation-list");
+  list.replaceChildren();
+  for (const id of convs.order) {
+    const c = convs.items[id];
+    if (!c) continue;
+    const li = document.createElement("li");
+    li.className = "conversation";
+    const open = document.createElement("button");
+    open.type = "button";
+    open.className = "conversation-open";
+    open.dataset.testid = "conversation";
+    open.textContent = c.title || "New chat";
+    if (id === currentId) open.setAttribute("aria-current", "true");
+    open.addEventListener("click", () => {
+      selectConversation(id);
+      closeSidebar();
+      composer.focus();
+    });
+    const del = document.createElement("button");
+    del.type = "button";
+    del.className = "icon-btn conversation-delete";
+    del.dataset.testid = "delete-conversation";
+    del.setAttribute("aria-label", `Delete conversation: ${c.title || "New chat"}`);
+    del.textContent = "\u00d7";
+    del.addEventListener("click", () => deleteConversation(id));
+    li.append(open, del);
+    list.append(li);
+  }
+}
+
+function selectConversation(id) {
+  currentId = id;
+  storage.set(KEY.current, id);
+  renderConversationList();
+  renderMessages();
+}
+
+function deleteConversation(id) {
+  if (active && active.record.convId === id) active.stream.cancel();
+  delete convs.items[id];
+  convs.order = convs.order.filter((x) => x !== id);
+  for (const [k, r] of Object.entries(inflight)) if (r.convId === id) delete inflight[k];
+  saveInflight();
+  saveConversations();
+  if (currentId === id) {
+    currentId = convs.order[0] ?? null;
+    storage.set(KEY.current, currentId);
+  }
+  renderConversationList();
+  renderMessages();
+}
+
+// Streaming text is re-rendered at most once per frame.
+const dirty = new Set();
+let flushScheduled = false;
+function scheduleRender(convId, msgId) {
+  dirty.add(`${convId}\u0000${msgId}`);
+  if (flushScheduled) return;
+  flushScheduled = true;
+  const flush = () => {
+    if (!flushScheduled) return;
+    flushScheduled = false;
+    const stick = nearBottom();
+    for (const key of dirty) {
+      const [cId, mId] = key.split("\u0000");
+      if (cId !== currentId) continue;
+      const el = messagesEl.querySelector(`[data-id="${CSS.escape(mId)}"]`);
+      const msg = findMessage(cId, mId);
+      if (el && msg) updateMessageElement(/** @type {HTMLElement} */ (el), msg, convs.items[cId]);
+    }
+    dirty.clear();
+    if (stick) scrollToBottom();
+  };
+  requestAnimationFrame(flush);
+  setTimeout(flush, 100); // background tabs get no animation frames
+}
+
+function setBusy(busy) {
+  sendBtn.hidden = busy;
+  stopBtn.hidden = !busy;
+  const app = $("app");
+  app.dataset.busy = busy ? "true" : "false";
+}
+
+// --- generating --------------------------------------------------------------------------
+
+function historyFor(conv, uptoIndex) {
+  /** @type {{role: string, content: string}[]} */
+  const out = [];
+  const { system } = generationParams();
+  if (system) out.push({ role: "system", content: system });
+  for (const m of conv.messages.slice(0, uptoIndex)) {
+    if (m.role === "assistant" && (m.state === "error" || !m.content)) continue;
+    out.push({ role: m.role, content: m.content });
+  }
+  return out;
+}
+
+function startAnswer(conv, history) {
+  const { params } = generationParams();
+  /** @type {Msg} */
+  const msg = {
+    id: uid("m"),
+    role: "assistant",
+    content: "",
+    state: "streaming",
+    meta: { params },
+    createdAt: Date.now(),
+  };
+  conv.messages.push(msg);
+  conv.updatedAt = Date.now();
+  saveConversations();
+  const stream = client.generate({ messages: history, params });
+  /** @type {Inflight} */
+  const record = {
+    convId: conv.id,
+    msgId: msg.id,
+    streamId: null,
+    resumeToken: null,
+    lastSeq: 0,
+    text: "",
+    sentAt: Date.now(),
+    firstTokenAt: null,
+    tokens: 0,
+    resumes: 0,
+  };
+  inflight[msg.id] = record;
+  saveInflight();
+  follow(stream, record);
+  renderMessages();
+  scrollToBottom();
+}
+
+/**
+ * Wire a stream to its message: persist every token (so a reload resumes at the right seq),
+ * render, and finish the message on done/error.
+ * @param {import("./tokenrelay-client.js").TokenRelayStream} stream @param {Inflight} record
+ */
+function follow(stream, record) {
+  active = { stream, record };
+  setBusy(true);
+  updateDebug();
+  const msg = () => findMessage(record.convId, record.msgId);
+  stream.addEventListener("started", (e) => {
+    record.streamId = e.detail.streamId;
+    record.resumeToken = e.detail.resumeToken;
+    saveInflight();
+    updateDebug();
+  });
+  stream.addEventListener("token", (e) => {
+    if (record.firstTokenAt == null) record.firstTokenAt = Date.now();
+    record.lastSeq = e.detail.seq;
+    record.text = e.detail.fullText;
+    record.tokens += 1;
+    saveInflight();
+    const m = msg();
+    if (m) m.content = record.text;
+    scheduleRender(record.convId, record.msgId);
+    updateDebug();
+  });
+  stream.addEventListener("resumed", () => {
+    record.resumes += 1;
+    saveInflight();
+    flashResumed();
+    updateDebug();
+  });
+  stream.addEventListener("done", (e) => {
+    const { finishReason, usage } = e.detail;
+    const m = msg();
+    if (m) {
+      const now = Date.now();
+      m.content = stream.text;
+      m.state =
+        finishReason === "cancelled"
+          ? "cancelled"
+          : finishReason === "error" || finishReason === "expired"
+            ? "error"
+            : "done";
+      if (m.state === "error") {
+        m.error =
+          finishReason === "expired"
+            ? "The answer expired before it finished."
+            : e.detail.message || "The engine failed while answering.";
+      }
+      const n = usage?.completion_tokens ?? record.tokens;
+      const first = record.firstTokenAt;
+      const decodeS = first != null ? (now - first) / 1000 : 0;
+      m.meta = {
+        ...(m.meta ?? {}),
+        finishReason,
+        completionTokens: n,
+        ttftMs: first != null ? first - record.sentAt : null,
+        tokensPerSec: n > 1 && decodeS > 0 ? (n - 1) / decodeS : null,
+        resumed: record.resumes || undefined,
+        streamId: record.streamId,
+      };
+    }
+    finishActive(record, m?.state === "cancelled" ? "Answer stopped" : "Answer complete");
+  });
+  stream.addEventListener("error", (e) => {
+    const m = msg();
+    if (m) {
+      m.content = stream.text;
+      m.state = "error";
+      m.error =
+        e.detail.code === "not_found"
+          ? "This answer is no longer available (expired)."
+          : `${e.detail.message} (${e.detail.code})`;
+    }
+    finishActive(record, "The answer failed");
+  });
+}
+
+function finishActive(record, announcement) {
+  delete inflight[record.msgId];
+  saveInflight();
+  const conv = convs.items[record.convId];
+  if (conv) conv.updatedAt = Date.now();
+  saveConversations();
+  const hadFocus = document.activeElement === stopBtn;
+  if (active?.record === record) active = null;
+  setBusy(false);
+  if (record.convId === currentId) {
+    const el = messagesEl.querySelector(`[data-id="${CSS.escape(record.msgId)}"]`);
+    const m = findMessage(record.convId, record.msgId);
+    if (el && m && conv) updateMessageElement(/** @type {HTMLElement} */ (el), m, conv);
+    // the previous answer loses its Regenerate button
+    for (const other of messagesEl.querySelectorAll("[data-role=assistant]")) {
+      const om = conv ? findMessage(conv.id, /** @type {HTMLElement} */ (other).dataset.id) : null;
+      if (om && om.id !== record.msgId && conv) updateMessageElement(/** @type {HTMLElement} */ (other), om, conv);
+    }
+  }
+  announce(announcement);
+  if (hadFocus) composer.focus();
+  updateDebug();
+}
+
+function send() {
+  const text = composer.value.trim();
+  if (!text || active) return;
+  let conv = current();
+  if (!conv) {
+    conv = newConversation();
+    currentId = conv.id;
+    storage.set(KEY.current, conv.id);
+  }
+  if (conv.messages.length === 0) conv.title = text.replace(/\s+/g, " ").slice(0, 60);
+  conv.messages.push({ id: uid("m"), role: "user", content: text, createdAt: Date.now() });
+  // move to the top of the list
+  convs.order = [conv.id, ...convs.order.filter((x) => x !== conv.id)];
+  composer.value = "";
+  autosize();
+  startAnswer(conv, historyFor(conv, conv.messages.length));
+  renderConversationList();
+}
+
+function regenerate(convId, msgId) {
+  if (active) return;
+  const conv = convs.items[convId];
+  if (!conv) return;
+  const idx = conv.messages.findIndex((m) => m.id === msgId);
+  if (idx < 0 || idx !== conv.messages.length - 1) return;
+  conv.messages.splice(idx, 1);
+  startAnswer(conv, historyFor(conv, conv.messages.length));
+}
+
+function stop() {
+  if (active) active.stream.cancel();
+}
+
+/** After a reload: re-attach every answer that was streaming. */
+function resumeInflight() {
+  for (const record of Object.values(inflight)) {
+    const m = findMessage(record.convId, record.msgId);
+    if (!m) {
+      delete inflight[record.msgId];
+      continue;
+    }
+    if (!record.streamId || !record.resumeToken) {
+      // the page went away before the server said `started`: nothing to resume
+      m.state = "error";
+      m.error = "The page was reloaded before the answer started.";
+      delete inflight[record.msgId];
+      continue;
+    }
+    m.content = record.text;
+    m.state = "streaming";
+    const stream = client.resume({
+      streamId: record.streamId,
+      resumeToken: record.resumeToken,
+      after: record.lastSeq,
+      text: record.text,
+    });
+    follow(stream, record);
+  }
+  saveInflight();
+  saveConversations();
+}
+
+// --- connection indicator ----------------------------------------------------------------
+
+const connEl = $("connection");
+const connLabel = $("connection-label");
+let resumedTimer = 0;
+
+function showState(state) {
+  connEl.dataset.state = state;
+  if (state !== "open") {
+    delete connEl.dataset.resumed;
+    clearTimeout(resumedTimer);
+  }
+  if (state === "open" && connEl.dataset.resumed === "true") return;
+  connLabel.textContent = STATE_LABELS[state] ?? state;
+}
+
+function flashResumed() {
+  connEl.dataset.resumed = "true";
+  connLabel.textContent = "Resumed";
+  clearTimeout(resumedTimer);
+  resumedTimer = setTimeout(() => {
+    delete connEl.dataset.resumed;
+    connLabel.textContent = STATE_LABELS[client.state] ?? client.state;
+  }, 4000);
+}
+
+client.addEventListener("state", (e) => {
+  showState(e.detail.state);
+  updateDebug();
+});
+
+// --- debug panel -------------------------------------------------------------------------
+
+const debugEl = $("debug");
+function setDebug(testid, value) {
+  const el = debugEl?.querySelector(`[data-testid=${testid}]`);
+  if (el) el.textContent = String(value);
+}
+function updateDebug() {
+  if (!debugEl) return;
+  setDebug("debug-socket", client.state);
+  setDebug("debug-stream-id", active?.stream.streamId ?? active?.record.streamId ?? "-");
+  setDebug("debug-last-seq", active?.stream.lastSeq ?? 0);
+  setDebug("debug-resumes", client.stats.resumes);
+  setDebug("debug-reconnects", client.stats.reconnects);
+  setDebug("debug-duplicates", client.stats.duplicates);
+  setDebug("debug-endpoint", client.url);
+}
+
+// --- layout: sidebar, settings, composer -------------------------------------------------
+
+const sidebar = $("sidebar");
+const scrim = $("scrim");
+const toggleSidebarBtn = $("toggle-sidebar");
+function openSidebar() {
+  sidebar.dataset.open = "true";
+  scrim.hidden = false;
+  toggleSidebarBtn.setAttribute("aria-expanded", "true");
+  /** @type {HTMLElement|null} */ (sidebar.querySelector("button"))?.focus();
+}
+function closeSidebar() {
+  if (sidebar.dataset.open !== "true") return;
+  sidebar.dataset.open = "false";
+  scrim.hidden = true;
+  toggleSidebarBtn.setAttribute("aria-expanded", "false");
+}
+
+function autosize() {
+  composer.style.height = "auto";
+  composer.style.height = `${Math.min(composer.scrollHeight, 220)}px`;
+}
+
+function bindUi() {
+  $("composer-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    send();
+  });
+  composer.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing && !e.altKey && !e.ctrlKey && !e.metaKey) {
+      e.preventDefault();
+      send();
+    }
+  });
+  composer.addEventListener("input", autosize);
+  stopBtn.addEventListener("click", stop);
+  document.addEventListener("keydown", (e) => {
+    if (e.key !== "Escape") return;
+    if (active) {
+      e.preventDefault();
+      stop();
+    } else if (sidebar.dataset.open === "true") {
+      closeSidebar();
+      toggleSidebarBtn.focus();
+    }
+  });
+  $("new-chat").addEventListener("click", () => {
+    const conv = current();
+    if (!conv || conv.messages.length > 0) {
+      const c = newConversation();
+      saveConversations();
+      selectConversation(c.id);
+    }
+    closeSidebar();
+    composer.focus();
+  });
+  toggleSidebarBtn.addEventListener("click", () =>
+    sidebar.dataset.open === "true" ? closeSidebar() : openSidebar(),
+  );
+  scrim.addEventListener("click", closeSidebar);
+  const settingsBtn = $("toggle-settings");
+  settingsBtn.addEventListener("click", () => {
+    const panel = $("settings");
+    panel.hidden = !panel.hidden;
+    settingsBtn.setAttribute("aria-expanded", String(!panel.hidden));
+    if (!panel.hidden) /** @type {HTMLElement|null} */ (panel.querySelector("input"))?.focus();
+  });
+  $("drop-connection")?.addEventListener("click", () => {
+    client.dropConnection();
+    updateDebug();
+  });
+  // another tab changed the conversations: pick up the list (not the open stream)
+  window.addEventListener("storage", (e) => {
+    if (e.key !== KEY.conversations || active) return;
+    convs = storage.get(KEY.conversations, convs);
+    if (currentId && !convs.items[currentId]) currentId = convs.order[0] ?? null;
+    renderConversationList();
+    renderMessages();
+  });
+}
+
+// --- start -------------------------------------------------------------------------------
+
+initSettings();
+bindUi();
+if (!currentId && convs.order.length) currentId = convs.order[0];
+resumeInflight();
+renderConversationList();
+renderMessages();
+setBusy(active !== null);
+showState(client.state);
+client.connect();
+updateDebug();
+if (!matchMedia("(pointer: coarse)").matches) composer.focus();
+
+/** Devtools / QA handle: `tokenrelay.client.dropConnection()`, `tokenrelay.active`... */
+Object.defineProperty(window, "tokenrelay", {
+  configurable: true,
+  value: Object.freeze({
+    client,
+    TokenRelayClient,
+    get active() {
+      return active ? { stream: active.stream, ...active.record } : null;
+    },
+    get conversations() {
+      return convs;
+    },
+    settings: () => generationParams(),
+    send: (/** @type {string} */ text) => {
+      composer.value = text;
+      send();
+    },
+    stop,
+  }),
+});

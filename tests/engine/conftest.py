@@ -1,0 +1,102 @@
+"""Engine test fixtures: one real engine and one transformers reference per session.
+
+Several engineers add fixtures here: append, don't rewrite.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+GREEDY_TOKENS = 64
+
+# 16 varied prompts: raw text and chat turns, short to a few hundred tokens.
+RAW_PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    ",
+    "Once upon a time, in a small village by the sea,",
+    "1, 2, 3, 5, 8, 13,",
+    "Translate to French: The weather is lovely today.",
+    "import numpy as np\n\n# compute the mean of each row\n",
+    "The three laws of thermodynamics are " * 6,
+    "Q: What is the boiling point of water?\nA:",
+]
+CHAT_PROMPTS = [
+    "Hi!",
+    "Write a haiku about autumn leaves.",
+    "Explain recursion to a five year old.",
+    "List three uses of a paperclip.",
+    "What is 17 times 23? Show your steps.",
+    "Summarize this: " + "The quick brown fox jumps over the lazy dog. " * 20,
+    "Give me a short recipe for pancakes.",
+    "Why is the sky blue? " * 12,
+]
+
+
+@pytest.fixture(scope="session")
+def model_path() -> Path:
+    from engine.model_store import resolve_model
+
+    return resolve_model("default")
+
+
+@pytest.fixture(scope="session")
+def llm_engine() -> Iterator[Any]:
+    """The session's shared engine (default pool, prefix caching on).
+
+    Tests must leave it with nothing unfinished.
+    """
+    from engine import EngineConfig, LLMEngine
+
+    engine = LLMEngine(EngineConfig(model="default", device="cpu"))
+    yield engine
+    assert not engine.has_unfinished()
+
+
+@pytest.fixture(scope="session")
+def greedy_prompts(llm_engine: Any) -> list[list[int]]:
+    """The 16 greedy test prompts as token ids (8 raw, 8 chat-templated)."""
+    tok = llm_engine.tokenizer
+    raw = [list(tok(p)["input_ids"]) for p in RAW_PROMPTS]
+    chat = [llm_engine.apply_chat_template([{"role": "user", "content": c}]) for c in CHAT_PROMPTS]
+    return raw + chat
+
+
+@pytest.fixture(scope="session")
+def hf_model(model_path: Path) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def hf_greedy(hf_model: Any, greedy_prompts: list[list[int]]) -> list[list[int]]:
+    """transformers' own greedy ``generate``: GREEDY_TOKENS ids per prompt, EOS not stopping.
+
+    ``eos_token_id=[]`` keeps generating through EOS (like our ``ignore_eos``)
+    without suppressing it the way ``min_new_tokens`` would.
+    """
+    import torch
+
+    config = copy.deepcopy(hf_model.generation_config)
+    config.do_sample = False
+    config.max_new_tokens = GREEDY_TOKENS
+    config.eos_token_id = []
+    out = []
+    with torch.inference_mode():
+        for ids in greedy_prompts:
+            prompt = torch.tensor([ids])
+            gen = hf_model.generate(
+                prompt, attention_mask=torch.ones_like(prompt), generation_config=config
+            )
+            out.append(gen[0, len(ids) :].tolist())
+    return out

@@ -1,0 +1,85 @@
+"""Fixtures for the gateway suite: a stream log and a worker log on real Redis.
+
+Each test gets its own key prefix on the session's redis-server, so tests never
+see each other's streams, requests or workers.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from gateway.redis_server import EmbeddedRedis
+from gateway.streamlog import StreamLog
+from gateway.workerlog import WorkerLog
+from tests.gateway.procs import Proc, start_gateway, start_worker, wait_ready
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"t{secrets.token_hex(4)}:"
+
+
+@pytest.fixture
+async def slog(redis_server: EmbeddedRedis, prefix: str) -> AsyncIterator[StreamLog]:
+    log = StreamLog(redis_server.url, prefix=prefix, stream_ttl=60, detach_timeout=30)
+    await log.start()
+    try:
+        yield log
+    finally:
+        await log.close()
+
+
+@pytest.fixture
+def wlog(redis_server: EmbeddedRedis, prefix: str) -> Iterator[WorkerLog]:
+    log = WorkerLog(redis_server.url, "w-test", prefix=prefix)
+    log.ensure_group()
+    log.heartbeat({"test": True})
+    try:
+        yield log
+    finally:
+        log.close()
+
+
+@dataclass
+class Stack:
+    """Worker + two gateways on the session's Redis (key prefix ``e2e:``).
+
+    Gateway ``a`` uses the default detach timeout; gateway ``b`` a 3-second one.
+    """
+
+    redis: EmbeddedRedis
+    prefix: str
+    worker: Proc
+    worker_id: str
+    gw_a: Proc
+    a: str
+    gw_b: Proc
+    b: str
+
+    def worker_stats(self) -> dict[str, Any]:
+        raw = self.redis.client().hget(f"{self.prefix}w:{self.worker_id}", "stats")
+        return dict(json.loads(raw)) if raw else {}
+
+
+@pytest.fixture(scope="session")
+def stack(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    logs = tmp_path_factory.mktemp("e2e-logs")
+    prefix, wid = "e2e:", "e2e-worker"
+    url = redis_server.url
+    worker = start_worker(url, prefix, logs, "--worker-id", wid, "--max-num-seqs", "64")
+    gw_a, a = start_gateway(url, prefix, logs)
+    gw_b, b = start_gateway(url, prefix, logs, "--detach-timeout", "3")
+    procs = [worker, gw_a, gw_b]
+    try:
+        wait_ready(a, gw_a, 300)
+        wait_ready(b, gw_b, 60)
+        yield Stack(redis_server, prefix, worker, wid, gw_a, a, gw_b, b)
+    finally:
+        for proc in procs:
+            proc.stop()

@@ -1,0 +1,303 @@
+"""The Redis stream log against a real redis-server: offsets, replay + tail, races, expiry.
+
+The writer side is the real :class:`WorkerLog` (what engine workers use); the
+reader side is the real :class:`StreamLog` (what gateways use).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+
+import pytest
+
+from gateway import schema
+from gateway.redis_server import EmbeddedRedis
+from gateway.streamlog import (
+    BadOffset,
+    EventsTrimmed,
+    StreamForbidden,
+    StreamLog,
+    StreamNotFound,
+)
+from gateway.tailer import BUFFER_LIMIT
+from gateway.workerlog import Batch, WorkerLog
+
+BODY = {"prompt": "hi", "params": {"max_tokens": 4}}
+ENTRIES: dict[str, str] = {}  # stream id -> its request entry (acknowledged with done)
+
+
+async def start_stream(slog: StreamLog, wlog: WorkerLog, ttl: float = 60.0) -> tuple[str, str]:
+    """A stream taken by the worker (accepted marker written); returns (id, token)."""
+    new = await slog.create(BODY, "r1")
+    reqs = wlog.read_requests(10, None)
+    assert [r.stream_id for r in reqs] == [new.stream_id]
+    ENTRIES[new.stream_id] = reqs[0].entry_id
+    res = wlog.flush(
+        [Batch(new.stream_id, 0, [schema.accepted_fields(3, "w-test")],
+               {"st": "running", "w": "w-test", "pt": "3"}, ttl)]  # fmt: skip
+    )
+    assert res[0].status == 1
+    return new.stream_id, new.resume_token
+
+
+def write_tokens(wlog: WorkerLog, sid: str, first: int, texts: list[str], ttl: float = 60.0) -> None:
+    res = wlog.flush([Batch(sid, first, [schema.token_fields(t) for t in texts], {}, ttl)])
+    assert res[0].status == 1, res
+
+
+def write_done(wlog: WorkerLog, sid: str, seq: int, ttl: float = 60.0) -> None:
+    done = schema.done_fields("stop", 3, seq - 1)
+    res = wlog.flush([Batch(sid, seq, [done], {"fr": "stop"}, ttl, ENTRIES.get(sid))])
+    assert res[0].status == 1, res
+
+
+async def collect(slog: StreamLog, sid: str, after: int) -> list[schema.Event]:
+    return [ev async for ev in slog.tail(sid, after)]
+
+
+async def test_lifecycle_and_offsets(slog: StreamLog, wlog: WorkerLog) -> None:
+    sid, token = await start_stream(slog, wlog)
+    info = await slog.authorize(sid, token)
+    assert info.status == "running" and info.worker == "w-test" and info.prompt_tokens == 3
+    write_tokens(wlog, sid, 1, ["Hel", "lo", " world"])
+    write_done(wlog, sid, 4)
+    events = await collect(slog, sid, -1)
+    assert [e.seq for e in events] == [0, 1, 2, 3, 4]
+    assert events[0].kind == "accepted" and events[0].prompt_tokens == 3
+    assert "".join(e.text for e in events if e.kind == "token") == "Hello world"
+    assert events[-1].kind == "done" and events[-1].finish_reason == "stop"
+    assert [e.seq for e in await collect(slog, sid, 2)] == [3, 4]
+    assert [e.seq for e in await collect(slog, sid, 3)] == [4]
+    info = await slog.info(sid)
+    assert info is not None and info.status == "done" and info.last_seq == 4
+    assert info.finish_reason == "stop"
+    # the finished request left the request stream
+    assert await slog.redis.xlen(slog.keys.requests) == 0
+    assert 0 < await slog.redis.ttl(slog.keys.stream(sid)) <= 60
+
+
+async def test_tokens_are_checked_and_stored_hashed(slog: StreamLog, wlog: WorkerLog) -> None:
+    sid, token = await start_stream(slog, wlog)
+    with pytest.raises(StreamForbidden):
+        await slog.authorize(sid, token + "x")
+    with pytest.raises(StreamForbidden):
+        await slog.authorize(sid, "")
+    raw = await slog.redis.hgetall(slog.keys.meta(sid))
+    assert token.encode() not in b"".join(raw.values())
+    with pytest.raises(StreamNotFound):
+        await slog.authorize(schema.new_stream_id(), token)
+
+
+async def test_after_beyond_the_end_is_refused(slog: StreamLog, wlog: WorkerLog) -> None:
+    sid, _ = await start_stream(slog, wlog)
+    write_tokens(wlog, sid, 1, ["a", "b"])
+    await slog.check_after(sid, 2)
+    with pytest.raises(BadOffset):
+        await slog.check_after(sid, 3)
+
+
+async def test_writes_are_gapless_and_never_duplicated(slog: StreamLog, wlog: WorkerLog) -> None:
+    sid, _ = await start_stream(slog, wlog)
+    write_tokens(wlog, sid, 1, ["a"])
+    again = wlog.flush([Batch(sid, 1, [schema.token_fields("a")])])[0]
+    assert again.status == 0 and again.last_seq == 1 and again.top is not None
+    assert again.top.text == "a"
+    gap = wlog.flush([Batch(sid, 5, [schema.token_fields("e")])])[0]
+    assert gap.status == 0 and gap.last_seq == 1
+    write_done(wlog, sid, 2)
+    late = wlog.flush([Batch(sid, 3, [schema.token_fields("late")])])[0]
+    assert late.status == -2
+    unknown = wlog.flush([Batch(schema.new_stream_id(), 0, [schema.token_fields("x")])])[0]
+    assert unknown.status == -1
+
+
+async def test_replay_then_tail_has_no_gap_and_no_duplicate(
+    slog: StreamLog, wlog: WorkerLog
+) -> None:
+    """Readers join at random offsets and times while a writer appends in batches."""
+    sid, _ = await start_stream(slog, wlog)
+    total = 600
+    rng = random.Random(7)
+
+    def writer() -> None:
+        seq = 1
+        while seq < total:
+            n = min(rng.randint(1, 9), total - seq)
+            write_tokens(wlog, sid, seq, [f"<{s}>" for s in range(seq, seq + n)])
+            seq += n
+            time.sleep(rng.random() * 0.004)
+        write_done(wlog, sid, total)
+
+    async def reader(after: int, delay: float) -> None:
+        await asyncio.sleep(delay)
+        events = await collect(slog, sid, after)
+        assert [e.seq for e in events] == list(range(after + 1, total + 1))
+        assert all(e.text == f"<{e.seq}>" for e in events if e.kind == "token")
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        await asyncio.gather(
+            *(reader(rng.randint(0, total - 1), rng.random() * 0.8) for _ in range(25))
+        )
+    finally:
+        thread.join()
+
+
+async def test_resume_racing_the_end_of_the_stream(slog: StreamLog, wlog: WorkerLog) -> None:
+    for _ in range(20):
+        sid, _ = await start_stream(slog, wlog)
+        write_tokens(wlog, sid, 1, ["x", "y"])
+        finisher = asyncio.get_running_loop().run_in_executor(None, write_done, wlog, sid, 3)
+        events = await asyncio.wait_for(collect(slog, sid, 2), 5)
+        await finisher
+        assert [e.seq for e in events] == [3] and events[0].kind == "done"
+
+
+async def test_unknown_and_expired_streams(
+    redis_server: EmbeddedRedis, prefix: str, wlog: WorkerLog
+) -> None:
+    slog = StreamLog(redis_server.url, prefix=prefix, stream_ttl=1)
+    await slog.start()
+    try:
+        assert await slog.info(schema.new_stream_id()) is None
+        sid, token = await start_stream(slog, wlog, ttl=1)
+        write_done(wlog, sid, 1, ttl=1)
+        assert [e.kind for e in await collect(slog, sid, 0)] == ["done"]
+        await asyncio.sleep(2.2)
+        with pytest.raises(StreamNotFound):
+            await slog.authorize(sid, token)
+        # a tail that was waiting when the stream expired ends with not_found, not a hang
+        sid2, _ = await start_stream(slog, wlog)
+        tail = asyncio.create_task(collect(slog, sid2, 0))
+        await asyncio.sleep(0.2)
+        await slog.redis.delete(slog.keys.meta(sid2), slog.keys.stream(sid2))
+        with pytest.raises(StreamNotFound):
+            await asyncio.wait_for(tail, 5)
+    finally:
+        await slog.close()
+
+
+async def test_trimmed_events_are_reported(slog: StreamLog, wlog: WorkerLog) -> None:
+    sid, _ = await start_stream(slog, wlog)
+    write_tokens(wlog, sid, 1, ["a", "b", "c"])
+    await slog.redis.xdel(slog.keys.stream(sid), schema.entry_id(1), schema.entry_id(2))
+    with pytest.raises(EventsTrimmed):
+        await collect(slog, sid, 0)
+
+
+async def test_cancel(slog: StreamLog, wlog: WorkerLog) -> None:
+    wlog.read_control()  # position the cursor
+    sid, _ = await start_stream(slog, wlog)
+    info = await slog.cancel(sid)
+    assert info.cancel_requested and info.status == "running"
+    assert wlog.read_control() == [sid]
+    assert wlog.poll([sid])[sid] == (1, True)
+    await slog.cancel(sid)  # idempotent
+    write_done(wlog, sid, 1)
+    after = await slog.cancel(sid)
+    assert after.status == "done"
+    # a stream no worker has taken yet is ended by the gateway at once
+    queued = await slog.create(BODY, "r2")
+    info = await slog.cancel(queued.stream_id)
+    assert info.status == "done" and info.finish_reason == "cancelled"
+    events = await collect(slog, queued.stream_id, -1)
+    assert [(e.seq, e.kind) for e in events] == [(0, "rejected"), (1, "done")]
+    assert events[1].finish_reason == "cancelled"
+    with pytest.raises(StreamNotFound):
+        await slog.cancel(schema.new_stream_id())
+
+
+async def test_attachments(slog: StreamLog, wlog: WorkerLog) -> None:
+    sid, _ = await start_stream(slog, wlog)
+    assert wlog.poll([sid])[sid][0] == 1  # the creating client is attached
+    extra = await slog.attach(sid)
+    assert wlog.poll([sid])[sid][0] == 2
+    await slog.detach(sid, extra)
+    for attach_id in [a for a, s in slog._attached.items() if s == sid]:
+        await slog.detach(sid, attach_id)
+    assert wlog.poll([sid])[sid][0] == 0
+
+
+async def test_gateway_finish_races_the_worker(slog: StreamLog, wlog: WorkerLog) -> None:
+    sid, _ = await start_stream(slog, wlog)
+    write_tokens(wlog, sid, 1, ["a"])
+    assert await slog.finish(sid, "error", "worker died")
+    late = wlog.flush([Batch(sid, 2, [schema.token_fields("b")])])[0]
+    assert late.status == -2 and late.top is not None and late.top.kind == "done"
+    assert not await slog.finish(sid, "error", "again")
+    events = await collect(slog, sid, 0)
+    assert [(e.seq, e.kind) for e in events] == [(1, "token"), (2, "done")]
+    assert events[-1].message == "worker died" and events[-1].completion_tokens == 1
+
+
+async def test_dead_worker_ends_tailed_stream(slog: StreamLog, wlog: WorkerLog) -> None:
+    sid, _ = await start_stream(slog, wlog)
+    write_tokens(wlog, sid, 1, ["a"])
+    tail = asyncio.create_task(collect(slog, sid, 0))
+    await slog.redis.delete(slog.keys.worker("w-test"))  # heartbeat gone, as after SIGKILL
+    start = time.monotonic()
+    events = await asyncio.wait_for(tail, 10)
+    assert time.monotonic() - start < 6
+    assert events[-1].kind == "done" and events[-1].finish_reason == "error"
+    assert "w-test" in (events[-1].message or "")
+
+
+async def test_slow_subscriber_is_bounded_and_does_not_stall_others(
+    slog: StreamLog, wlog: WorkerLog
+) -> None:
+    slow_sid, _ = await start_stream(slog, wlog)
+    fast_sid, _ = await start_stream(slog, wlog)
+    slow = slog.tailer.subscribe(slow_sid, 0)
+    try:
+        write_tokens(wlog, slow_sid, 1, ["s"] * 1500)
+        await asyncio.sleep(0.3)
+        assert len(slow.buffer) <= BUFFER_LIMIT
+        fast = asyncio.create_task(collect(slog, fast_sid, 0))
+        await asyncio.sleep(0.05)
+        write_tokens(wlog, fast_sid, 1, ["f"] * 10)
+        write_done(wlog, fast_sid, 11)
+        events = await asyncio.wait_for(fast, 2)
+        assert len(events) == 11
+        got: list[int] = []
+        while len(got) < 1500:
+            got += [e.seq for e in await asyncio.wait_for(slow.get(), 2)]
+            assert len(slow.buffer) <= BUFFER_LIMIT
+        assert got == list(range(1, 1501))
+    finally:
+        slog.tailer.unsubscribe(slow)
+
+
+async def test_redis_outage_and_recovery(tmp_path, prefix: str) -> None:  # type: ignore[no-untyped-def]
+    server = EmbeddedRedis(tmp_path / "r").start()
+    slog = StreamLog(server.url, prefix=prefix)
+    await slog.start()
+    wlog = WorkerLog(server.url, "w-test", prefix=prefix)
+    try:
+        wlog.ensure_group()
+        wlog.heartbeat({})
+        sid, _ = await start_stream(slog, wlog)
+        tail = asyncio.create_task(collect(slog, sid, 0))
+        await asyncio.sleep(0.2)
+        server.stop()
+        from gateway.streamlog import RedisUnavailable
+
+        with pytest.raises(RedisUnavailable):
+            await asyncio.wait_for(tail, 5)
+        with pytest.raises(RedisUnavailable):
+            await slog.info(sid)
+        assert not await slog.ping()
+        server.start()
+        assert await slog.ping()
+        wlog.heartbeat({})
+        write_tokens(wlog, sid, 1, ["back"])  # the AOF kept the stream
+        write_done(wlog, sid, 2)
+        events = await asyncio.wait_for(collect(slog, sid, 0), 5)
+        assert [e.seq for e in events] == [1, 2]
+    finally:
+        wlog.close()
+        await slog.close()
+        server.cleanup()
