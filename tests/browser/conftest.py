@@ -1,5 +1,8 @@
 """Browser-test fixtures: a real ``tokenrelay serve`` and Debian's Chromium through Playwright.
 
+``TOKENRELAY_TEST_SERVER=http://127.0.0.1:8000`` runs the tests against a gateway that is
+already running instead of starting one.
+
 Everything here is session-scoped except the page: one server (embedded Redis, one engine
 worker with the default model, the gateway on a free port) and one Chromium for the whole
 run, a fresh browser context (empty localStorage) per test. The tests skip, with the reason,
@@ -63,7 +66,7 @@ def _get(url: str, timeout: float = 2.0) -> tuple[int, str]:
 @dataclass
 class Server:
     base: str
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes] | None
     log_path: Path
     references: dict[tuple[str, int], str] = field(default_factory=dict)
 
@@ -129,6 +132,13 @@ def _model_prepared() -> bool:
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    external = os.environ.get("TOKENRELAY_TEST_SERVER")
+    if external:  # reuse a running gateway (e.g. `tokenrelay serve --port 8765`)
+        status, body = _get(external.rstrip("/") + "/readyz", timeout=10)
+        if status != 200:
+            pytest.fail(f"TOKENRELAY_TEST_SERVER={external} is not ready: {status} {body}")
+        yield Server(external.rstrip("/"), None, Path("/dev/null"))
+        return
     if not _model_prepared():
         pytest.skip("the default model is not prepared: run `make model`")
     port = _free_port()

@@ -100,3 +100,22 @@ def hf_greedy(hf_model: Any, greedy_prompts: list[list[int]]) -> list[list[int]]
             )
             out.append(gen[0, len(ids) :].tolist())
     return out
+
+
+# --- torch side (model runner, model, detokenizer) ---------------------------------
+
+
+@pytest.fixture(scope="session")
+def model_runner(model_path: Path) -> Any:
+    """A CPU ModelRunner on the default model with a small pool (256 blocks of 16)."""
+    from engine.model_runner import ModelRunner
+
+    return ModelRunner(model_path, device="cpu", block_size=16, num_blocks=256)
+
+
+@pytest.fixture(scope="session")
+def default_tokenizer(model_path: Path) -> Any:
+    """The default model's tokenizer (transformers)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_path))

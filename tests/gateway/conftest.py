@@ -72,7 +72,7 @@ def stack(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory)
     logs = tmp_path_factory.mktemp("e2e-logs")
     prefix, wid = "e2e:", "e2e-worker"
     url = redis_server.url
-    worker = start_worker(url, prefix, logs, "--worker-id", wid, "--max-num-seqs", "64")
+    worker = start_worker(url, prefix, logs, "--worker-id", wid, "--max-num-seqs", "128")
     gw_a, a = start_gateway(url, prefix, logs)
     gw_b, b = start_gateway(url, prefix, logs, "--detach-timeout", "3")
     procs = [worker, gw_a, gw_b]

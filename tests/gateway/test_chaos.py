@@ -1,0 +1,134 @@
+"""Chaos: many concurrent streams whose clients keep dropping and resuming.
+
+Every client drops its socket 1 to 3 times at random points (clean closes and
+abrupt TCP cuts) and resumes with the last seq it saw, on either gateway.
+Each assembled text must equal the uninterrupted greedy text for its prompt
+(the same prompt streamed at the same time on a socket that never drops), and
+the token seqs must be exactly 1..n-1: no gap, no duplicate.
+
+TOKENRELAY_CHAOS_STREAMS / TOKENRELAY_CHAOS_TOKENS resize it (default 50 x 48).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.gateway.conftest import Stack
+from tests.gateway.procs import Client, generate_frame
+
+STREAMS = int(os.environ.get("TOKENRELAY_CHAOS_STREAMS", "50"))
+TOKENS = int(os.environ.get("TOKENRELAY_CHAOS_TOKENS", "48"))
+TOPICS = ["rivers", "owls", "bread", "Mars", "chess", "tea", "glass", "maps", "snow", "bees"]
+
+
+def prompt(i: int) -> str:
+    return f"In one sentence, tell me fact number {i} about {TOPICS[i % len(TOPICS)]}."
+
+
+def params() -> dict[str, Any]:
+    return {"max_tokens": TOKENS, "temperature": 0, "ignore_eos": True}
+
+
+@dataclass
+class Outcome:
+    seqs: list[int] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    done: dict[str, Any] | None = None
+    drops: list[str] = field(default_factory=list)
+    resumed_on: list[str] = field(default_factory=list)
+
+
+async def reference(stack: Stack) -> dict[int, Outcome]:
+    """All prompts on one socket that never drops."""
+    c = await Client.open(stack.a)
+    out: dict[int, Outcome] = {}
+    by_sid: dict[str, int] = {}
+    try:
+        for i in range(STREAMS):
+            await c.send(generate_frame(prompt(i), f"ref{i}", **params()))
+        while len(out) < STREAMS or any(o.done is None for o in out.values()):
+            f = await c.recv(120)
+            if f["type"] == "started":
+                i = int(f["request_id"][3:])
+                by_sid[f["stream_id"]] = i
+                out[i] = Outcome()
+            elif f["type"] == "token":
+                o = out[by_sid[f["stream_id"]]]
+                o.seqs.append(f["seq"])
+                o.text.append(f["text"])
+            elif f["type"] == "done":
+                out[by_sid[f["stream_id"]]].done = f
+            else:
+                raise AssertionError(f)
+    finally:
+        await c.close()
+    return out
+
+
+async def chaos_client(stack: Stack, i: int, rng: random.Random) -> Outcome:
+    out = Outcome()
+    c = await Client.open(stack.a)
+    await c.send(generate_frame(prompt(i), f"chaos{i}", **params()))
+    started = (await c.recv_until(lambda f: f["type"] == "started", 120))[-1]
+    sid, token = started["stream_id"], started["resume_token"]
+    drops = rng.randint(1, 3)
+    while True:
+        budget = rng.randint(0, 12) if drops > 0 else 10**9
+        while budget > 0 and out.done is None:
+            f = await c.recv(120)
+            if f["type"] == "token":
+                out.seqs.append(f["seq"])
+                out.text.append(f["text"])
+                budget -= 1
+            elif f["type"] == "done":
+                out.done = f
+            elif f["type"] != "resumed":
+                raise AssertionError(f)
+        if out.done is not None:
+            await c.close()
+            return out
+        drops -= 1
+        if rng.random() < 0.5:
+            out.drops.append("close")
+            await c.close()
+        else:
+            out.drops.append("cut")
+            c.cut()
+        await asyncio.sleep(rng.uniform(0, 0.4))
+        addr = rng.choice([stack.a, stack.b])
+        out.resumed_on.append("a" if addr == stack.a else "b")
+        c = await Client.open(addr)
+        after = out.seqs[-1] if out.seqs else 0
+        await c.send({"type": "resume", "stream_id": sid, "resume_token": token, "after": after})
+        first = await c.recv(30)
+        assert first == {"type": "resumed", "stream_id": sid, "after": after}, first
+
+
+async def test_chaos_drops_and_resumes(stack: Stack) -> None:
+    rng = random.Random(1234)
+    seeds = [rng.randrange(2**32) for _ in range(STREAMS)]
+    ref_task = asyncio.create_task(reference(stack))
+    chaos = await asyncio.wait_for(
+        asyncio.gather(*(chaos_client(stack, i, random.Random(seeds[i])) for i in range(STREAMS))),
+        600,
+    )
+    refs = await asyncio.wait_for(ref_task, 600)
+    cuts = sum(o.drops.count("cut") for o in chaos)
+    closes = sum(o.drops.count("close") for o in chaos)
+    on_b = sum(o.resumed_on.count("b") for o in chaos)
+    assert cuts > 0 and closes > 0 and on_b > 0, (cuts, closes, on_b)
+    for i, (o, ref) in enumerate(zip(chaos, refs_list(refs), strict=True)):
+        assert o.done is not None and ref.done is not None
+        assert o.seqs == list(range(1, o.done["seq"])), f"stream {i}: gap or duplicate {o.seqs}"
+        assert o.done["finish_reason"] == "length", o.done
+        assert "".join(o.text) == "".join(ref.text), f"stream {i} ({o.drops}) differs"
+        assert 1 <= len(o.drops) <= 3
+        assert o.done["usage"]["completion_tokens"] == TOKENS
+
+
+def refs_list(refs: dict[int, Outcome]) -> list[Outcome]:
+    return [refs[i] for i in range(STREAMS)]
