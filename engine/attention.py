@@ -5,15 +5,18 @@ Backends:
 * flash-attn (``flash_attn_varlen_func`` / ``flash_attn_with_kvcache`` with a
   ``block_table``) when ``flash_attn`` imports, the device is CUDA and the block
   size is a multiple of 256 (flash-attn 2's paged-KV requirement);
-* a PyTorch path everywhere else. Decode rows (one query token) are batched
-  into one ``scaled_dot_product_attention`` call over each sequence's blocks
-  gathered into a padded ``[B, Hkv, L, D]`` view; prefill chunks (``q_len > 1``)
-  run one call each with a causal mask offset by the cached prefix. Query heads
-  that share a KV head are folded into the query-length axis
-  (``[Hkv, G * q_len, D]``), so GQA never copies K/V per query head.
+* a PyTorch path everywhere else. Decode rows (one query token) are sorted by
+  context length into a few buckets; each bucket is one
+  ``scaled_dot_product_attention`` call over its sequences' blocks gathered into
+  a padded ``[B, Hkv, L, D]`` view (bucketing keeps the padding small when
+  lengths are ragged). Query heads that share a KV head are folded into the
+  query axis (``[B, Hkv, G, D]``), so GQA never copies K/V per query head.
+  Prefill chunks (``q_len > 1``) run one call each: ``is_causal`` without a
+  cached prefix, else a causal mask offset by the prefix length.
 
 Everything that depends only on the batch (slot mapping, block ids to gather,
-masks) is built once per step and reused by every layer.
+masks) is built once per step and reused by every layer; the gather buffers
+come from a grow-only :class:`AttentionScratch` the runner keeps across steps.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import torch
 import torch.nn.functional as F
 
 FLASH_BLOCK_MULTIPLE = 256  # flash-attn 2 needs paged-KV block sizes divisible by this
+DECODE_BUCKET_MIN = 8  # at least this many rows per decode bucket
+DECODE_MAX_BUCKETS = 4
 
 
 def flash_attn_available() -> bool:
@@ -33,17 +38,31 @@ def flash_attn_available() -> bool:
     return torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
 
 
+class AttentionScratch:
+    """A grow-only flat buffer for the decode gathers, reused across layers and steps."""
+
+    def __init__(self) -> None:
+        self._buf: torch.Tensor | None = None
+
+    def take(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A flat tensor of ``numel`` elements (contents undefined)."""
+        buf = self._buf
+        if buf is None or buf.numel() < numel or buf.dtype != dtype or buf.device != device:
+            size = max(numel, int(buf.numel() * 1.25) if buf is not None else 0)
+            buf = self._buf = torch.empty(size, dtype=dtype, device=device)
+        return buf[:numel]
+
+
 @dataclass
 class DecodePlan:
-    """Torch-path plan for the rows with one query token (batched in one call)."""
+    """Torch-path plan for one bucket of rows with a single query token."""
 
-    token_idx: torch.Tensor | None  # [Bd] int64 rows of the flat batch; None: all rows, in order
+    token_idx: torch.Tensor  # [Bd] int64 rows of the flat batch
     blocks: torch.Tensor  # [Bd * nb] int64 block ids to gather (padded with block 0)
     num_seqs: int
     blocks_per_seq: int  # nb
     mask: torch.Tensor  # [Bd, 1, 1, nb * block_size] additive (0 / -inf)
-    k_buf: torch.Tensor | None = None  # [Bd * nb, block_size, Hkv, D] gather scratch, reused
-    v_buf: torch.Tensor | None = None
+    identity: bool = False  # token_idx == arange(T): the whole batch, in order
 
 
 @dataclass
@@ -54,8 +73,7 @@ class PrefillPlan:
     end: int
     start_pos: int  # tokens already cached before this chunk
     blocks: torch.Tensor | None  # [nb] int64 blocks holding the context; None: no prefix
-    mask_rows: torch.Tensor  # [q_len, ctx] additive causal mask, offset by start_pos
-    folded_mask: torch.Tensor | None = None  # [G * q_len, ctx], built on first use
+    mask: torch.Tensor | None  # [q_len, ctx] additive causal mask offset by start_pos
 
 
 @dataclass
@@ -73,8 +91,9 @@ class AttentionMetadata:
     all_decode: bool
     block_size: int
     use_flash: bool = False
-    decode: DecodePlan | None = None
+    decode: list[DecodePlan] = field(default_factory=list)
     prefills: list[PrefillPlan] = field(default_factory=list)
+    scratch: AttentionScratch = field(default_factory=AttentionScratch)
 
     @property
     def num_tokens(self) -> int:
@@ -90,6 +109,7 @@ def build_metadata(
     device: torch.device,
     dtype: torch.dtype,
     use_flash: bool = False,
+    scratch: AttentionScratch | None = None,
 ) -> AttentionMetadata:
     """Build the step's metadata from per-sequence query lengths, offsets and block tables.
 
@@ -120,7 +140,6 @@ def build_metadata(
     def tensor(a: np.ndarray, dt: torch.dtype) -> torch.Tensor:
         return torch.from_numpy(a).to(device=device, dtype=dt, non_blocking=True)
 
-    all_decode = bool((q == 1).all())
     meta = AttentionMetadata(
         positions=tensor(positions, torch.int64),
         slot_mapping=tensor(slots, torch.int64),
@@ -130,16 +149,52 @@ def build_metadata(
         block_tables=tensor(bt_np, torch.int32),
         max_seqlen_q=int(q.max()),
         max_seqlen_k=int(ctx.max()),
-        all_decode=all_decode,
+        all_decode=bool((q == 1).all()),
         block_size=block_size,
         use_flash=use_flash,
+        scratch=scratch or AttentionScratch(),
     )
     if not use_flash:
-        _plan_torch(meta, q, starts, ctx, cu_q, bt_np, device, dtype)
+        _plan_decode(meta, q, ctx, cu_q, bt_np, device, dtype)
+        _plan_prefill(meta, q, starts, ctx, cu_q, bt_np, device, dtype)
     return meta
 
 
-def _plan_torch(
+def _plan_decode(
+    meta: AttentionMetadata,
+    q: np.ndarray,
+    ctx: np.ndarray,
+    cu_q: np.ndarray,
+    bt_np: np.ndarray,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> None:
+    """Bucket single-token rows by context length (sorted, equal-sized buckets)."""
+    rows = np.nonzero(q == 1)[0]
+    if not len(rows):
+        return
+    rows = rows[np.argsort(ctx[rows], kind="stable")]
+    buckets = max(1, min(DECODE_MAX_BUCKETS, len(rows) // DECODE_BUCKET_MIN))
+    bs = meta.block_size
+    for part in np.array_split(rows, buckets):
+        d_ctx = ctx[part]
+        nb = int(-(-d_ctx.max() // bs))
+        mask = np.where(np.arange(nb * bs)[None, :] < d_ctx[:, None], 0.0, -np.inf)
+        token_idx = cu_q[part]
+        meta.decode.append(
+            DecodePlan(
+                token_idx=torch.from_numpy(token_idx).to(device),
+                blocks=torch.from_numpy(np.ascontiguousarray(bt_np[part, :nb]).ravel()).to(device),
+                num_seqs=len(part),
+                blocks_per_seq=nb,
+                mask=torch.from_numpy(mask).to(device=device, dtype=dtype)[:, None, None, :],
+                identity=len(part) == len(cu_q) - 1
+                and bool((token_idx == np.arange(len(part))).all()),
+            )
+        )
+
+
+def _plan_prefill(
     meta: AttentionMetadata,
     q: np.ndarray,
     starts: np.ndarray,
@@ -150,30 +205,16 @@ def _plan_torch(
     dtype: torch.dtype,
 ) -> None:
     bs = meta.block_size
-    decode_rows = np.nonzero(q == 1)[0]
-    if len(decode_rows):
-        d_ctx = ctx[decode_rows]
-        nb = int(-(-d_ctx.max() // bs))
-        length = nb * bs
-        mask = np.where(np.arange(length)[None, :] < d_ctx[:, None], 0.0, -np.inf)
-        meta.decode = DecodePlan(
-            token_idx=None if meta.all_decode else torch.from_numpy(cu_q[decode_rows]).to(device),
-            blocks=torch.from_numpy(np.ascontiguousarray(bt_np[decode_rows, :nb]).ravel()).to(
-                device
-            ),
-            num_seqs=len(decode_rows),
-            blocks_per_seq=nb,
-            mask=torch.from_numpy(mask).to(device=device, dtype=dtype)[:, None, None, :],
-        )
     for i in np.nonzero(q > 1)[0]:
         n, start, c = int(q[i]), int(starts[i]), int(ctx[i])
-        cols = torch.arange(c, device=device)
-        rows = torch.arange(start, c, device=device)
-        mask_rows = torch.zeros((n, c), device=device, dtype=dtype)
-        mask_rows.masked_fill_(cols[None, :] > rows[:, None], float("-inf"))
-        nb = -(-c // bs)
-        blocks = torch.from_numpy(bt_np[i, :nb].copy()).to(device) if start > 0 else None
-        meta.prefills.append(PrefillPlan(int(cu_q[i]), int(cu_q[i + 1]), start, blocks, mask_rows))
+        blocks = mask = None
+        if start > 0:  # attend to the cached prefix too: bottom-right aligned causal mask
+            cols = torch.arange(c, device=device)
+            rows = torch.arange(start, c, device=device)
+            mask = torch.zeros((n, c), device=device, dtype=dtype)
+            mask.masked_fill_(cols[None, :] > rows[:, None], float("-inf"))
+            blocks = torch.from_numpy(bt_np[i, : -(-c // bs)].copy()).to(device)
+        meta.prefills.append(PrefillPlan(int(cu_q[i]), int(cu_q[i + 1]), start, blocks, mask))
 
 
 def store_kv(
@@ -251,39 +292,31 @@ def _torch_attention(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
-    _, num_heads, head_dim = q.shape
-    num_kv_heads = k.shape[1]
-    groups = num_heads // num_kv_heads
-    bs = meta.block_size
-    plan = meta.decode
-    if plan is not None and plan.token_idx is None:
-        return _decode(q, k_cache, v_cache, plan, scale, bs)
+    num_kv_heads, head_dim = k.shape[1], k.shape[2]
+    if len(meta.decode) == 1 and meta.decode[0].identity:
+        return _decode(q, k_cache, v_cache, meta.decode[0], meta, scale)
     out = q.new_empty(q.shape)
-    if plan is not None:
-        assert plan.token_idx is not None
+    for plan in meta.decode:
         qd = q.index_select(0, plan.token_idx)
-        out.index_copy_(0, plan.token_idx, _decode(qd, k_cache, v_cache, plan, scale, bs))
+        out.index_copy_(0, plan.token_idx, _decode(qd, k_cache, v_cache, plan, meta, scale))
     for p in meta.prefills:
-        n = p.end - p.start
-        # fold query heads that share a KV head into the row axis: [Hkv, G * n, D]
-        qp = q[p.start : p.end].view(n, num_kv_heads, groups, head_dim).permute(1, 2, 0, 3)
-        qp = qp.reshape(num_kv_heads, groups * n, head_dim)
         if p.blocks is None:  # no cached prefix: this chunk's own K/V is the whole context
-            kp, vp = k[p.start : p.end].transpose(0, 1), v[p.start : p.end].transpose(0, 1)
+            kp, vp = k[p.start : p.end], v[p.start : p.end]
         else:
-            ctx = p.mask_rows.shape[1]
+            assert p.mask is not None
+            ctx = p.mask.shape[1]
             kp = k_cache.index_select(0, p.blocks).view(-1, num_kv_heads, head_dim)[:ctx]
             vp = v_cache.index_select(0, p.blocks).view(-1, num_kv_heads, head_dim)[:ctx]
-            kp, vp = kp.transpose(0, 1), vp.transpose(0, 1)  # [Hkv, ctx, D]
-        if p.folded_mask is None:
-            p.folded_mask = p.mask_rows.repeat(groups, 1)  # [G * n, ctx], rows ordered (g, i)
-        o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=p.folded_mask, scale=scale)
-        # [Hkv, G * n, D] -> [n, H, D]
-        out[p.start : p.end] = (
-            o.view(num_kv_heads, groups, n, head_dim)
-            .permute(2, 0, 1, 3)
-            .reshape(n, num_heads, head_dim)
+        o = F.scaled_dot_product_attention(
+            q[p.start : p.end].transpose(0, 1)[None],  # [1, H, n, D]
+            kp.transpose(0, 1)[None],  # [1, Hkv, ctx, D]
+            vp.transpose(0, 1)[None],
+            attn_mask=p.mask,
+            is_causal=p.mask is None,
+            scale=scale,
+            enable_gqa=True,
         )
+        out[p.start : p.end] = o[0].transpose(0, 1)
     return out
 
 
@@ -292,23 +325,22 @@ def _decode(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     plan: DecodePlan,
+    meta: AttentionMetadata,
     scale: float,
-    block_size: int,
 ) -> torch.Tensor:
-    """One SDPA call for all single-token rows: ``q`` ``[Bd, H, D]`` -> ``[Bd, H, D]``."""
+    """One SDPA call for a bucket of single-token rows: ``q`` ``[Bd, H, D]`` -> ``[Bd, H, D]``."""
     num_seqs, num_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[2]
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     groups = num_heads // num_kv_heads
     shape = (plan.blocks.shape[0], block_size, num_kv_heads, head_dim)
-    if plan.k_buf is None or plan.k_buf.shape != shape or plan.k_buf.dtype != k_cache.dtype:
-        plan.k_buf = k_cache.new_empty(shape)
-        plan.v_buf = v_cache.new_empty(shape)
-    assert plan.v_buf is not None
-    torch.index_select(k_cache, 0, plan.blocks, out=plan.k_buf)
-    torch.index_select(v_cache, 0, plan.blocks, out=plan.v_buf)
+    numel = shape[0] * block_size * num_kv_heads * head_dim
+    flat = meta.scratch.take(2 * numel, k_cache.dtype, k_cache.device)
+    k_buf, v_buf = flat[:numel].view(shape), flat[numel:].view(shape)
+    torch.index_select(k_cache, 0, plan.blocks, out=k_buf)
+    torch.index_select(v_cache, 0, plan.blocks, out=v_buf)
     length = plan.blocks_per_seq * block_size
-    kd = plan.k_buf.view(num_seqs, length, num_kv_heads, head_dim).transpose(1, 2)
-    vd = plan.v_buf.view(num_seqs, length, num_kv_heads, head_dim).transpose(1, 2)
+    kd = k_buf.view(num_seqs, length, num_kv_heads, head_dim).transpose(1, 2)  # [Bd, Hkv, L, D]
+    vd = v_buf.view(num_seqs, length, num_kv_heads, head_dim).transpose(1, 2)
     qd = q.view(num_seqs, num_kv_heads, groups, head_dim)  # G query heads per KV head as rows
     o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=plan.mask, scale=scale)
     return o.reshape(num_seqs, num_heads, head_dim)

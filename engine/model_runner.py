@@ -17,7 +17,12 @@ from pathlib import Path
 
 import torch
 
-from engine.attention import FLASH_BLOCK_MULTIPLE, build_metadata, flash_attn_available
+from engine.attention import (
+    FLASH_BLOCK_MULTIPLE,
+    AttentionScratch,
+    build_metadata,
+    flash_attn_available,
+)
 from engine.batch import BatchItem
 from engine.kv_cache import KVCache, plan_num_blocks
 from engine.model_config import ModelConfig
@@ -101,6 +106,7 @@ class ModelRunner:
             and block_size % FLASH_BLOCK_MULTIPLE == 0
         )
         self.sampler = Sampler(seed)
+        self.scratch = AttentionScratch()  # decode gather buffers, kept across steps
         log.info(
             "model runner ready",
             extra={
@@ -127,6 +133,7 @@ class ModelRunner:
             device=self.device,
             dtype=self.dtype,
             use_flash=self.use_flash,
+            scratch=self.scratch,
         )
         input_ids = torch.tensor(
             list(chain.from_iterable(it.token_ids for it in items)), dtype=torch.int64

@@ -82,10 +82,13 @@ class Worker:
         self.active: dict[str, Active] = {}
         self.health = RedisHealth("worker")
         self.stopping = threading.Event()
-        self.counters = {"requests": 0, "cancelled": 0, "expired": 0, "errors": 0, "rejected": 0}
+        self.counters = dict.fromkeys(
+            ("requests", "rejected", "stop", "length", "cancelled", "expired", "error"), 0
+        )
         self.snapshot: dict[str, Any] = {}
         self._last_poll = self._last_claim = 0.0
         self._step_failures = 0
+        self._last_error_log = 0.0
 
     # --- loop ------------------------------------------------------------------------
 
@@ -102,9 +105,11 @@ class Worker:
                 self.health.ok()
                 backoff.reset()
             except Exception as exc:
-                if not is_outage(exc):
-                    raise
-                self.health.failed(exc)
+                if is_outage(exc):
+                    self.health.failed(exc)
+                elif time.monotonic() - self._last_error_log >= 10:
+                    self._last_error_log = time.monotonic()
+                    log.exception("worker loop error (continuing)")
                 self.stopping.wait(backoff.next())
         self._shutdown()
 
@@ -169,6 +174,15 @@ class Worker:
                 a.events.append(done_fields(reason, out.prompt_tokens, out.completion_tokens))
                 a.meta["fr"] = reason
                 a.final = True
+                extra = {
+                    "stream_id": a.stream_id,
+                    "request_id": a.request_id,
+                    "finish_reason": reason,
+                    "prompt_tokens": out.prompt_tokens,
+                    "completion_tokens": out.completion_tokens,
+                    "events": len(a.events),
+                }
+                log.info("stream finished", extra=extra)
 
     # --- requests --------------------------------------------------------------------
 
@@ -236,6 +250,7 @@ class Worker:
         prompt = int(a.meta.get("pt", 0) or 0)
         a.events.append(done_fields(reason, prompt, completion, message))
         a.meta["fr"], a.final = reason, True
+        self.counters[reason] = self.counters.get(reason, 0) + 1
 
     def _abort(self, sid: str, reason: str) -> None:
         a = self.active.get(sid)

@@ -16,14 +16,15 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import static as _static_pkg
-import web as _web_pkg
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+import static as _static_pkg
+import web as _web_pkg
 
 TEMPLATES_DIR = Path(str(_web_pkg.__file__)).resolve().parent / "templates"
 STATIC_DIR = Path(str(_static_pkg.__file__)).resolve().parent

@@ -12,7 +12,6 @@ SIGKILL): nothing is left behind. A worker that crashes is restarted.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import subprocess
@@ -23,7 +22,7 @@ from pathlib import Path
 
 from gateway.app import Settings
 from gateway.redis_server import EmbeddedRedis
-from gateway.server import build_server
+from gateway.server import build_server, run_server
 
 log = logging.getLogger("tokenrelay.serve")
 
@@ -120,7 +119,7 @@ def main(args: argparse.Namespace) -> int:
         worker.start()
         server = build_server(settings, args.host, args.port, log_level=args.log_level)
         log.info("serving", extra={"url": f"http://{args.host}:{args.port}/", "redis": url})
-        asyncio.run(server.serve())
+        run_server(server)
         return 0
     finally:
         if worker is not None:

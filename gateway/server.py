@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import socket
 
 import uvicorn
@@ -58,10 +59,29 @@ def build_server(
     return GatewayServer(config, app.state.gateway)
 
 
+def run_server(server: GatewayServer) -> None:
+    """Serve until SIGINT/SIGTERM, then return normally (callers clean up after).
+
+    uvicorn re-raises the signal that stopped it once it is done; with the
+    default handlers that would kill the process before ``tokenrelay serve``
+    could stop its worker and Redis, so quiet handlers are installed first.
+    """
+    previous = {sig: signal.signal(sig, _note_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        asyncio.run(server.serve())
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _note_signal(signum: int, frame: object) -> None:
+    log.debug("signal re-raised by uvicorn after shutdown", extra={"signal": signum})
+
+
 def main(args: argparse.Namespace) -> int:
     """Entry point of ``tokenrelay gateway``."""
     settings = Settings.from_args(args)
     server = build_server(settings, args.host, args.port, log_level=args.log_level)
     log.info("gateway listening", extra={"host": args.host, "port": args.port})
-    asyncio.run(server.serve())
+    run_server(server)
     return 0

@@ -2,7 +2,7 @@
 
 The gateway writes events with :func:`encode_event` (one ``id:`` line, an
 optional ``event:`` line and one ``data:`` line per line of the payload) and
-keeps idle connections open with :data:`KEEPALIVE` comments. :class:`SSEParser`
+keeps idle connections open with :data:`KEEPALIVE` comment lines. :class:`SSEParser`
 is the matching incremental decoder (WHATWG rules: ``\\n``, ``\\r\\n`` or
 ``\\r`` line ends, comments ignored, ``id`` remembered across events), used by
 the tests and the benchmark; browsers use ``EventSource``.
@@ -22,7 +22,10 @@ __all__ = [
     "parse_event_id",
 ]
 
-KEEPALIVE = b": keep-alive\n\n"
+# A comment line alone, with no blank line after it: a blank line would end an
+# (empty) event, which some clients (the OpenAI SDKs, once an ``id`` was seen)
+# dispatch as an event with empty data and then fail to parse.
+KEEPALIVE = b": keep-alive\n"
 DONE = b"data: [DONE]\n\n"
 MAX_EVENT_ID = 2**53  # ids are stream offsets; anything larger is not one of ours
 
@@ -46,9 +49,12 @@ def encode_event(data: str, *, id: int | str | None = None, event: str | None = 
 
 
 def comment(text: str = "") -> bytes:
-    """A comment line (ignored by clients; keeps proxies from timing out)."""
+    """Comment lines (ignored by clients; they keep proxies from timing out).
+
+    No blank line follows: see :data:`KEEPALIVE`.
+    """
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
-    return "".join(f": {line}\n" if line else ":\n" for line in lines).encode() + b"\n"
+    return "".join(f": {line}\n" if line else ":\n" for line in lines).encode()
 
 
 def parse_event_id(raw: str | None) -> int | None:

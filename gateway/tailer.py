@@ -70,7 +70,11 @@ class Subscription:
         return BUFFER_LIMIT - len(self.buffer)
 
     def push(self, event: Event) -> None:
-        if event.seq <= self.last_seq or self.closed:
+        """Buffer ``event`` if it is the next one and there is room (else it is read again)."""
+        if event.seq <= self.last_seq or self.closed or len(self.buffer) >= BUFFER_LIMIT:
+            return
+        if event.seq > self.last_seq + 1:  # only trimming (MAXLEN) can do this
+            self.fail(StreamNotFound(f"events after seq {self.last_seq} are no longer kept"))
             return
         self.buffer.append(event)
         self.last_seq = event.seq
@@ -78,7 +82,8 @@ class Subscription:
         self._ready.set()
 
     def fail(self, exc: BaseException) -> None:
-        self.error = exc
+        if self.error is None:
+            self.error = exc
         self._ready.set()
 
     async def get(self) -> list[Event]:

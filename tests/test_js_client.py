@@ -35,5 +35,7 @@ def test_js_client_unit_tests() -> None:
         check=False,
     )
     summary = "\n".join(line for line in proc.stdout.splitlines() if line.startswith("# "))
-    assert proc.returncode == 0, f"node --test failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-2000:]}"
+    assert proc.returncode == 0, (
+        f"node --test failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-2000:]}"
+    )
     assert "# fail 0" in summary, summary

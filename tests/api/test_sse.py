@@ -25,7 +25,8 @@ def test_encode_event_with_id_and_multiline_data() -> None:
 
 def test_comment_and_constants() -> None:
     assert comment("keep-alive") == KEEPALIVE
-    assert comment() == b":\n\n"
+    assert comment() == b":\n"
+    assert comment("a\nb") == b": a\n: b\n"
     assert DONE == b"data: [DONE]\n\n"
 
 
@@ -76,3 +77,21 @@ def test_parser_line_endings_and_fields() -> None:
     assert parser.feed(b"\n\n") == [SSEEvent("q", "message", "4")]
     # an event with no data is not dispatched; unknown fields are ignored
     assert parser.feed(b"event: x\nretry: 10\n\n") == []
+
+
+def test_openai_sdk_decoder_sees_no_empty_events() -> None:
+    """Keep-alives between events with ids must not become empty events in the SDK."""
+    from openai._streaming import SSEDecoder
+
+    stream = (
+        encode_event('{"a":1}', id=0)
+        + KEEPALIVE
+        + encode_event('{"b":2}', id=1)
+        + KEEPALIVE
+        + KEEPALIVE
+        + DONE
+    )
+    for step in (1, 5, len(stream)):
+        parts = [stream[i : i + step] for i in range(0, len(stream), step)]
+        events = list(SSEDecoder().iter_bytes(iter(parts)))
+        assert [e.data for e in events] == ['{"a":1}', '{"b":2}', "[DONE]"]

@@ -143,7 +143,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         pytest.skip("the default model is not prepared: run `make model`")
     port = _free_port()
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env = dict(
+        os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false"
+    )
     env.setdefault("TOKENRELAY_LOG_FORMAT", "json")
     cmd = [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
     with log_path.open("wb") as log:

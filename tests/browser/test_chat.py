@@ -41,7 +41,8 @@ def ask(page: Any, text: str) -> None:
 def wait_streaming_text(page: Any, min_chars: int = 20) -> None:
     page.wait_for_function(
         f"() => {{ const m = {LAST_ASSISTANT_JS};"
-        f" return m && m.dataset.state === 'streaming' && m.textContent.length >= {min_chars}; }}"
+        " const c = m && m.querySelector('[data-testid=message-content]');"
+        f" return m && m.dataset.state === 'streaming' && c.textContent.length >= {min_chars}; }}"
     )
 
 
@@ -176,7 +177,9 @@ def test_drop_connection_button_resumes_without_loss(desktop: PageHandle, server
     page = open_chat(desktop, server, f"?temperature=0&max_tokens={LONG_MAX}&debug=1")
     ask(page, LONG_Q)
     wait_streaming_text(page)
-    page.wait_for_function("() => document.querySelector('[data-testid=debug-last-seq]').textContent !== '0'")
+    page.wait_for_function(
+        "() => document.querySelector('[data-testid=debug-last-seq]').textContent !== '0'"
+    )
     page.click("[data-testid=drop-connection]")
     page.wait_for_selector("[data-testid=connection][data-resumed=true]", timeout=15_000)
     assert page.locator("[data-testid=connection]").inner_text().strip() == "Resumed"
@@ -322,7 +325,9 @@ def test_model_output_is_never_html(desktop: PageHandle, server: Server) -> None
 
 
 def test_url_presets_fill_the_settings(desktop: PageHandle, server: Server) -> None:
-    page = open_chat(desktop, server, "?temperature=0&max_tokens=64&seed=7&system=Be%20terse.&top_p=bad")
+    page = open_chat(
+        desktop, server, "?temperature=0&max_tokens=64&seed=7&system=Be%20terse.&top_p=bad"
+    )
     page.click("[data-testid=settings-toggle]")
     assert page.input_value("[data-testid=setting-temperature]") == "0.0"
     assert page.input_value("[data-testid=setting-max_tokens]") == "64"

@@ -41,7 +41,9 @@ def test_widget_chats_on_a_third_party_page(desktop: PageHandle, server: Server)
         ".shadowRoot.querySelector('.launcher')).backgroundColor"
     )
     assert accent == "rgb(20, 83, 45)"  # --tokenrelay-accent: #14532d on /embed-demo
-    host.evaluate("el => { el.setAttribute('max-tokens', '24'); el.setAttribute('temperature', '0'); }")
+    host.evaluate(
+        "el => { el.setAttribute('max-tokens', '24'); el.setAttribute('temperature', '0'); }"
+    )
     box = page.locator("tokenrelay-chat [data-testid=composer]")
     box.fill('Hello <img src=x onerror="window.__xss=1">')
     box.press("Enter")

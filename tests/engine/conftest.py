@@ -6,6 +6,8 @@ Several engineers add fixtures here: append, don't rewrite.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,15 +81,39 @@ def hf_model(model_path: Path) -> Any:
 
 
 @pytest.fixture(scope="session")
-def hf_greedy(hf_model: Any, greedy_prompts: list[list[int]]) -> list[list[int]]:
+def hf_greedy(
+    request: pytest.FixtureRequest, model_path: Path, greedy_prompts: list[list[int]]
+) -> list[list[int]]:
     """transformers' own greedy ``generate``: GREEDY_TOKENS ids per prompt, EOS not stopping.
 
     ``eos_token_id=[]`` keeps generating through EOS (like our ``ignore_eos``)
-    without suppressing it the way ``min_new_tokens`` would.
+    without suppressing it the way ``min_new_tokens`` would. The result is kept
+    in pytest's cache, keyed by the weights file, the prompts and the torch and
+    transformers versions, so reruns skip ~1,000 reference decode steps.
     """
     import torch
+    import transformers
 
-    config = copy.deepcopy(hf_model.generation_config)
+    weights = sorted(model_path.glob("*.safetensors"))
+    key_src = json.dumps(
+        [
+            [str(w.resolve()) for w in weights],
+            [w.stat().st_size for w in weights],
+            [w.stat().st_mtime_ns for w in weights],
+            greedy_prompts,
+            GREEDY_TOKENS,
+            torch.__version__,
+            transformers.__version__,
+        ]
+    )
+    key = "tokenrelay/hf_greedy/" + hashlib.sha256(key_src.encode()).hexdigest()[:16]
+    cache = getattr(request.config, "cache", None)
+    if cache is not None:
+        cached = cache.get(key, None)
+        if isinstance(cached, list) and len(cached) == len(greedy_prompts):
+            return cached
+    model = request.getfixturevalue("hf_model")
+    config = copy.deepcopy(model.generation_config)
     config.do_sample = False
     config.max_new_tokens = GREEDY_TOKENS
     config.eos_token_id = []
@@ -95,27 +121,10 @@ def hf_greedy(hf_model: Any, greedy_prompts: list[list[int]]) -> list[list[int]]
     with torch.inference_mode():
         for ids in greedy_prompts:
             prompt = torch.tensor([ids])
-            gen = hf_model.generate(
+            gen = model.generate(
                 prompt, attention_mask=torch.ones_like(prompt), generation_config=config
             )
             out.append(gen[0, len(ids) :].tolist())
+    if cache is not None:
+        cache.set(key, out)
     return out
-
-
-# --- torch side (model runner, model, detokenizer) ---------------------------------
-
-
-@pytest.fixture(scope="session")
-def model_runner(model_path: Path) -> Any:
-    """A CPU ModelRunner on the default model with a small pool (256 blocks of 16)."""
-    from engine.model_runner import ModelRunner
-
-    return ModelRunner(model_path, device="cpu", block_size=16, num_blocks=256)
-
-
-@pytest.fixture(scope="session")
-def default_tokenizer(model_path: Path) -> Any:
-    """The default model's tokenizer (transformers)."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(model_path))

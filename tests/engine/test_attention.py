@@ -60,9 +60,8 @@ def run_case(
         )
         for start, n in seqs
     ]
-    prefix = [(0, start) for start, _ in seqs if start > 0]
-    if prefix:
-        with_prefix = [i for i, (start, _) in enumerate(seqs) if start > 0]
+    with_prefix = [i for i, (start, _) in enumerate(seqs) if start > 0]
+    if with_prefix:
         meta = build_metadata(
             [seqs[i][0] for i in with_prefix],
             [0] * len(with_prefix),
@@ -108,6 +107,7 @@ def run_case(
         [(5, 1), (17, 1), (3, 1), (40, 1)],  # all decode, ragged contexts
         [(6, 7), (0, 11)],  # chunked prefill with a cached prefix, and a fresh one
         [(12, 1), (0, 5), (9, 1), (4, 6), (30, 1)],  # mixed prefill and decode
+        [(i * 7 % 45, 1) for i in range(20)] + [(0, 6), (10, 3)],  # several decode buckets
     ],
 )
 @pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (6, 2), (9, 3), (8, 1)])
@@ -141,7 +141,11 @@ def test_block_table_too_short_is_rejected() -> None:
 
 def test_slot_mapping_follows_block_table() -> None:
     meta = build_metadata(
-        [3, 1], [2, 5], [[7, 2], [4, 9]], block_size=4, device=torch.device("cpu"),
+        [3, 1],
+        [2, 5],
+        [[7, 2], [4, 9]],
+        block_size=4,
+        device=torch.device("cpu"),
         dtype=torch.float32,
     )
     # seq 0: positions 2, 3 (block 7), 4 (block 2); seq 1: position 5 (block 9, offset 1)
@@ -159,7 +163,14 @@ def test_cuda_paged_attention_matches_dense(use_flash: bool) -> None:
         pytest.skip("flash_attn is not installed")
     seqs = [(300, 1), (0, 40), (270, 20), (700, 1)]
     out, ref = run_case(
-        seqs, 8, 2, 64, seed=0, device="cuda", dtype=torch.bfloat16,
-        block_size=256 if use_flash else 16, use_flash=use_flash,
+        seqs,
+        8,
+        2,
+        64,
+        seed=0,
+        device="cuda",
+        dtype=torch.bfloat16,
+        block_size=256 if use_flash else 16,
+        use_flash=use_flash,
     )
     assert (out - ref).abs().max().item() < 3e-2

@@ -97,7 +97,7 @@ def test_load_time_under_two_seconds(model_path: Path) -> None:
 
 # --- tiny random checkpoints: qkv bias, q/k norm, rope scaling, untied heads -----------
 
-TINY = dict(
+TINY: dict[str, Any] = dict(
     vocab_size=300,
     hidden_size=64,
     intermediate_size=96,
@@ -158,7 +158,9 @@ def test_tiny_random_checkpoint_matches_transformers(tmp_path: Path, kind: str) 
     assert cfg.qkv_bias == (kind in ("qwen2", "qwen3"))
     assert cfg.qk_norm == (kind == "qwen3")
     model = load_model(tmp_path, cfg, torch.device("cpu"), torch.float32)
-    cache = KVCache(cfg, num_blocks=64, block_size=8, dtype=torch.float32, device=torch.device("cpu"))
+    cache = KVCache(
+        cfg, num_blocks=64, block_size=8, dtype=torch.float32, device=torch.device("cpu")
+    )
     ids = [random.Random(1).randrange(cfg.vocab_size) for _ in range(150)]
     table = shuffled_blocks(64, -(-len(ids) // 8), seed=3)
     ours = run_chunks(model, cache, ids, [70, 3, 70, 1, 1, 1, 1, 1, 1, 1], table)

@@ -117,7 +117,9 @@ def test_seeded_sampling_is_independent_of_the_batch(
     assert batch[-1] == alone[0]
 
 
-def test_no_sample_items_return_none(model_runner: ModelRunner, prompt_ids: list[list[int]]) -> None:
+def test_no_sample_items_return_none(
+    model_runner: ModelRunner, prompt_ids: list[list[int]]
+) -> None:
     ids = prompt_ids[3]
     items = [
         BatchItem("a", ids[:10], 0, [3, 4], False, GREEDY, 0),
@@ -138,7 +140,9 @@ def test_no_sample_items_return_none(model_runner: ModelRunner, prompt_ids: list
         (BatchItem("a", [1], 0, [256], True, GREEDY, 0), "block_table"),
     ],
 )
-def test_bad_items_raise_value_error(model_runner: ModelRunner, item: BatchItem, field: str) -> None:
+def test_bad_items_raise_value_error(
+    model_runner: ModelRunner, item: BatchItem, field: str
+) -> None:
     with pytest.raises(ValueError, match=field):
         model_runner.execute([item])
 

@@ -29,7 +29,10 @@ def test_generate_with_messages() -> None:
         {
             "type": "generate",
             "request_id": "r1",
-            "messages": [{"role": "system", "content": "Be brief"}, {"role": "user", "content": "Hi"}],
+            "messages": [
+                {"role": "system", "content": "Be brief"},
+                {"role": "user", "content": "Hi"},
+            ],
             "params": {"max_tokens": 8, "temperature": 0, "stop": ["\n"], "seed": 3},
         }
     )
@@ -74,22 +77,58 @@ def test_unknown_top_level_fields_are_ignored() -> None:
         ('{"type": "generate", "messages": "hi"}', "bad_request", "must be a list"),
         ('{"type": "generate", "messages": []}', "bad_request", "must not be empty"),
         ('{"type": "generate", "messages": [5]}', "bad_request", "messages[0] must be an object"),
-        ('{"type": "generate", "messages": [{"role": "god", "content": "x"}]}', "bad_request", "role"),
+        (
+            '{"type": "generate", "messages": [{"role": "god", "content": "x"}]}',
+            "bad_request",
+            "role",
+        ),
         ('{"type": "generate", "messages": [{"role": "user"}]}', "bad_request", "content"),
-        ('{"type": "generate", "messages": [{"role": "user", "content": 1}]}', "bad_request", "content"),
-        ('{"type": "generate", "prompt": "a", "params": []}', "bad_request", "params must be an object"),
-        ('{"type": "generate", "prompt": "a", "params": {"max_token": 5}}', "bad_request", "max_token"),
-        ('{"type": "generate", "prompt": "a", "params": {"max_tokens": 0}}', "bad_request", "max_tokens"),
-        ('{"type": "generate", "prompt": "a", "params": {"max_tokens": "9"}}', "bad_request", "max_tokens"),
-        ('{"type": "generate", "prompt": "a", "params": {"max_tokens": 99999}}', "bad_request", "max_tokens"),
-        ('{"type": "generate", "prompt": "a", "params": {"temperature": -1}}', "bad_request", "temperature"),
+        (
+            '{"type": "generate", "messages": [{"role": "user", "content": 1}]}',
+            "bad_request",
+            "content",
+        ),
+        (
+            '{"type": "generate", "prompt": "a", "params": []}',
+            "bad_request",
+            "params must be an object",
+        ),
+        (
+            '{"type": "generate", "prompt": "a", "params": {"max_token": 5}}',
+            "bad_request",
+            "max_token",
+        ),
+        (
+            '{"type": "generate", "prompt": "a", "params": {"max_tokens": 0}}',
+            "bad_request",
+            "max_tokens",
+        ),
+        (
+            '{"type": "generate", "prompt": "a", "params": {"max_tokens": "9"}}',
+            "bad_request",
+            "max_tokens",
+        ),
+        (
+            '{"type": "generate", "prompt": "a", "params": {"max_tokens": 99999}}',
+            "bad_request",
+            "max_tokens",
+        ),
+        (
+            '{"type": "generate", "prompt": "a", "params": {"temperature": -1}}',
+            "bad_request",
+            "temperature",
+        ),
         ('{"type": "generate", "prompt": "a", "params": {"top_p": 0}}', "bad_request", "top_p"),
         ('{"type": "generate", "prompt": "a", "params": {"top_k": 1.5}}', "bad_request", "top_k"),
         ('{"type": "generate", "prompt": "a", "params": {"seed": -1}}', "bad_request", "seed"),
         ('{"type": "generate", "prompt": "a", "params": {"seed": true}}', "bad_request", "seed"),
         ('{"type": "generate", "prompt": "a", "params": {"stop": [1]}}', "bad_request", "stop"),
         ('{"type": "generate", "prompt": "a", "params": {"stop": [""]}}', "bad_request", "stop"),
-        ('{"type": "generate", "prompt": "a", "params": {"ignore_eos": 1}}', "bad_request", "ignore_eos"),
+        (
+            '{"type": "generate", "prompt": "a", "params": {"ignore_eos": 1}}',
+            "bad_request",
+            "ignore_eos",
+        ),
         ('{"type": "generate", "request_id": 5, "prompt": "a"}', "bad_request", "request_id"),
         ('{"type": "generate", "request_id": "", "prompt": "a"}', "bad_request", "request_id"),
         ('{"type": "resume"}', "bad_request", "stream_id"),
@@ -133,7 +172,9 @@ def test_bad_resume(obj: dict[str, object], needle: str) -> None:
 def test_resume_and_cancel() -> None:
     frame = parse({"type": "resume", "stream_id": SID, "resume_token": "tok", "after": 17})
     assert frame == p.Resume(SID, "tok", 17)
-    assert parse({"type": "resume", "stream_id": SID, "resume_token": "tok"}) == p.Resume(SID, "tok", 0)
+    assert parse({"type": "resume", "stream_id": SID, "resume_token": "tok"}) == p.Resume(
+        SID, "tok", 0
+    )
     assert parse({"type": "cancel", "stream_id": SID}) == p.Cancel(SID, None)
     assert parse({"type": "cancel", "stream_id": SID, "resume_token": "t"}) == p.Cancel(SID, "t")
     err = error_of({"type": "cancel", "stream_id": SID, "resume_token": 3})
@@ -162,10 +203,18 @@ def test_server_frames() -> None:
     assert hello["type"] == "hello" and hello["protocol"] == 1 and hello["heartbeat_s"] == 20.0
     started = p.started_frame("r1", SID, "tok", 42)
     assert started == {
-        "type": "started", "request_id": "r1", "stream_id": SID,
-        "resume_token": "tok", "prompt_tokens": 42,
-    }  # fmt: skip
-    assert p.token_frame(SID, 1, "Hel") == {"type": "token", "stream_id": SID, "seq": 1, "text": "Hel"}
+        "type": "started",
+        "request_id": "r1",
+        "stream_id": SID,
+        "resume_token": "tok",
+        "prompt_tokens": 42,
+    }
+    assert p.token_frame(SID, 1, "Hel") == {
+        "type": "token",
+        "stream_id": SID,
+        "seq": 1,
+        "text": "Hel",
+    }
     done = p.done_frame(SID, 9, "stop", 42, 8)
     assert done["usage"] == {"prompt_tokens": 42, "completion_tokens": 8} and "message" not in done
     assert p.done_frame(SID, 2, "error", 1, 0, "worker died")["message"] == "worker died"
@@ -174,7 +223,9 @@ def test_server_frames() -> None:
     err = p.error_frame("not_found", "gone", stream_id=SID)
     assert err == {"type": "error", "code": "not_found", "message": "gone", "stream_id": SID}
     assert p.cancelled_frame(SID, "finished", "length")["finish_reason"] == "length"
-    assert json.loads(p.encode(p.token_frame(SID, 3, "héllo ✓"))) == p.token_frame(SID, 3, "héllo ✓")
+    assert json.loads(p.encode(p.token_frame(SID, 3, "héllo ✓"))) == p.token_frame(
+        SID, 3, "héllo ✓"
+    )
     assert "✓" in p.encode({"t": "✓"})  # UTF-8 kept, not escaped
     with pytest.raises(ValueError):
         p.ProtocolError("teapot", "no")
@@ -183,14 +234,23 @@ def test_server_frames() -> None:
 @settings(max_examples=300, deadline=None)
 @given(
     st.recursive(
-        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+        st.none()
+        | st.booleans()
+        | st.integers()
+        | st.floats(allow_nan=False)
+        | st.text(max_size=20),
         lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=10), c, max_size=4),
         max_leaves=20,
     )
 )
 def test_any_json_parses_or_gets_a_typed_error(obj: object) -> None:
-    for candidate in (obj, {"type": "generate", "prompt": "x", "params": obj},
-                      {"type": "generate", "messages": obj}, {"type": "resume", "stream_id": obj}):  # fmt: skip
+    candidates = [
+        obj,
+        {"type": "generate", "prompt": "x", "params": obj},
+        {"type": "generate", "messages": obj},
+        {"type": "resume", "stream_id": obj},
+    ]
+    for candidate in candidates:
         try:
             p.parse_frame(json.dumps(candidate))
         except p.ProtocolError as exc:

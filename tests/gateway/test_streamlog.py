@@ -36,14 +36,23 @@ async def start_stream(slog: StreamLog, wlog: WorkerLog, ttl: float = 60.0) -> t
     assert [r.stream_id for r in reqs] == [new.stream_id]
     ENTRIES[new.stream_id] = reqs[0].entry_id
     res = wlog.flush(
-        [Batch(new.stream_id, 0, [schema.accepted_fields(3, "w-test")],
-               {"st": "running", "w": "w-test", "pt": "3"}, ttl)]  # fmt: skip
+        [
+            Batch(
+                new.stream_id,
+                0,
+                [schema.accepted_fields(3, "w-test")],
+                {"st": "running", "w": "w-test", "pt": "3"},
+                ttl,
+            )
+        ]
     )
     assert res[0].status == 1
     return new.stream_id, new.resume_token
 
 
-def write_tokens(wlog: WorkerLog, sid: str, first: int, texts: list[str], ttl: float = 60.0) -> None:
+def write_tokens(
+    wlog: WorkerLog, sid: str, first: int, texts: list[str], ttl: float = 60.0
+) -> None:
     res = wlog.flush([Batch(sid, first, [schema.token_fields(t) for t in texts], {}, ttl)])
     assert res[0].status == 1, res
 
@@ -71,9 +80,9 @@ async def test_lifecycle_and_offsets(slog: StreamLog, wlog: WorkerLog) -> None:
     assert events[-1].kind == "done" and events[-1].finish_reason == "stop"
     assert [e.seq for e in await collect(slog, sid, 2)] == [3, 4]
     assert [e.seq for e in await collect(slog, sid, 3)] == [4]
-    info = await slog.info(sid)
-    assert info is not None and info.status == "done" and info.last_seq == 4
-    assert info.finish_reason == "stop"
+    final = await slog.info(sid)
+    assert final is not None and final.status == "done" and final.last_seq == 4
+    assert final.finish_reason == "stop"
     # the finished request left the request stream
     assert await slog.redis.xlen(slog.keys.requests) == 0
     assert 0 < await slog.redis.ttl(slog.keys.stream(sid)) <= 60
@@ -86,7 +95,7 @@ async def test_tokens_are_checked_and_stored_hashed(slog: StreamLog, wlog: Worke
     with pytest.raises(StreamForbidden):
         await slog.authorize(sid, "")
     raw = await slog.redis.hgetall(slog.keys.meta(sid))
-    assert token.encode() not in b"".join(raw.values())
+    assert token.encode() not in b"".join(bytes(v) for v in raw.values())  # type: ignore[arg-type]
     with pytest.raises(StreamNotFound):
         await slog.authorize(schema.new_stream_id(), token)
 
@@ -301,3 +310,45 @@ async def test_redis_outage_and_recovery(tmp_path, prefix: str) -> None:  # type
         wlog.close()
         await slog.close()
         server.cleanup()
+
+
+async def test_requests_of_a_dead_worker_are_claimed(
+    redis_server: EmbeddedRedis, prefix: str, slog: StreamLog, wlog: WorkerLog
+) -> None:
+    """A queued request read by a worker that died goes to another; a running one is ended."""
+    queued = await slog.create(BODY, "q")
+    running = await slog.create(BODY, "r")
+    taken = wlog.read_requests(10, None)  # worker "w-test" takes both, then dies
+    assert len(taken) == 2
+    wlog.flush(
+        [
+            Batch(
+                running.stream_id,
+                0,
+                [schema.accepted_fields(3, "w-test")],
+                {"st": "running", "w": "w-test", "pt": "3"},
+            )
+        ]
+    )
+    heir = WorkerLog(redis_server.url, "w-heir", prefix=prefix)
+    try:
+        heir.heartbeat({})
+        assert heir.claim_dead() == []  # w-test is alive
+        await slog.redis.delete(slog.keys.worker("w-test"))
+        assert heir.claim_dead() == []  # not idle long enough yet
+        await asyncio.sleep(schema.WORKER_DEAD_GRACE + 0.2)
+        claimed = {r.stream_id: r for r in heir.claim_dead()}
+        assert set(claimed) == {queued.stream_id, running.stream_id}
+        meta = claimed[queued.stream_id].meta
+        assert meta is not None and meta["st"] == "queued"
+        assert claimed[running.stream_id].body == BODY
+        assert await slog.redis.sismember(slog.keys.workers, "w-test") == 0
+        # what a worker does with a claimed stream that was already running
+        assert heir.finish_foreign(running.stream_id, "error", "engine worker w-test died")
+        assert not heir.finish_foreign(running.stream_id, "error", "twice")
+        events = await collect(slog, running.stream_id, 0)
+        assert [(e.seq, e.kind, e.finish_reason) for e in events] == [(1, "done", "error")]
+        pending = await slog.redis.xpending(slog.keys.requests, schema.GROUP)
+        assert pending["pending"] == 2 and pending["consumers"][0]["name"] == b"w-heir"
+    finally:
+        heir.close()

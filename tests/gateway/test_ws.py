@@ -62,7 +62,9 @@ async def test_several_streams_on_one_socket(stack: Stack) -> None:
     c = await Client.open(stack.a)
     try:
         for i in range(4):
-            await c.send(generate_frame(f"Count to {i + 3}.", f"m{i}", max_tokens=10, temperature=0))
+            await c.send(
+                generate_frame(f"Count to {i + 3}.", f"m{i}", max_tokens=10, temperature=0)
+            )
         sids: dict[str, str] = {}
         seqs: dict[str, list[int]] = {}
         finished: set[str] = set()
@@ -149,8 +151,8 @@ async def test_cancel_frees_blocks_and_is_idempotent(stack: Stack) -> None:
         await c.send({"type": "cancel", "stream_id": sid})
         frames = await c.recv_until(is_done(sid), 30)
         ack = [f for f in frames if f["type"] == "cancelled"]
-        assert ack == [{"type": "cancelled", "stream_id": sid, "state": "cancelling",
-                        "finish_reason": None}]  # fmt: skip
+        expected = {"type": "cancelled", "stream_id": sid, "state": "cancelling"}
+        assert ack == [{**expected, "finish_reason": None}]
         done = frames[-1]
         assert done["type"] == "done" and done["finish_reason"] == "cancelled"
         tokens = [f["seq"] for f in frames if f["type"] == "token"]
@@ -158,8 +160,8 @@ async def test_cancel_frees_blocks_and_is_idempotent(stack: Stack) -> None:
         await wait_blocks_free(stack, baseline["blocks_free"])
         # cancelling again: a clear answer, from this socket or with the token
         await c.send({"type": "cancel", "stream_id": sid})
-        assert await c.recv() == {"type": "cancelled", "stream_id": sid, "state": "finished",
-                                  "finish_reason": "cancelled"}  # fmt: skip
+        again = await c.recv()
+        assert again == {**expected, "state": "finished", "finish_reason": "cancelled"}
         await other.send({"type": "cancel", "stream_id": sid, "resume_token": token})
         assert (await other.recv())["state"] == "finished"
         await other.send({"type": "cancel", "stream_id": sid, "resume_token": "nope"})
@@ -176,7 +178,9 @@ async def test_cancel_from_another_socket_with_the_token(stack: Stack) -> None:
         started = await start(c, "Write a poem about rain.", "long2", **LONG)
         sid = started["stream_id"]
         await c.recv_until(lambda f: f.get("seq", 0) >= 2)
-        await other.send({"type": "cancel", "stream_id": sid, "resume_token": started["resume_token"]})
+        await other.send(
+            {"type": "cancel", "stream_id": sid, "resume_token": started["resume_token"]}
+        )
         assert (await other.recv())["state"] == "cancelling"
         frames = await c.recv_until(is_done(sid), 30)
         assert frames[-1]["finish_reason"] == "cancelled"
