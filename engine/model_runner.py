@@ -47,6 +47,28 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return dev
 
 
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+}
+
+
+def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
+    """``None``/``"auto"`` -> fp32 on CPU, bf16 (or fp16) on CUDA; accepts names like ``"bf16"``."""
+    if dtype is None or dtype == "auto":
+        return default_dtype(device)
+    if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype.lower() in _DTYPES:
+        return _DTYPES[dtype.lower()]
+    raise ValueError(f"dtype: {dtype!r} is not supported (float32, bfloat16, float16 or auto)")
+
+
 def configure_threads(num_threads: int | None = None) -> int:
     """Use ``num_threads``, else honour ``OMP_NUM_THREADS``/torch's default, capped at our CPUs."""
     if num_threads is not None:
@@ -68,7 +90,7 @@ class ModelRunner:
         model_path: str | Path,
         *,
         device: str | torch.device = "auto",
-        dtype: torch.dtype | None = None,
+        dtype: torch.dtype | str | None = None,
         block_size: int = 16,
         kv_cache_memory_gib: float | None = None,
         num_blocks: int | None = None,
@@ -77,9 +99,15 @@ class ModelRunner:
     ) -> None:
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
             raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+        if num_blocks is not None and (
+            isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks <= 0
+        ):
+            raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
+        if kv_cache_memory_gib is not None and not kv_cache_memory_gib > 0:
+            raise ValueError(f"kv_cache_memory must be > 0 GiB, got {kv_cache_memory_gib!r}")
         self.path = _resolve_path(model_path)
         self.device = resolve_device(device)
-        self.dtype = dtype or default_dtype(self.device)
+        self.dtype = resolve_dtype(dtype, self.device)
         self.block_size = block_size
         if self.device.type == "cpu":
             configure_threads(num_threads)

@@ -137,6 +137,8 @@ class Worker:
         if now - self._last_claim >= CLAIM_INTERVAL:
             self._last_claim = now
             self._admit_all(self.wlog.claim_dead())
+            # requests read just before an outage interrupted their admission
+            self._admit_all(self.wlog.read_own_pending())
         if self.engine.has_unfinished():
             self._step()
             self._flush()

@@ -137,7 +137,7 @@ export class TokenRelayStream extends EventTarget {
    */
   constructor(client, init) {
     super();
-    /** @private */ this._client = client;
+    /** @internal */ this._client = client;
     /** @type {string|null} */ this.requestId = init.requestId ?? null;
     /** @type {string|null} */ this.streamId = init.streamId ?? null;
     /** @type {string|null} secret needed to resume or cancel from another socket */
@@ -151,13 +151,13 @@ export class TokenRelayStream extends EventTarget {
     /** @type {{code: string, message: string}|null} */ this.error = null;
     /** @type {number} times this stream was re-attached with `resume` */ this.resumes = 0;
     /** @type {boolean} */ this.cancelRequested = false;
-    /** @private */ this._frame = init.frame ?? null;
-    /** @private */ this._everSent = false;
-    /** @private */ this._socketGen = -1;
-    /** @private */ this._resyncing = false;
-    /** @private */ this._retries = 0;
-    /** @private */ this._cancelTimer = null;
-    /** @private */ this._resolve = () => {};
+    /** @internal */ this._frame = init.frame ?? null;
+    /** @internal */ this._everSent = false;
+    /** @internal */ this._socketGen = -1;
+    /** @internal */ this._resyncing = false;
+    /** @internal */ this._retries = 0;
+    /** @internal */ this._cancelTimer = null;
+    /** @internal @type {(result: StreamResult) => void} */ this._resolve = () => {};
     /** @type {Promise<StreamResult>} settles when the stream ends (never rejects) */
     this.finished = new Promise((resolve) => {
       this._resolve = resolve;
@@ -574,7 +574,7 @@ export class TokenRelayClient extends EventTarget {
     this._send({ type: "cancel", stream_id: s.streamId, resume_token: s.resumeToken });
   }
 
-  /** @private @param {TokenRelayStream} s */
+  /** @internal @param {TokenRelayStream} s */
   _cancel(s) {
     if (s.closed) return;
     const first = !s.cancelRequested;

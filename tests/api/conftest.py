@@ -56,7 +56,7 @@ class ApiStack:
         return dict(json.loads(raw)) if raw else {}
 
     def stream_meta(self, stream_id: str) -> dict[str, str]:
-        raw = self.redis.client().hgetall(f"{self.prefix}m:{stream_id}")
+        raw: dict[bytes, bytes] = self.redis.client().hgetall(f"{self.prefix}m:{stream_id}")  # type: ignore[assignment]
         return {k.decode(): v.decode() for k, v in raw.items()}
 
     def find_stream(self, request_id: str, timeout: float = 10.0) -> str:

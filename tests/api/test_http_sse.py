@@ -6,6 +6,8 @@ import asyncio
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from starlette.types import Message
+
 from gateway.http_sse import GONE, TIMEOUT, Pump, SSEResponse
 from gateway.sse import KEEPALIVE
 
@@ -17,12 +19,12 @@ class Client:
         self.sent: list[dict[str, Any]] = []
         self.left = asyncio.Event()
 
-    async def receive(self) -> dict[str, Any]:
+    async def receive(self) -> Message:
         await self.left.wait()
         return {"type": "http.disconnect"}
 
-    async def send(self, message: dict[str, Any]) -> None:
-        self.sent.append(message)
+    async def send(self, message: Message) -> None:
+        self.sent.append(dict(message))
 
     def body(self) -> bytes:
         return b"".join(m.get("body", b"") for m in self.sent if m["type"] == "http.response.body")
@@ -125,7 +127,7 @@ async def test_write_failure_counts_as_disconnect() -> None:
         finally:
             cleaned.set()
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: Message) -> None:
         if message["type"] == "http.response.body":
             raise OSError("client went away")
 

@@ -6,6 +6,7 @@ import asyncio
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.api.conftest import ApiStack
 
@@ -35,12 +36,9 @@ def test_models(api_stack: ApiStack) -> None:
 
 def test_sync_chat_stream_equals_non_stream(api_stack: ApiStack) -> None:
     client = sync_client(api_stack.a)
-    msgs = [{"role": "user", "content": PROMPT}]
+    msgs: list[ChatCompletionMessageParam] = [{"role": "user", "content": PROMPT}]
     full = client.chat.completions.create(
-        model="default",
-        messages=msgs,
-        max_tokens=MAX,
-        temperature=0,  # type: ignore[arg-type]
+        model="default", messages=msgs, max_tokens=MAX, temperature=0
     )
     assert full.object == "chat.completion" and full.model == "default"
     assert full.id.startswith("chatcmpl-")
@@ -53,7 +51,7 @@ def test_sync_chat_stream_equals_non_stream(api_stack: ApiStack) -> None:
 
     stream = client.chat.completions.create(
         model="default",
-        messages=msgs,  # type: ignore[arg-type]
+        messages=msgs,
         max_tokens=MAX,
         temperature=0,
         stream=True,
@@ -124,12 +122,12 @@ async def test_async_chat_concurrent_streams(api_stack: ApiStack) -> None:
 
 def test_sdk_errors(api_stack: ApiStack) -> None:
     client = sync_client(api_stack.a)
-    msgs = [{"role": "user", "content": "Hi"}]
+    msgs: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hi"}]
     with pytest.raises(openai.NotFoundError) as nf:
-        client.chat.completions.create(model="nope", messages=msgs)  # type: ignore[arg-type]
+        client.chat.completions.create(model="nope", messages=msgs)
     assert nf.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as br:
-        client.chat.completions.create(model="default", messages=msgs, n=2)  # type: ignore[arg-type]
+        client.chat.completions.create(model="default", messages=msgs, n=2)
     assert br.value.param == "n"
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model="default", prompt="x", temperature=7)
@@ -137,10 +135,14 @@ def test_sdk_errors(api_stack: ApiStack) -> None:
 
 def test_sampling_with_seed_is_reproducible(api_stack: ApiStack) -> None:
     client = sync_client(api_stack.a)
-    kw = {"model": "default", "prompt": "Once upon a time", "max_tokens": 8, "seed": 1234}
-    a = client.completions.create(temperature=1.0, top_p=0.9, **kw)  # type: ignore[arg-type]
-    b = client.completions.create(temperature=1.0, top_p=0.9, **kw)  # type: ignore[arg-type]
-    assert a.choices[0].text == b.choices[0].text
+    texts = [
+        client.completions.create(
+            model="default", prompt="Once upon a time", max_tokens=8, seed=1234,
+            temperature=1.0, top_p=0.9,
+        ).choices[0].text
+        for _ in range(2)
+    ]  # fmt: skip
+    assert texts[0] == texts[1]
 
 
 def test_stop_strings(api_stack: ApiStack) -> None:

@@ -147,7 +147,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false"
     )
     env.setdefault("TOKENRELAY_LOG_FORMAT", "json")
+    data_dir = tmp_path_factory.mktemp("redis")  # never share a running `make run`'s Redis
     cmd = [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--data-dir", str(data_dir)]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     srv = Server(f"http://127.0.0.1:{port}", proc, log_path)

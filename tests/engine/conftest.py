@@ -128,3 +128,22 @@ def hf_greedy(
     if cache is not None:
         cache.set(key, out)
     return out
+
+
+# --- torch side (model runner, model, detokenizer): E1's fixtures; keep when editing ---
+
+
+@pytest.fixture(scope="session")
+def model_runner(model_path: Path) -> Any:
+    """A CPU ModelRunner on the default model with a small pool (256 blocks of 16)."""
+    from engine.model_runner import ModelRunner
+
+    return ModelRunner(model_path, device="cpu", block_size=16, num_blocks=256)
+
+
+@pytest.fixture(scope="session")
+def default_tokenizer(model_path: Path) -> Any:
+    """The default model's tokenizer (transformers)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_path))

@@ -162,5 +162,7 @@ def test_bad_constructor_arguments(model_path: Path, tmp_path: Path) -> None:
         ModelRunner(model_path, device="cpu", num_blocks=0)
     with pytest.raises(ValueError, match="device"):
         ModelRunner(model_path, device="tpu", num_blocks=4)
+    with pytest.raises(ValueError, match="dtype"):
+        ModelRunner(model_path, device="cpu", dtype="int8", num_blocks=4)
     with pytest.raises(ValueError, match="model"):
         ModelRunner(tmp_path / "missing", device="cpu", num_blocks=4)

@@ -1,0 +1,352 @@
+"""The HTTP API's overhead: the same requests through ``tokenrelay serve`` and in-process.
+
+For 1, 8, 32 and 64 concurrent streams (all started at once; greedy, EOS
+ignored, ``--max-tokens`` tokens each, a distinct chat prompt per request),
+measure time to first token (TTFT), time per output token (TPOT, per
+request), inter-token latency (ITL, the gaps between text pieces as the
+client sees them) and output throughput:
+
+* engine: ``engine.llm_engine.LLMEngine`` driven with ``step()`` in this
+  process (the floor: no Redis, no HTTP, no second process);
+* api: ``tokenrelay serve`` as a subprocess (embedded Redis, one engine
+  worker, the gateway), httpx async streaming ``POST /v1/chat/completions``.
+
+Both use the same prompts (the chat template applied the same way), the same
+model and device, and run one after the other (never at the same time).
+
+    .venv/bin/python bench/api_overhead.py              # the full run
+    .venv/bin/python bench/api_overhead.py --quick      # a smaller one
+    .venv/bin/python bench/api_overhead.py --write-docs # also update docs/benchmarks.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import httpx  # noqa: E402
+
+from gateway.sse import SSEParser  # noqa: E402
+
+TOPICS = (
+    "rivers", "volcanoes", "bread", "chess", "owls", "trains", "glaciers", "jazz", "bees",
+    "lighthouses", "comets", "tea", "maps", "coral", "violins", "deserts",
+)  # fmt: skip
+SECTION = "## HTTP API overhead"
+
+
+def machine() -> str:
+    name = platform.processor() or "unknown CPU"
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                name = line.split(":", 1)[1].strip()
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{name}, {cores} cores"
+
+
+def messages(i: int) -> list[dict[str, str]]:
+    topic = TOPICS[i % len(TOPICS)]
+    return [{"role": "user", "content": f"Request {i}: write a short paragraph about {topic}."}]
+
+
+@dataclass
+class Stream:
+    """Client-side timings of one request (seconds, perf_counter)."""
+
+    start: float
+    pieces: list[float] = field(default_factory=list)  # arrival of each text piece
+    tokens: int = 0
+
+    @property
+    def ttft(self) -> float:
+        return self.pieces[0] - self.start
+
+    @property
+    def tpot(self) -> float | None:
+        if self.tokens < 2:
+            return None
+        return (self.pieces[-1] - self.pieces[0]) / (self.tokens - 1)
+
+    @property
+    def itl(self) -> list[float]:
+        return [b - a for a, b in zip(self.pieces, self.pieces[1:], strict=False)]
+
+
+@dataclass
+class Level:
+    """All streams of one concurrency level, on one path."""
+
+    concurrency: int
+    streams: list[Stream]
+    wall: float
+
+    def pct(self, values: list[float], p: float) -> float:
+        if not values:
+            return float("nan")
+        xs = sorted(values)
+        k = min(len(xs) - 1, max(0, round(p / 100 * (len(xs) - 1))))
+        return xs[k] * 1000
+
+    def summary(self) -> dict[str, float]:
+        ttft = [s.ttft for s in self.streams]
+        tpot = [t for s in self.streams if (t := s.tpot) is not None]
+        itl = [g for s in self.streams for g in s.itl]
+        tokens = sum(s.tokens for s in self.streams)
+        out = {"tok_s": tokens / self.wall, "tokens": float(tokens)}
+        for p in (50, 90, 99):
+            out[f"ttft_p{p}"] = self.pct(ttft, p)
+            out[f"tpot_p{p}"] = self.pct(tpot, p)
+            out[f"itl_p{p}"] = self.pct(itl, p)
+        return out
+
+
+# --- engine, in process -----------------------------------------------------------
+
+
+def run_engine(args: argparse.Namespace, levels: list[int]) -> dict[int, Level]:
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.params import SamplingParams
+
+    engine = LLMEngine(EngineConfig(model=args.model, device=args.device, max_num_seqs=64))
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
+
+    def batch(first: int, n: int, max_tokens: int) -> Level:
+        p = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+        prompts = [engine.apply_chat_template(messages(first + i)) for i in range(n)]
+        t0 = time.perf_counter()
+        streams = {}
+        for i, ids in enumerate(prompts):
+            rid = f"b{first + i}"
+            engine.add_request(rid, ids, p)
+            streams[rid] = Stream(t0)
+        while engine.has_unfinished():
+            outs = engine.step()
+            now = time.perf_counter()
+            for out in outs:
+                s = streams[out.request_id]
+                if out.new_text:
+                    s.pieces.append(now)
+                s.tokens = out.completion_tokens
+        return Level(n, list(streams.values()), time.perf_counter() - t0)
+
+    batch(10_000, 2, 4)  # warm-up
+    results = {}
+    for c in levels:
+        results[c] = batch(1000 * c, c, params.max_tokens)
+        print(f"  engine  c={c:<3} {results[c].wall:6.2f}s", flush=True)
+    del engine
+    gc.collect()
+    return results
+
+
+# --- the HTTP API, through `tokenrelay serve` ---------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """``tokenrelay serve`` in a subprocess (its own embedded Redis in a temp dir)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="tokenrelay-bench-"))
+        cmd = [sys.executable, "-m", "gateway.cli", "serve", "--port", str(self.port),
+               "--device", args.device, "--model", args.model, "--data-dir", str(self.dir),
+               "--max-num-seqs", "64", "--log-level", "warning"]  # fmt: skip
+        self.log = open(self.dir / "serve.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)  # fmt: skip
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout: float = 600) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError((self.dir / "serve.log").read_text()[-3000:])
+            try:
+                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError("tokenrelay serve did not become ready")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+async def one_stream(client: httpx.AsyncClient, url: str, i: int, max_tokens: int) -> Stream:
+    body = {"model": "default", "messages": messages(i), "max_tokens": max_tokens,
+            "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    s = Stream(time.perf_counter())
+    parser = SSEParser()
+    async with client.stream("POST", url + "/v1/chat/completions", json=body) as resp:
+        if resp.status_code != 200:
+            raise RuntimeError(f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}")
+        async for chunk in resp.aiter_bytes():
+            now = time.perf_counter()
+            for ev in parser.feed(chunk):
+                if ev.data == "[DONE]":
+                    return s
+                obj = json.loads(ev.data)
+                if obj.get("usage"):
+                    s.tokens = obj["usage"]["completion_tokens"]
+                for choice in obj.get("choices", []):
+                    if choice["delta"].get("content"):
+                        s.pieces.append(now)
+    raise RuntimeError("the stream ended without [DONE]")
+
+
+async def api_levels(url: str, levels: list[int], max_tokens: int) -> dict[int, Level]:
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        await asyncio.gather(*(one_stream(client, url, 10_000 + i, 4) for i in range(2)))
+        results = {}
+        for c in levels:
+            t0 = time.perf_counter()
+            streams = await asyncio.gather(
+                *(one_stream(client, url, 1000 * c + i, max_tokens) for i in range(c))
+            )
+            results[c] = Level(c, list(streams), time.perf_counter() - t0)
+            print(f"  api     c={c:<3} {results[c].wall:6.2f}s", flush=True)
+    return results
+
+
+def run_api(args: argparse.Namespace, levels: list[int]) -> dict[int, Level]:
+    server = Server(args)
+    try:
+        server.wait_ready()
+        return asyncio.run(api_levels(server.url, levels, args.max_tokens))
+    finally:
+        server.stop()
+
+
+# --- report ------------------------------------------------------------------------
+
+
+def table(engine: dict[int, Level], api: dict[int, Level]) -> str:
+    head = (
+        "| streams | path | TTFT p50 / p90 / p99 (ms) | TPOT p50 / p90 / p99 (ms) "
+        "| ITL p50 / p90 / p99 (ms) | output tok/s |\n"
+        "|---:|---|---:|---:|---:|---:|\n"
+    )
+    rows = []
+
+    def trio(s: dict[str, float], key: str) -> str:
+        return " / ".join(f"{s[f'{key}_p{p}']:.1f}" for p in (50, 90, 99))
+
+    for c in sorted(engine):
+        e, a = engine[c].summary(), api[c].summary()
+        for name, s in (("engine", e), ("api", a)):
+            rows.append(
+                f"| {c} | {name} | {trio(s, 'ttft')} | {trio(s, 'tpot')} | {trio(s, 'itl')} "
+                f"| {s['tok_s']:.1f} |"
+            )
+        rows.append(
+            f"| {c} | api / engine | {a['ttft_p50'] / e['ttft_p50']:.2f}x "
+            f"| {a['tpot_p50'] / e['tpot_p50']:.2f}x | {a['itl_p50'] / e['itl_p50']:.2f}x "
+            f"| {a['tok_s'] / e['tok_s']:.2f}x |"
+        )
+    return head + "\n".join(rows) + "\n"
+
+
+def write_docs(text: str) -> None:
+    path = ROOT / "docs" / "benchmarks.md"
+    old = path.read_text() if path.exists() else "# Benchmarks\n"
+    start = old.find(SECTION + "\n")
+    if start < 0:
+        new = old.rstrip("\n") + "\n\n" + text
+    else:
+        end = old.find("\n## ", start + len(SECTION))
+        new = old[:start] + text + (old[end + 1 :] if end >= 0 else "")
+    path.write_text(new)
+    print(f"updated {path}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="1 and 8 streams, 16 tokens each")
+    ap.add_argument("--levels", default=None, help="comma-separated concurrency levels")
+    ap.add_argument("--max-tokens", type=int, default=None, help="tokens per request (64)")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md")
+    args = ap.parse_args()
+    levels = [int(x) for x in args.levels.split(",")] if args.levels else (
+        [1, 8] if args.quick else [1, 8, 32, 64])  # fmt: skip
+    if args.max_tokens is None:
+        args.max_tokens = 16 if args.quick else 64
+    import torch
+
+    device = (
+        args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    )
+    args.device = device
+    where = torch.cuda.get_device_name(0) if device.startswith("cuda") else machine()
+    print(f"device {device} ({where}); levels {levels}; {args.max_tokens} tokens per request")
+    print("engine in process ...", flush=True)
+    engine = run_engine(args, levels)
+    print("HTTP API via `tokenrelay serve` ...", flush=True)
+    api = run_api(args, levels)
+    result = table(engine, api)
+    cmd = "python bench/api_overhead.py" + " ".join(
+        [""] + [a for a in sys.argv[1:] if a != "--write-docs"]
+    )
+    report = (
+        f"{SECTION}\n\n"
+        f"`{cmd}` on {where} (device `{device}`, torch {torch.__version__}, "
+        f"{time.strftime('%Y-%m-%d')}). {args.max_tokens} output tokens per request (greedy, "
+        "EOS ignored), every stream started at once with its own chat prompt. *engine*: "
+        "`LLMEngine.step()` in process; *api*: `tokenrelay serve` (embedded Redis, one "
+        "worker process, the gateway) over httpx async SSE streaming. TTFT from sending to "
+        "the first text; TPOT per request ((last - first) / (tokens - 1)); ITL between the "
+        "text pieces a client receives.\n\n" + result
+    )
+    print()
+    print(report)
+    if args.write_docs:
+        write_docs(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
