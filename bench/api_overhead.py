@@ -30,14 +30,12 @@ import platform
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -160,8 +158,6 @@ def run_engine(args: argparse.Namespace, levels: list[int]) -> dict[int, Level]:
     for c in levels:
         results[c] = batch(1000 * c, c, params.max_tokens)
         print(f"  engine  c={c:<3} {results[c].wall:6.2f}s", flush=True)
-    del engine
-    gc.collect()
     return results
 
 
@@ -306,7 +302,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="1 and 8 streams, 16 tokens each")
     ap.add_argument("--levels", default=None, help="comma-separated concurrency levels")
-    ap.add_argument("--max-tokens", type=int, default=None, help="tokens per request (64)")
+    ap.add_argument("--max-tokens", type=int, default=None, help="tokens per request (32; 16 with --quick)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--model", default="default")
     ap.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md")
@@ -314,7 +310,7 @@ def main() -> int:
     levels = [int(x) for x in args.levels.split(",")] if args.levels else (
         [1, 8] if args.quick else [1, 8, 32, 64])  # fmt: skip
     if args.max_tokens is None:
-        args.max_tokens = 16 if args.quick else 64
+        args.max_tokens = 16 if args.quick else 32
     import torch
 
     device = (
@@ -325,6 +321,7 @@ def main() -> int:
     print(f"device {device} ({where}); levels {levels}; {args.max_tokens} tokens per request")
     print("engine in process ...", flush=True)
     engine = run_engine(args, levels)
+    gc.collect()  # the in-process engine is gone before the server starts
     print("HTTP API via `tokenrelay serve` ...", flush=True)
     api = run_api(args, levels)
     result = table(engine, api)

@@ -131,11 +131,7 @@ class SSEResponse(Response):
         self.completed = False
         self.status_code = 200
         self.background = None
-        base = {
-            "Cache-Control": "no-cache",
-            "X-Accel-Buffering": "no",
-            "Connection": "keep-alive",
-        }
+        base = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         base.update(headers or {})
         self.init_headers(base)
 

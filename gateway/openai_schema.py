@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,6 +100,9 @@ def _bad(message: str, param: str | None = None) -> ApiError:
     return error_for_code("bad_request", message, param=param)
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
@@ -112,6 +116,11 @@ def parse_json(raw: bytes) -> dict[str, Any]:
         raise _bad(msg) from None
     if not isinstance(obj, dict):
         raise _bad("The request body must be a JSON object.")
+    if _SURROGATE_ESCAPE.search(raw):  # "\\ud800" alone parses, but is no UTF-8 text
+        try:
+            json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise _bad("The request body holds an unpaired UTF-16 surrogate.") from None
     return obj
 
 

@@ -48,6 +48,7 @@ log = logging.getLogger("tokenrelay.streamlog")
 
 __all__ = [
     "BadOffset",
+    "CancelOutcome",
     "EventsTrimmed",
     "NewStream",
     "NoWorker",
@@ -99,6 +100,14 @@ class StreamInfo:
     cancel_requested: bool
     token_hash: str
     stream_ttl: float
+
+
+@dataclass(frozen=True)
+class CancelOutcome:
+    """``already_finished``: the stream had ended before this cancel; ``info``: its metadata now."""
+
+    already_finished: bool
+    info: StreamInfo
 
 
 @dataclass(frozen=True)
@@ -301,13 +310,13 @@ class StreamLog:
         finally:
             self.tailer.unsubscribe(sub)
 
-    async def cancel(self, stream_id: str) -> StreamInfo:
-        """Ask the engine to stop the stream (idempotent); returns its metadata."""
+    async def cancel(self, stream_id: str) -> CancelOutcome:
+        """Ask the engine to stop the stream (idempotent)."""
         info = await self.info(stream_id)
         if info is None:
             raise StreamNotFound("no such stream (unknown or expired)")
         if info.status == "done":
-            return info
+            return CancelOutcome(True, info)
         pipe = self.redis.pipeline(transaction=False)
         pipe.hset(self.keys.meta(stream_id), "cx", "1")
         pipe.xadd(self.keys.control, {"cancel": stream_id}, maxlen=CONTROL_MAXLEN, approximate=True)
@@ -315,7 +324,7 @@ class StreamLog:
         if info.status == "queued":  # no worker has it yet: end it here
             await self.finish(stream_id, "cancelled", None)
         log.info("cancel requested", extra={"stream_id": stream_id, "request_id": info.request_id})
-        return await self.info(stream_id) or info
+        return CancelOutcome(False, await self.info(stream_id) or info)
 
     async def finish(self, stream_id: str, reason: str, message: str | None) -> bool:
         """End a stream from the gateway (race-safe against its worker); True if ended here."""

@@ -106,9 +106,14 @@ class Connection:
                     return
                 await self.ws.send_text(item)
         except (WebSocketDisconnect, RuntimeError, OSError):
-            return
+            pass
         except Exception as exc:  # e.g. uvicorn's ClientDisconnected
             log.debug("websocket send failed: %r", exc)
+        finally:
+            # nobody sends any more: release whoever waits on a full queue
+            self._closing = True
+            while not self.queue.empty():
+                self.queue.get_nowait()
 
     async def send(self, frame: dict[str, Any]) -> None:
         """Queue a frame (waits while the send queue is full)."""
@@ -230,8 +235,7 @@ class Connection:
                         "this socket did not start or resume the stream: send its resume_token"
                     )
                 await self.gw.log.authorize(sid, c.resume_token)
-            before = await self.gw.log.info(sid)
-            info = await self.gw.log.cancel(sid)
+            outcome = await self.gw.log.cancel(sid)
         except StreamNotFound as exc:
             raise p.ProtocolError("not_found", str(exc), stream_id=sid) from None
         except StreamForbidden as exc:
@@ -240,9 +244,11 @@ class Connection:
             raise p.ProtocolError(
                 "unavailable", "the stream store is unreachable", stream_id=sid
             ) from None
-        already = before is not None and before.status == "done"
-        state = "finished" if already else "cancelling"
-        await self.send(p.cancelled_frame(sid, state, info.finish_reason if already else None))
+        if outcome.already_finished:
+            frame = p.cancelled_frame(sid, "finished", outcome.info.finish_reason)
+        else:
+            frame = p.cancelled_frame(sid, "cancelling", None)
+        await self.send(frame)
 
     # --- tails -----------------------------------------------------------------------
 

@@ -199,11 +199,18 @@ def test_bad_completion_requests(case: str, fields: dict[str, Any], status: int)
     assert info.value.status == status
 
 
-@pytest.mark.parametrize("raw", [b"", b"{", b"[1,2]", b'"x"', b"null", b'{"a": NaN}', b"\xff\xfe"])
+@pytest.mark.parametrize(
+    "raw",
+    [b"", b"{", b"[1,2]", b'"x"', b"null", b'{"a": NaN}', b"\xff\xfe", b'{"a": "\\ud800"}'],
+)
 def test_parse_json_rejects(raw: bytes) -> None:
     with pytest.raises(ApiError) as info:
         parse_json(raw)
     assert info.value.status == 400
+
+
+def test_parse_json_keeps_surrogate_pairs() -> None:
+    assert parse_json(b'{"a": "\\ud83d\\ude00"}') == {"a": "\U0001f600"}
 
 
 def test_error_for_code_statuses_and_retry_after() -> None:

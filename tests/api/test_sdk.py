@@ -158,3 +158,15 @@ def test_stop_strings(api_stack: ApiStack) -> None:
     )
     assert cut.choices[0].finish_reason == "stop"
     assert stop not in cut.choices[0].text and text.startswith(cut.choices[0].text)
+
+
+def test_prompt_as_token_ids(api_stack: ApiStack) -> None:
+    client = sync_client(api_stack.b)
+    text = client.completions.create(
+        model="default", prompt="The sky is", max_tokens=4, temperature=0
+    )
+    ids = client.completions.create(
+        model="default", prompt=[504, 6376, 314], max_tokens=4, temperature=0
+    )  # "The sky is" in SmolLM2's tokenizer
+    assert ids.usage is not None and ids.usage.prompt_tokens == 3
+    assert ids.choices[0].text == text.choices[0].text

@@ -69,6 +69,7 @@ class Server:
     proc: subprocess.Popen[bytes] | None
     log_path: Path
     references: dict[tuple[str, int], str] = field(default_factory=dict)
+    _long_max: int | None = None
 
     @property
     def ws_url(self) -> str:
@@ -97,6 +98,26 @@ class Server:
                 if frame["type"] in (until, "error"):
                     return out
         raise AssertionError(f"no {until!r} frame; got {out[-5:]}")
+
+    def long_max_tokens(self, question: str) -> int:
+        """A ``max_tokens`` that keeps an answer streaming for several seconds on this machine
+        (64 on a busy CPU, more on a GPU), so a test can cut the network mid-answer."""
+        if self._long_max is None:
+            t0 = time.monotonic()
+            frames = self.run(
+                [
+                    {
+                        "type": "generate",
+                        "request_id": "probe",
+                        "messages": [{"role": "user", "content": question}],
+                        "params": {"temperature": 0, "max_tokens": 16, "ignore_eos": True},
+                    }
+                ]
+            )
+            rate = 16 / max(time.monotonic() - t0, 1e-3)
+            assert frames[-1]["type"] == "done", frames[-3:]
+            self._long_max = int(min(1024, max(64, rate * 6)))
+        return self._long_max
 
     def reference(self, question: str, max_tokens: int) -> str:
         """The uninterrupted greedy answer to ``question`` (cached), as the page asks it."""

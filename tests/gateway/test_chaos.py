@@ -17,8 +17,13 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
 from tests.gateway.conftest import Stack
 from tests.gateway.procs import Client, generate_frame
+
+# 2 x 50 streams x 48 tokens of CPU inference: minutes on a busy 2-core machine
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 STREAMS = int(os.environ.get("TOKENRELAY_CHAOS_STREAMS", "50"))
 TOKENS = int(os.environ.get("TOKENRELAY_CHAOS_TOKENS", "48"))
@@ -114,9 +119,9 @@ async def test_chaos_drops_and_resumes(stack: Stack) -> None:
     ref_task = asyncio.create_task(reference(stack))
     chaos = await asyncio.wait_for(
         asyncio.gather(*(chaos_client(stack, i, random.Random(seeds[i])) for i in range(STREAMS))),
-        600,
+        1500,
     )
-    refs = await asyncio.wait_for(ref_task, 600)
+    refs = await asyncio.wait_for(ref_task, 300)
     cuts = sum(o.drops.count("cut") for o in chaos)
     closes = sum(o.drops.count("close") for o in chaos)
     on_b = sum(o.resumed_on.count("b") for o in chaos)

@@ -26,7 +26,7 @@ from tests.gateway.procs import (
 )
 
 PROMPT = "Explain how a bicycle works."
-PARAMS = {"max_tokens": 40, "temperature": 0, "ignore_eos": True}
+PARAMS = {"max_tokens": 24, "temperature": 0, "ignore_eos": True}
 
 
 @dataclass

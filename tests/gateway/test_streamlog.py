@@ -201,18 +201,19 @@ async def test_trimmed_events_are_reported(slog: StreamLog, wlog: WorkerLog) -> 
 async def test_cancel(slog: StreamLog, wlog: WorkerLog) -> None:
     wlog.read_control()  # position the cursor
     sid, _ = await start_stream(slog, wlog)
-    info = await slog.cancel(sid)
-    assert info.cancel_requested and info.status == "running"
+    outcome = await slog.cancel(sid)
+    assert not outcome.already_finished
+    assert outcome.info.cancel_requested and outcome.info.status == "running"
     assert wlog.read_control() == [sid]
     assert wlog.poll([sid])[sid] == (1, True)
     await slog.cancel(sid)  # idempotent
     write_done(wlog, sid, 1)
     after = await slog.cancel(sid)
-    assert after.status == "done"
+    assert after.already_finished and after.info.finish_reason == "stop"
     # a stream no worker has taken yet is ended by the gateway at once
     queued = await slog.create(BODY, "r2")
-    info = await slog.cancel(queued.stream_id)
-    assert info.status == "done" and info.finish_reason == "cancelled"
+    ended = (await slog.cancel(queued.stream_id)).info
+    assert ended.status == "done" and ended.finish_reason == "cancelled"
     events = await collect(slog, queued.stream_id, -1)
     assert [(e.seq, e.kind) for e in events] == [(0, "rejected"), (1, "done")]
     assert events[1].finish_reason == "cancelled"
@@ -352,3 +353,23 @@ async def test_requests_of_a_dead_worker_are_claimed(
         assert pending["pending"] == 2 and pending["consumers"][0]["name"] == b"w-heir"
     finally:
         heir.close()
+
+
+async def test_each_request_goes_to_exactly_one_worker(
+    redis_server: EmbeddedRedis, prefix: str, slog: StreamLog, wlog: WorkerLog
+) -> None:
+    other = WorkerLog(redis_server.url, "w-other", prefix=prefix)
+    try:
+        created = {(await slog.create(BODY, f"r{i}")).stream_id for i in range(30)}
+        seen: list[str] = []
+        loop = asyncio.get_running_loop()
+        while len(seen) < 30:
+            a, b = await asyncio.gather(
+                loop.run_in_executor(None, wlog.read_requests, 4, 50),
+                loop.run_in_executor(None, other.read_requests, 4, 50),
+            )
+            assert a or b
+            seen += [r.stream_id for r in a + b]
+        assert sorted(seen) == sorted(created)  # all of them, none twice
+    finally:
+        other.close()
