@@ -100,8 +100,8 @@ def test_greedy_single_prompt_matches_transformers_generate(
 def test_greedy_batched_chunked_matches_transformers_generate(
     model_runner: ModelRunner, prompt_ids: list[list[int]], hf_reference: list[list[int]]
 ) -> None:
-    # mixed prompt lengths, prefill in chunks of 7 while others already decode
-    out = generate(model_runner, prompt_ids, [GREEDY] * len(prompt_ids), 32, chunk=7, seed=1)
+    # mixed prompt lengths, prefill in chunks of 16 while others already decode
+    out = generate(model_runner, prompt_ids, [GREEDY] * len(prompt_ids), 32, chunk=16, seed=1)
     assert out == hf_reference
 
 
@@ -112,7 +112,7 @@ def test_seeded_sampling_is_independent_of_the_batch(
     alone = generate(model_runner, prompt_ids[:1], [seeded], 12)
     noisy = [SamplingParams(temperature=1.0), GREEDY, SamplingParams(temperature=0.5, top_k=5)]
     batch = generate(
-        model_runner, prompt_ids[1:] + prompt_ids[:1], [*noisy, seeded], 12, chunk=5, seed=2
+        model_runner, prompt_ids[1:] + prompt_ids[:1], [*noisy, seeded], 12, chunk=16, seed=2
     )
     assert batch[-1] == alone[0]
 

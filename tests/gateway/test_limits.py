@@ -1,4 +1,4 @@
-"""Limits of one gateway process: connections (1013), streams per socket, queue length, floods (1008).
+"""Limits of one gateway: connections (1013), streams per socket, queue length, floods (1008).
 
 No model needed: a WorkerLog heartbeat stands in for a live worker's presence
 (the requests simply stay queued).
@@ -22,10 +22,8 @@ from tests.gateway.procs import Client, start_gateway, wait_ready
 @pytest.fixture(scope="module")
 def limited(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     logs: Path = tmp_path_factory.mktemp("limit-logs")
-    gw, addr = start_gateway(
-        redis_server.url, "lim:", logs,
-        "--max-connections", "2", "--max-streams-per-connection", "2", "--max-pending", "3",
-    )  # fmt: skip
+    flags = ["--max-connections", "2", "--max-streams-per-connection", "2", "--max-pending", "3"]
+    gw, addr = start_gateway(redis_server.url, "lim:", logs, *flags)
     try:
         wait_ready(addr, gw, 60, need_worker=False)
         yield addr
@@ -55,7 +53,9 @@ async def test_too_many_connections_close_with_1013(limited: str) -> None:
     await c.close()
 
 
-async def test_streams_per_socket_and_queue_length(limited: str, redis_server: EmbeddedRedis) -> None:
+async def test_streams_per_socket_and_queue_length(
+    limited: str, redis_server: EmbeddedRedis
+) -> None:
     wlog = fake_worker(redis_server)
     c = await Client.open(limited)
     d = await Client.open(limited)
