@@ -220,3 +220,32 @@ def test_config_rejects_unsupported(tmp_path: Path, overrides: dict[str, Any], f
     _write_config(tmp_path, **overrides)
     with pytest.raises(ValueError, match=field):
         ModelConfig.from_pretrained(tmp_path)
+
+
+@pytest.mark.gpu
+def test_cuda_bf16_logits_close_to_transformers(model_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    device = torch.device("cuda")
+    cfg = ModelConfig.from_pretrained(model_path)
+    model = load_model(model_path, cfg, device, torch.bfloat16)
+    cache = KVCache(cfg, num_blocks=32, block_size=16, dtype=torch.bfloat16, device=device)
+    ids = [random.Random(5).randrange(cfg.vocab_size) for _ in range(100)]
+    table = shuffled_blocks(32, 7, seed=5)
+    out, pos = [], 0
+    with torch.inference_mode():
+        for n in (60, 20, 1, 1, 18):
+            meta = build_metadata(
+                [n], [pos], [table], block_size=16, device=device, dtype=torch.bfloat16
+            )
+            hidden = model(
+                torch.tensor(ids[pos : pos + n], device=device), meta.positions, meta, cache
+            )
+            out.append(model.compute_logits(hidden))
+            pos += n
+        ours = torch.cat(out).float().cpu()
+        hf: Any = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.bfloat16)
+        hf = hf.to(device)
+        ref = hf(torch.tensor([ids], device=device)).logits[0].float().cpu()
+    rel = (ours - ref).norm() / ref.norm()
+    assert rel.item() < 2e-2
