@@ -24,21 +24,19 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from engine.params import SamplingParams
+from engine.worker_outbox import Active, Outbox
 from gateway.redisconn import Backoff, RedisHealth, is_outage
 from gateway.schema import (
     HEARTBEAT_INTERVAL,
     accepted_fields,
-    decode_event,
     done_fields,
-    entry_id,
     rejected_fields,
     token_fields,
 )
-from gateway.workerlog import Batch, Request, WorkerLog
+from gateway.workerlog import Request, WorkerLog
 
 log = logging.getLogger("tokenrelay.worker")
 
@@ -46,25 +44,6 @@ POLL_INTERVAL = 0.5  # seconds between attachment / cancel-flag checks
 CLAIM_INTERVAL = 5.0  # seconds between looks for requests of dead workers
 IDLE_BLOCK_MS = 200
 MAX_STEP_FAILURES = 3
-
-
-@dataclass
-class Active:
-    """A stream this worker is producing."""
-
-    stream_id: str
-    request_id: str | None
-    entry: str  # request stream entry id (acknowledged when done)
-    detach_timeout: float
-    stream_ttl: float
-    events: list[list[str]] = field(default_factory=list)  # index = seq
-    written: int = 0  # events[:written] are confirmed in Redis
-    meta: dict[str, str] = field(default_factory=dict)  # metadata to set with the next write
-    final: bool = False  # the done event is in ``events``
-    in_engine: bool = False
-    silent: bool = False  # ended by someone else: write nothing more
-    abort_reason: str | None = None
-    detached_since: float | None = None
 
 
 class Worker:
@@ -79,7 +58,8 @@ class Worker:
         self.detach_timeout = detach_timeout
         self.stream_ttl = stream_ttl
         self.max_seqs = int(engine.stats().get("max_num_seqs", 64))
-        self.active: dict[str, Active] = {}
+        self.outbox = Outbox(wlog, engine.abort)
+        self.active = self.outbox.streams  # stream id -> Active
         self.health = RedisHealth("worker")
         self.stopping = threading.Event()
         self.counters = dict.fromkeys(
@@ -117,9 +97,9 @@ class Worker:
         self.stopping.set()
 
     def _iteration(self) -> None:
-        if self._unwritten():
-            self._flush()
-            if self._unwritten():  # Redis took only part: try again before more work
+        if self.outbox.unwritten():
+            self.outbox.flush()
+            if self.outbox.unwritten():  # Redis took only part: try again before more work
                 return
         busy = self.engine.has_unfinished()
         room = self.max_seqs - len(self.active)
@@ -127,7 +107,7 @@ class Worker:
             reqs = self.wlog.read_requests(room, None if busy else IDLE_BLOCK_MS)
             if reqs:
                 self._admit_all(reqs)
-                self._flush()  # clients get `started` before the first step
+                self.outbox.flush()  # clients get `started` before the first step
         for sid in self.wlog.read_control():
             self._abort(sid, "cancelled")
         now = time.monotonic()
@@ -141,7 +121,7 @@ class Worker:
             self._admit_all(self.wlog.read_own_pending())
         if self.engine.has_unfinished():
             self._step()
-            self._flush()
+            self.outbox.flush()
         self._publish_stats()
 
     def _step(self) -> None:
@@ -174,7 +154,6 @@ class Worker:
                     reason = a.abort_reason or "cancelled"
                 self.counters[reason] = self.counters.get(reason, 0) + 1
                 a.events.append(done_fields(reason, out.prompt_tokens, out.completion_tokens))
-                a.meta["fr"] = reason
                 a.final = True
                 extra = {
                     "stream_id": a.stream_id,
@@ -214,7 +193,7 @@ class Worker:
         if meta.get("cx") == "1":
             a.events.append(rejected_fields("cancelled", "cancelled before it started"))
             a.events.append(done_fields("cancelled", 0, 0))
-            a.meta["fr"], a.final = "cancelled", True
+            a.final = True
             return
         try:
             body = req.body
@@ -242,16 +221,15 @@ class Worker:
     def _reject(self, a: Active, code: str, message: str) -> None:
         self.counters["rejected"] += 1
         a.events += [rejected_fields(code, message), done_fields("error", 0, 0, message)]
-        a.meta["fr"], a.final = "error", True
+        a.final = True
 
     def _end(self, a: Active, reason: str, message: str | None = None) -> None:
         """End a stream now (its engine request is already aborted or gone)."""
         if a.final or a.silent:
             return
-        completion = sum(1 for ev in a.events if ev[1] == "t")
         prompt = int(a.meta.get("pt", 0) or 0)
-        a.events.append(done_fields(reason, prompt, completion, message))
-        a.meta["fr"], a.final = reason, True
+        a.events.append(done_fields(reason, prompt, a.completion_events, message))
+        a.final = True
         self.counters[reason] = self.counters.get(reason, 0) + 1
 
     def _abort(self, sid: str, reason: str) -> None:
@@ -278,55 +256,6 @@ class Worker:
             elif now - a.detached_since >= a.detach_timeout:
                 self._abort(a.stream_id, "expired")
 
-    # --- writing ---------------------------------------------------------------------
-
-    def _unwritten(self) -> list[Active]:
-        return [a for a in self.active.values() if not a.silent and a.written < len(a.events)]
-
-    def _flush(self) -> None:
-        todo = self._unwritten()
-        batches = [
-            Batch(
-                a.stream_id,
-                a.written,
-                a.events[a.written :],
-                dict(a.meta),
-                a.stream_ttl,
-                a.entry if a.final else None,
-            )
-            for a in todo
-        ]
-        results = self.wlog.flush(batches)
-        for a, res in zip(todo, results, strict=True):
-            if res.status == 1:
-                a.written, a.meta = len(a.events), {}
-            else:
-                self._reconcile(a, res.status, res.last_seq, res.top)
-        for a in list(self.active.values()):
-            done = a.final and a.written >= len(a.events)
-            if (done or a.silent) and not a.in_engine:
-                del self.active[a.stream_id]
-
-    def _reconcile(self, a: Active, status: int, last: int, top: Any) -> None:
-        """A write was refused: already written, lost by Redis, or ended elsewhere."""
-        mine = 0 <= last < len(a.events) and top == decode_event(
-            entry_id(last), dict(zip(a.events[last][0::2], a.events[last][1::2], strict=True))
-        )
-        if status in (0, -2) and mine and last >= a.written - 1:
-            a.written = last + 1  # an earlier attempt did land
-            return
-        if status == 0 and last < a.written - 1:
-            extra = {"stream_id": a.stream_id, "from_seq": last + 1}
-            log.warning("redis lost events; writing them again", extra=extra)
-            a.written = last + 1
-            return
-        a.silent = True  # expired, or ended by a gateway: stop producing it
-        if a.in_engine:
-            self.engine.abort(a.stream_id)
-        with contextlib.suppress(Exception):
-            self.wlog.ack([a.entry])
-        log.info("stream ended elsewhere; dropping it", extra={"stream_id": a.stream_id})
-
     # --- stats and shutdown ------------------------------------------------------------
 
     def _publish_stats(self) -> None:
@@ -342,7 +271,7 @@ class Worker:
                 self.engine.abort(a.stream_id)
             self._end(a, "error", "engine worker shut down")
         with contextlib.suppress(Exception):
-            self._flush()
+            self.outbox.flush()
         with contextlib.suppress(Exception):
             self.wlog.unregister()
 

@@ -163,8 +163,9 @@ def done_fields(
 # KEYS: stream, meta.  ARGV: first_seq, maxlen, done_ttl_s, n_events,
 #   then per event: n_field_values, f1, v1, ...; then n_meta_values, m1, v1, ...
 # Appends the events with ids first_seq.. only if the log ends at first_seq-1
-# and the stream is not done. A done event (k=d) sets the TTL of the stream,
-# its meta and its attachments to done_ttl_s. Returns:
+# and the stream is not done. A done event (k=d) marks the meta done (st, last,
+# fr) and sets the TTL of the stream, its meta and its attachments to
+# done_ttl_s. Returns:
 #   {1, last_seq}                 written
 #   {0, last_seq, top fields...}  the log does not end at first_seq-1
 #   {-1}                          unknown or expired stream (no meta)
@@ -191,12 +192,14 @@ local ttl = tonumber(ARGV[3])
 local n = tonumber(ARGV[4])
 local i = 5
 local finished = false
+local reason = ''
 for _ = 1, n do
   local nf = tonumber(ARGV[i])
   local args = {'XADD', KEYS[1], 'MAXLEN', '~', maxlen, seq .. '-1'}
   for j = 1, nf do args[#args + 1] = ARGV[i + j] end
   for j = 1, nf, 2 do
     if ARGV[i + j] == 'k' and ARGV[i + j + 1] == 'd' then finished = true end
+    if ARGV[i + j] == 'r' then reason = ARGV[i + j + 1] end
   end
   redis.call(unpack(args))
   i = i + nf + 1
@@ -209,7 +212,7 @@ if nm > 0 then
   redis.call(unpack(args))
 end
 if finished then
-  redis.call('HSET', KEYS[2], 'st', 'done', 'last', seq - 1)
+  redis.call('HSET', KEYS[2], 'st', 'done', 'last', seq - 1, 'fr', reason)
   redis.call('EXPIRE', KEYS[1], ttl)
   redis.call('EXPIRE', KEYS[2], ttl)
   redis.call('EXPIRE', KEYS[3], ttl)

@@ -310,8 +310,12 @@ class StreamLog:
         finally:
             self.tailer.unsubscribe(sub)
 
-    async def cancel(self, stream_id: str) -> CancelOutcome:
-        """Ask the engine to stop the stream (idempotent)."""
+    async def cancel(self, stream_id: str) -> StreamInfo:
+        """Ask the engine to stop the stream (idempotent); returns its metadata now."""
+        return (await self.request_cancel(stream_id)).info
+
+    async def request_cancel(self, stream_id: str) -> CancelOutcome:
+        """Ask the engine to stop the stream (idempotent); says whether it had already ended."""
         info = await self.info(stream_id)
         if info is None:
             raise StreamNotFound("no such stream (unknown or expired)")

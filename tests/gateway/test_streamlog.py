@@ -201,18 +201,18 @@ async def test_trimmed_events_are_reported(slog: StreamLog, wlog: WorkerLog) -> 
 async def test_cancel(slog: StreamLog, wlog: WorkerLog) -> None:
     wlog.read_control()  # position the cursor
     sid, _ = await start_stream(slog, wlog)
-    outcome = await slog.cancel(sid)
+    outcome = await slog.request_cancel(sid)
     assert not outcome.already_finished
     assert outcome.info.cancel_requested and outcome.info.status == "running"
     assert wlog.read_control() == [sid]
     assert wlog.poll([sid])[sid] == (1, True)
     await slog.cancel(sid)  # idempotent
     write_done(wlog, sid, 1)
-    after = await slog.cancel(sid)
+    after = await slog.request_cancel(sid)
     assert after.already_finished and after.info.finish_reason == "stop"
     # a stream no worker has taken yet is ended by the gateway at once
     queued = await slog.create(BODY, "r2")
-    ended = (await slog.cancel(queued.stream_id)).info
+    ended = await slog.cancel(queued.stream_id)
     assert ended.status == "done" and ended.finish_reason == "cancelled"
     events = await collect(slog, queued.stream_id, -1)
     assert [(e.seq, e.kind) for e in events] == [(0, "rejected"), (1, "done")]
