@@ -12,7 +12,10 @@ client sees them) and output throughput:
   worker, the gateway), httpx async streaming ``POST /v1/chat/completions``.
 
 Both use the same prompts (the chat template applied the same way), the same
-model and device, and run one after the other (never at the same time).
+model and device. Each level runs on both paths back to back (alternating
+which goes first, ``--repeats`` rounds), never at the same time, so both see
+the same machine load; the idle server costs next to nothing meanwhile. The
+report gives the 1-minute load average before and after.
 
     .venv/bin/python bench/api_overhead.py              # the full run
     .venv/bin/python bench/api_overhead.py --quick      # a smaller one
@@ -23,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import os
 import platform
@@ -126,15 +128,20 @@ class Level:
 # --- engine, in process -----------------------------------------------------------
 
 
-def run_engine(args: argparse.Namespace, levels: list[int]) -> dict[int, Level]:
-    from engine.config import EngineConfig
-    from engine.llm_engine import LLMEngine
-    from engine.params import SamplingParams
+class EngineRunner:
+    """``LLMEngine`` in this process, driven with ``step()``."""
 
-    engine = LLMEngine(EngineConfig(model=args.model, device=args.device, max_num_seqs=64))
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
+    def __init__(self, args: argparse.Namespace) -> None:
+        from engine.config import EngineConfig
+        from engine.llm_engine import LLMEngine
 
-    def batch(first: int, n: int, max_tokens: int) -> Level:
+        self.engine = LLMEngine(EngineConfig(model=args.model, device=args.device, max_num_seqs=64))
+
+    def batch(self, first: int, n: int, max_tokens: int) -> Level:
+        """``n`` requests added at once (prompts ``first``..), stepped to the end."""
+        from engine.params import SamplingParams
+
+        engine = self.engine
         p = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
         prompts = [engine.apply_chat_template(messages(first + i)) for i in range(n)]
         t0 = time.perf_counter()
@@ -152,13 +159,6 @@ def run_engine(args: argparse.Namespace, levels: list[int]) -> dict[int, Level]:
                     s.pieces.append(now)
                 s.tokens = out.completion_tokens
         return Level(n, list(streams.values()), time.perf_counter() - t0)
-
-    batch(10_000, 2, 4)  # warm-up
-    results = {}
-    for c in levels:
-        results[c] = batch(1000 * c, c, params.max_tokens)
-        print(f"  engine  c={c:<3} {results[c].wall:6.2f}s", flush=True)
-    return results
 
 
 # --- the HTTP API, through `tokenrelay serve` ---------------------------------------
@@ -232,28 +232,47 @@ async def one_stream(client: httpx.AsyncClient, url: str, i: int, max_tokens: in
     raise RuntimeError("the stream ended without [DONE]")
 
 
-async def api_levels(url: str, levels: list[int], max_tokens: int) -> dict[int, Level]:
+async def api_batch(
+    client: httpx.AsyncClient, url: str, first: int, n: int, max_tokens: int
+) -> Level:
+    """``n`` streaming requests sent at once (prompts ``first``..)."""
+    t0 = time.perf_counter()
+    streams = await asyncio.gather(
+        *(one_stream(client, url, first + i, max_tokens) for i in range(n))
+    )
+    return Level(n, list(streams), time.perf_counter() - t0)
+
+
+def merge(a: Level | None, b: Level) -> Level:
+    if a is None:
+        return b
+    return Level(a.concurrency, a.streams + b.streams, a.wall + b.wall)
+
+
+async def interleaved(
+    args: argparse.Namespace, levels: list[int], runner: EngineRunner, url: str
+) -> tuple[dict[int, Level], dict[int, Level]]:
+    """Each level on both paths back to back (alternating which goes first), so both
+    see the same machine load; ``--repeats`` rounds per level."""
+    engine: dict[int, Level] = {}
+    api: dict[int, Level] = {}
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        await asyncio.gather(*(one_stream(client, url, 10_000 + i, 4) for i in range(2)))
-        results = {}
+    async with httpx.AsyncClient(timeout=1800, limits=limits) as client:
+        runner.batch(100_000, 2, 4)  # warm-up, both paths
+        await api_batch(client, url, 100_000, 2, 4)
         for c in levels:
-            t0 = time.perf_counter()
-            streams = await asyncio.gather(
-                *(one_stream(client, url, 1000 * c + i, max_tokens) for i in range(c))
-            )
-            results[c] = Level(c, list(streams), time.perf_counter() - t0)
-            print(f"  api     c={c:<3} {results[c].wall:6.2f}s", flush=True)
-    return results
-
-
-def run_api(args: argparse.Namespace, levels: list[int]) -> dict[int, Level]:
-    server = Server(args)
-    try:
-        server.wait_ready()
-        return asyncio.run(api_levels(server.url, levels, args.max_tokens))
-    finally:
-        server.stop()
+            for r in range(args.repeats):
+                first = 1000 * c + 100 * r  # the same prompts on both paths
+                order = ("engine", "api") if r % 2 == 0 else ("api", "engine")
+                for path in order:
+                    if path == "engine":
+                        lvl = runner.batch(first, c, args.max_tokens)
+                        engine[c] = merge(engine.get(c), lvl)
+                    else:
+                        lvl = await api_batch(client, url, first, c, args.max_tokens)
+                        api[c] = merge(api.get(c), lvl)
+                    print(f"  c={c:<3} round {r} {path:6s} {lvl.wall:7.2f}s", flush=True)
+    return engine, api
 
 
 # --- report ------------------------------------------------------------------------
@@ -302,15 +321,20 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="1 and 8 streams, 16 tokens each")
     ap.add_argument("--levels", default=None, help="comma-separated concurrency levels")
-    ap.add_argument("--max-tokens", type=int, default=None, help="tokens per request (32; 16 with --quick)")
+    ap.add_argument(
+        "--max-tokens", type=int, default=None, help="tokens per request (32; 16 with --quick)"
+    )
     ap.add_argument("--device", default="auto")
     ap.add_argument("--model", default="default")
+    ap.add_argument("--repeats", type=int, default=None, help="rounds per level (2; 1 quick)")
     ap.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")] if args.levels else (
         [1, 8] if args.quick else [1, 8, 32, 64])  # fmt: skip
     if args.max_tokens is None:
         args.max_tokens = 16 if args.quick else 32
+    if args.repeats is None:
+        args.repeats = 1 if args.quick else 2
     import torch
 
     device = (
@@ -319,11 +343,15 @@ def main() -> int:
     args.device = device
     where = torch.cuda.get_device_name(0) if device.startswith("cuda") else machine()
     print(f"device {device} ({where}); levels {levels}; {args.max_tokens} tokens per request")
-    print("engine in process ...", flush=True)
-    engine = run_engine(args, levels)
-    gc.collect()  # the in-process engine is gone before the server starts
-    print("HTTP API via `tokenrelay serve` ...", flush=True)
-    api = run_api(args, levels)
+    load_before = os.getloadavg()[0]
+    server = Server(args)  # loads its model while this process loads its own
+    try:
+        print("loading the engine in process and `tokenrelay serve` ...", flush=True)
+        runner = EngineRunner(args)
+        server.wait_ready()
+        engine, api = asyncio.run(interleaved(args, levels, runner, server.url))
+    finally:
+        server.stop()
     result = table(engine, api)
     cmd = "python bench/api_overhead.py" + " ".join(
         [""] + [a for a in sys.argv[1:] if a != "--write-docs"]
@@ -332,11 +360,13 @@ def main() -> int:
         f"{SECTION}\n\n"
         f"`{cmd}` on {where} (device `{device}`, torch {torch.__version__}, "
         f"{time.strftime('%Y-%m-%d')}). {args.max_tokens} output tokens per request (greedy, "
-        "EOS ignored), every stream started at once with its own chat prompt. *engine*: "
+        f"EOS ignored), every stream started at once with its own chat prompt; {args.repeats} "
+        "round(s) per level, the two paths back to back. *engine*: "
         "`LLMEngine.step()` in process; *api*: `tokenrelay serve` (embedded Redis, one "
         "worker process, the gateway) over httpx async SSE streaming. TTFT from sending to "
         "the first text; TPOT per request ((last - first) / (tokens - 1)); ITL between the "
-        "text pieces a client receives.\n\n" + result
+        f"text pieces a client receives. 1-minute load average {load_before:.1f} before, "
+        f"{os.getloadavg()[0]:.1f} after (the machine is shared).\n\n" + result
     )
     print()
     print(report)

@@ -200,10 +200,16 @@ class OpenAIApi:
         await save_format(self.gw.log, sid, fmt, extra)
         pump: Pump[Event] = Pump(self.gw.log.tail(sid, -1))
 
-        async def cleanup() -> None:
+        cleaned = False
+
+        async def cleanup() -> None:  # once, however the answer ends
+            nonlocal cleaned
+            if cleaned:
+                return
+            cleaned = True
+            self._release(client)
             await pump.aclose()
             await self.gw.log.detach(sid, new.attach_id)
-            self._release(client)
 
         headers = {"X-Request-Id": rid, "X-Stream-Id": sid, "X-Resume-Token": new.resume_token,
                    "Access-Control-Expose-Headers": EXPOSED}  # fmt: skip

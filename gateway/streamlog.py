@@ -10,8 +10,6 @@ layout; gateway/tailer.py serves the live part.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -21,13 +19,11 @@ from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from gateway.attachments import Attachments
 from gateway.redisconn import RedisHealth, connect_async, is_outage
 from gateway.schema import (
     ACTIVE_TTL,
     APPEND_LUA,
-    ATTACH_LUA,
-    ATTACH_REFRESH,
-    ATTACH_TTL,
     DEFAULT_PREFIX,
     Event,
     Keys,
@@ -143,20 +139,15 @@ class StreamLog:
         self.health = RedisHealth(name)
         self.tailer = Tailer(url, self.keys, self.redis, self.health, self._end_abandoned)
         self._append = self.redis.register_script(APPEND_LUA)
-        self._attach = self.redis.register_script(ATTACH_LUA)
-        self._attached: dict[str, str] = {}  # attach_id -> stream_id
-        self._refresher: asyncio.Task[None] | None = None
+        self.attachments = Attachments(self.redis, self.keys, self.gateway_id, self._guard)
         self._workers_cache: tuple[float, list[str]] = (0.0, [])
 
     async def start(self) -> None:
         self.tailer.start()
-        self._refresher = asyncio.create_task(self._refresh_attachments(), name="attach-refresh")
+        self.attachments.start()
 
     async def close(self) -> None:
-        if self._refresher is not None:
-            self._refresher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._refresher
+        await self.attachments.close()
         await self.tailer.close()
         await self.redis.aclose()
 
@@ -206,7 +197,7 @@ class StreamLog:
         if await self._guard(self.redis.xlen(self.keys.requests)) >= self.max_pending:
             raise Overloaded("too many requests are waiting")
         sid, token = new_stream_id(), new_resume_token()
-        attach_id = f"{self.gateway_id}:{secrets.token_hex(4)}" if attach else None
+        attach_id = self.attachments.new_id() if attach else None
         meta: dict[Any, Any] = {
             "tok": hash_token(token),
             "st": "queued",
@@ -219,8 +210,7 @@ class StreamLog:
         pipe.hset(self.keys.meta(sid), mapping=meta)
         pipe.expire(self.keys.meta(sid), int(ACTIVE_TTL))
         if attach_id:
-            ms = int(ATTACH_TTL * 1000)
-            await self._attach(keys=[self.keys.attach(sid)], args=[attach_id, ms], client=pipe)
+            await self.attachments.queue(pipe, sid, attach_id)
         request = {
             "sid": sid,
             "rid": request_id or "",
@@ -231,7 +221,7 @@ class StreamLog:
         pipe.xadd(self.keys.requests, request)  # type: ignore[arg-type]
         await self._guard(pipe.execute())
         if attach_id:
-            self._attached[attach_id] = sid
+            self.attachments.track(sid, attach_id)
         log.debug("stream created", extra={"stream_id": sid, "request_id": request_id})
         return NewStream(sid, token, attach_id)
 
@@ -370,29 +360,8 @@ class StreamLog:
 
     async def attach(self, stream_id: str) -> str:
         """Mark a client as attached to the stream (kept alive until :meth:`detach`)."""
-        attach_id = f"{self.gateway_id}:{secrets.token_hex(4)}"
-        ms = int(ATTACH_TTL * 1000)
-        await self._guard(self._attach(keys=[self.keys.attach(stream_id)], args=[attach_id, ms]))
-        self._attached[attach_id] = stream_id
-        return attach_id
+        return await self.attachments.attach(stream_id)
 
     async def detach(self, stream_id: str, attach_id: str | None) -> None:
         """Drop an attachment (best effort: it lapses on its own anyway)."""
-        if attach_id is None:
-            return
-        self._attached.pop(attach_id, None)
-        with contextlib.suppress(RedisUnavailable):
-            await self._guard(self.redis.zrem(self.keys.attach(stream_id), attach_id))
-
-    async def _refresh_attachments(self) -> None:
-        ms = int(ATTACH_TTL * 1000)
-        while True:
-            await asyncio.sleep(ATTACH_REFRESH)
-            items = list(self._attached.items())
-            if not items:
-                continue
-            pipe = self.redis.pipeline(transaction=False)
-            for attach_id, sid in items:
-                await self._attach(keys=[self.keys.attach(sid)], args=[attach_id, ms], client=pipe)
-            with contextlib.suppress(RedisUnavailable):
-                await self._guard(pipe.execute())
+        await self.attachments.detach(stream_id, attach_id)

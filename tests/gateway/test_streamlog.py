@@ -227,7 +227,7 @@ async def test_attachments(slog: StreamLog, wlog: WorkerLog) -> None:
     extra = await slog.attach(sid)
     assert wlog.poll([sid])[sid][0] == 2
     await slog.detach(sid, extra)
-    for attach_id in [a for a, s in slog._attached.items() if s == sid]:
+    for attach_id in [a for a, s in slog.attachments.tracked.items() if s == sid]:
         await slog.detach(sid, attach_id)
     assert wlog.poll([sid])[sid][0] == 0
 
