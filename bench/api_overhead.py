@@ -13,9 +13,10 @@ client sees them) and output throughput:
 
 Both use the same prompts (the chat template applied the same way), the same
 model and device. Each level runs on both paths back to back (alternating
-which goes first, ``--repeats`` rounds), never at the same time, so both see
-the same machine load; the idle server costs next to nothing meanwhile. The
-report gives the 1-minute load average before and after.
+which goes first; ``--repeats`` rounds, the median one reported), never at
+the same time, so both see the same machine load; the idle server costs next
+to nothing meanwhile. The report gives the 1-minute load average before and
+after.
 
     .venv/bin/python bench/api_overhead.py              # the full run
     .venv/bin/python bench/api_overhead.py --quick      # a smaller one
@@ -243,19 +244,17 @@ async def api_batch(
     return Level(n, list(streams), time.perf_counter() - t0)
 
 
-def merge(a: Level | None, b: Level) -> Level:
-    if a is None:
-        return b
-    return Level(a.concurrency, a.streams + b.streams, a.wall + b.wall)
+def median_round(rounds: list[Level]) -> Level:
+    """The round with the median wall time (robust to a load spike on a shared machine)."""
+    return sorted(rounds, key=lambda lvl: lvl.wall)[(len(rounds) - 1) // 2]
 
 
 async def interleaved(
     args: argparse.Namespace, levels: list[int], runner: EngineRunner, url: str
 ) -> tuple[dict[int, Level], dict[int, Level]]:
     """Each level on both paths back to back (alternating which goes first), so both
-    see the same machine load; ``--repeats`` rounds per level."""
-    engine: dict[int, Level] = {}
-    api: dict[int, Level] = {}
+    see the same machine load; ``--repeats`` rounds per level, the median one kept."""
+    rounds: dict[str, dict[int, list[Level]]] = {"engine": {}, "api": {}}
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     async with httpx.AsyncClient(timeout=1800, limits=limits) as client:
         runner.batch(100_000, 2, 4)  # warm-up, both paths
@@ -267,11 +266,12 @@ async def interleaved(
                 for path in order:
                     if path == "engine":
                         lvl = runner.batch(first, c, args.max_tokens)
-                        engine[c] = merge(engine.get(c), lvl)
                     else:
                         lvl = await api_batch(client, url, first, c, args.max_tokens)
-                        api[c] = merge(api.get(c), lvl)
+                    rounds[path].setdefault(c, []).append(lvl)
                     print(f"  c={c:<3} round {r} {path:6s} {lvl.wall:7.2f}s", flush=True)
+    engine = {c: median_round(rs) for c, rs in rounds["engine"].items()}
+    api = {c: median_round(rs) for c, rs in rounds["api"].items()}
     return engine, api
 
 
@@ -326,7 +326,7 @@ def main() -> int:
     )
     ap.add_argument("--device", default="auto")
     ap.add_argument("--model", default="default")
-    ap.add_argument("--repeats", type=int, default=None, help="rounds per level (2; 1 quick)")
+    ap.add_argument("--repeats", type=int, default=None, help="rounds per level (3; 1 quick)")
     ap.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")] if args.levels else (
@@ -334,7 +334,7 @@ def main() -> int:
     if args.max_tokens is None:
         args.max_tokens = 16 if args.quick else 32
     if args.repeats is None:
-        args.repeats = 1 if args.quick else 2
+        args.repeats = 1 if args.quick else 3
     import torch
 
     device = (
@@ -361,7 +361,8 @@ def main() -> int:
         f"`{cmd}` on {where} (device `{device}`, torch {torch.__version__}, "
         f"{time.strftime('%Y-%m-%d')}). {args.max_tokens} output tokens per request (greedy, "
         f"EOS ignored), every stream started at once with its own chat prompt; {args.repeats} "
-        "round(s) per level, the two paths back to back. *engine*: "
+        "round(s) per level, the two paths back to back, the round with the median wall "
+        "time shown. *engine*: "
         "`LLMEngine.step()` in process; *api*: `tokenrelay serve` (embedded Redis, one "
         "worker process, the gateway) over httpx async SSE streaming. TTFT from sending to "
         "the first text; TPOT per request ((last - first) / (tokens - 1)); ITL between the "

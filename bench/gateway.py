@@ -1,0 +1,585 @@
+"""The gateway's streaming overhead: N WebSocket clients against a real gateway and a bare server.
+
+For each level of N concurrent streams (100 and 1,000 by default), in one run:
+
+* gateway: an embedded redis-server, a real ``tokenrelay gateway`` process
+  (``python -m gateway.cli gateway``) and the load-test token source of
+  bench/token_source.py, which creates N running streams in Redis the way an
+  engine worker does and appends one token event to every stream per tick
+  (one pipelined round trip per tick, like a worker step) at ``--rate`` tokens
+  per second per stream. N clients (one asyncio process, the ``websockets``
+  library) each ``resume`` their stream with ``after: 0`` before the first
+  token and read it to its ``done``.
+* bare: a bare ``websockets`` server in its own process (no Redis, no
+  Starlette) pushing the same frames at the same rate to the same N clients:
+  the ceiling.
+
+Measured: delivered token events/s, the latency added between the token
+source's tick (its append to Redis, or its send for the bare server) and the
+client's receipt (p50 / p99; every event carries its tick's timestamp), CPU
+(% of one core, over the streaming window) and peak RSS of the server process
+(and of redis-server and the client process), and whether every event arrived
+once and in order. Then the resume time: from sending ``resume`` (``after: 0``)
+to the last replayed event of a finished stream with a ``--backlog``-event log.
+
+    .venv/bin/python bench/gateway.py                # 100 and 1,000 streams, 10 s each
+    .venv/bin/python bench/gateway.py --quick        # 100 streams, 3 s
+    .venv/bin/python bench/gateway.py --write-docs   # also update docs/benchmarks.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+from websockets.asyncio.client import ClientConnection, connect  # noqa: E402
+
+from bench.token_source import backlog_stream, parse_stamp  # noqa: E402
+from gateway.redis_server import EmbeddedRedis  # noqa: E402
+from gateway.workerlog import WorkerLog  # noqa: E402
+
+SECTION = "## Gateway"
+PREFIX = "bench:"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+CONNECT_CONCURRENCY = 64
+
+
+# --- machine and /proc ------------------------------------------------------------
+
+
+def machine() -> str:
+    name = platform.processor() or "unknown CPU"
+    with contextlib.suppress(OSError, subprocess.CalledProcessError):
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                name = line.split(":", 1)[1].strip()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{name}, {cores} cores"
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` (seconds)."""
+    raw = Path(f"/proc/{pid}/stat").read_text()
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of stat
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class Watch:
+    """CPU over a window and peak RSS (sampled) of a few processes."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
+        self.peak = {k: rss_mib(p) for k, p in pids.items()}
+        self.t0 = time.monotonic()
+
+    def sample(self) -> None:
+        for k, p in self.pids.items():
+            with contextlib.suppress(OSError):
+                self.peak[k] = max(self.peak[k], rss_mib(p))
+
+    async def sampler(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self.sample()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.25)
+
+    def cpu_pct(self) -> dict[str, float]:
+        wall = time.monotonic() - self.t0
+        return {k: (cpu_seconds(p) - self.cpu0[k]) / wall * 100 for k, p in self.pids.items()}
+
+
+def pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    xs = sorted(values)
+    k = min(len(xs) - 1, max(0, round(p / 100 * (len(xs) - 1))))
+    return xs[k]
+
+
+# --- child processes ------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Child:
+    """A child process driven over stdin/stdout JSON lines (bench/token_source.py)."""
+
+    def __init__(self, args: list[str], log: Path) -> None:
+        self._err = open(log, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "bench" / "token_source.py"), *args],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._err,
+            text=True,
+        )
+        self.log = log
+
+    async def line(self, timeout: float) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        loop = asyncio.get_running_loop()
+        raw = await asyncio.wait_for(loop.run_in_executor(None, self.proc.stdout.readline), timeout)
+        if not raw:
+            self.proc.wait(5)
+            tail = self.log.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"token source exited ({self.proc.returncode}):\n{tail}")
+        return dict(json.loads(raw))
+
+    def go(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    def stop(self) -> None:
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._err.close()
+
+
+def start_gateway(redis_url: str, port: int, log: Path) -> subprocess.Popen[bytes]:
+    args = [
+        sys.executable, "-m", "gateway.cli", "gateway",
+        "--redis-url", redis_url, "--redis-prefix", PREFIX,
+        "--host", "127.0.0.1", "--port", str(port),
+        "--stream-ttl", "600", "--detach-timeout", "600",
+        "--max-connections", "20000", "--log-level", "warning", "--log-format", "json",
+    ]  # fmt: skip
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    with open(log, "ab") as out:
+        return subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def wait_healthy(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"gateway exited early ({proc.returncode})")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise TimeoutError("gateway not healthy")
+
+
+def stop_proc(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# --- clients ------------------------------------------------------------------------
+
+
+@dataclass
+class Tally:
+    """What all clients of one level received."""
+
+    events: int
+    latencies: list[float] = field(default_factory=list)  # seconds
+    received: int = 0
+    errors: list[str] = field(default_factory=list)
+    last_receipt: float = 0.0
+    done: int = 0
+
+
+async def open_client(url: str, sid: str, token: str, sem: asyncio.Semaphore) -> ClientConnection:
+    async with sem:
+        ws = await connect(
+            url, max_size=None, compression=None, open_timeout=60, ping_interval=None
+        )
+        hello = json.loads(await asyncio.wait_for(ws.recv(), 30))
+        assert hello["type"] == "hello", hello
+        await ws.send(
+            json.dumps({"type": "resume", "stream_id": sid, "resume_token": token, "after": 0})
+        )
+        resumed = json.loads(await asyncio.wait_for(ws.recv(), 30))
+        assert resumed["type"] == "resumed", resumed
+        return ws
+
+
+async def read_stream(ws: ClientConnection, tally: Tally) -> None:
+    expected = 1
+    lat = tally.latencies
+    try:
+        while True:
+            msg = await ws.recv()
+            now = time.time()
+            f = json.loads(msg)
+            kind = f["type"]
+            if kind == "token":
+                if f["seq"] != expected:
+                    tally.errors.append(f"seq {f['seq']} where {expected} was due")
+                expected = f["seq"] + 1
+                lat.append(now - parse_stamp(f["text"]))
+                tally.received += 1
+                tally.last_receipt = now
+            elif kind == "done":
+                if f["seq"] != tally.events + 1 or expected != tally.events + 1:
+                    tally.errors.append(f"done at seq {f['seq']} after {expected - 1} tokens")
+                tally.done += 1
+                tally.last_receipt = now
+                return
+            else:
+                tally.errors.append(f"unexpected frame {msg[:200]}")
+    finally:
+        await ws.close()
+
+
+@dataclass
+class LevelResult:
+    streams: int
+    server: str
+    events_per_stream: int
+    rate: float
+    delivered: int
+    expected: int
+    errors: list[str]
+    window_s: float
+    lat_ms: tuple[float, float, float]  # p50, p99, max
+    cpu: dict[str, float]
+    rss: dict[str, float]
+    source_ms: tuple[float, float]  # tick hand-over p50, p99
+
+    @property
+    def events_per_s(self) -> float:
+        return self.delivered / self.window_s if self.window_s > 0 else 0.0
+
+
+async def run_level(
+    server: str,
+    n: int,
+    rate: float,
+    events: int,
+    *,
+    redis: EmbeddedRedis,
+    gw_pid: int,
+    gw_port: int,
+    logs: Path,
+) -> LevelResult:
+    common = ["--streams", str(n), "--rate", str(rate), "--events", str(events)]
+    if server == "gateway":
+        child = Child(
+            ["redis", "--redis-url", redis.url, "--prefix", PREFIX, *common], logs / "src.log"
+        )
+    else:
+        child = Child(["bare", *common], logs / "bare.log")
+    tally = Tally(events)
+    conns: list[ClientConnection] = []
+    try:
+        ready = await child.line(120)
+        if server == "gateway":
+            url = f"ws://127.0.0.1:{gw_port}/v1/ws"
+            targets = [(s, t) for s, t in ready["streams"]]
+            pids = {"server": gw_pid, "redis": redis.proc.pid if redis.proc else 0}
+        else:
+            url = f"ws://127.0.0.1:{ready['port']}/"
+            targets = [(f"bare{i:018d}", "x") for i in range(n)]
+            pids = {"server": int(ready["pid"])}
+        pids["client"] = os.getpid()
+        sem = asyncio.Semaphore(CONNECT_CONCURRENCY)
+        conns = list(await asyncio.gather(*(open_client(url, s, t, sem) for s, t in targets)))
+        readers = [asyncio.create_task(read_stream(ws, tally)) for ws in conns]
+        watch = Watch(pids)
+        stop = asyncio.Event()
+        sampler = asyncio.create_task(watch.sampler(stop))
+        t_go = time.time()
+        child.go()
+        budget = events / rate * 4 + 60
+        stats = await child.line(budget)
+        done, pending = await asyncio.wait(readers, timeout=budget)
+        for task in pending:
+            task.cancel()
+        for task in done:
+            if task.exception() is not None:
+                tally.errors.append(f"client failed: {task.exception()!r}")
+        if pending:
+            tally.errors.append(f"{len(pending)} clients did not finish in {budget:.0f} s")
+        cpu = watch.cpu_pct()
+        stop.set()
+        await sampler
+    finally:
+        for ws in conns:
+            with contextlib.suppress(Exception):
+                await ws.close()
+        child.stop()
+    lat = [x * 1000 for x in tally.latencies]
+    flush = list(stats["flush_ms"])
+    return LevelResult(
+        streams=n,
+        server=server,
+        events_per_stream=events,
+        rate=rate,
+        delivered=tally.received,
+        expected=n * events,
+        errors=tally.errors,
+        window_s=tally.last_receipt - t_go,
+        lat_ms=(pct(lat, 50), pct(lat, 99), max(lat, default=float("nan"))),
+        cpu=cpu,
+        rss=watch.peak,
+        source_ms=(pct(flush, 50), pct(flush, 99)),
+    )
+
+
+async def measure_resume(
+    redis: EmbeddedRedis, gw_port: int, backlog: int, reps: int
+) -> tuple[list[float], list[str]]:
+    """Seconds from sending ``resume`` to the last replayed event, ``reps`` times."""
+    wlog = WorkerLog(redis.url, "bench-backlog", prefix=PREFIX)
+    try:
+        sid, token = backlog_stream(wlog, backlog, 600.0)
+    finally:
+        wlog.close()
+    times: list[float] = []
+    errors: list[str] = []
+    for _ in range(reps):
+        async with connect(
+            f"ws://127.0.0.1:{gw_port}/v1/ws", max_size=None, compression=None
+        ) as ws:
+            assert json.loads(await ws.recv())["type"] == "hello"
+            frame = {"type": "resume", "stream_id": sid, "resume_token": token, "after": 0}
+            t0 = time.perf_counter()
+            await ws.send(json.dumps(frame))
+            seqs: list[int] = []
+            while True:
+                f = json.loads(await asyncio.wait_for(ws.recv(), 60))
+                if f["type"] == "token":
+                    seqs.append(f["seq"])
+                    if f["seq"] == backlog:
+                        times.append(time.perf_counter() - t0)
+                elif f["type"] == "done":
+                    break
+            if seqs != list(range(1, backlog + 1)):
+                errors.append(f"resume replayed {len(seqs)} events, not 1..{backlog} in order")
+    return times, errors
+
+
+# --- report -------------------------------------------------------------------------
+
+
+def level_table(results: list[LevelResult]) -> str:
+    rows = [
+        "| streams | server | events/s (offered) | vs bare | added latency p50 / p99 / max (ms) "
+        "| server CPU % | server peak RSS (MiB) | redis CPU % | client CPU % "
+        "| tick hand-over p50 / p99 (ms) | all delivered in order |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    bare = {r.streams: r for r in results if r.server == "bare"}
+    for r in results:
+        ref = bare.get(r.streams)
+        ratio = f"{r.events_per_s / ref.events_per_s:.2f}x" if ref and ref.events_per_s else "-"
+        ok = "yes" if not r.errors and r.delivered == r.expected else (
+            f"no: {r.delivered}/{r.expected}, {len(r.errors)} errors")  # fmt: skip
+        redis_cpu = f"{r.cpu['redis']:.0f}" if "redis" in r.cpu else "-"
+        rows.append(
+            f"| {r.streams:,} | {r.server} | {r.events_per_s:,.0f} ({r.streams * r.rate:,.0f}) "
+            f"| {ratio if r.server == 'gateway' else '1.00x'} "
+            f"| {r.lat_ms[0]:.1f} / {r.lat_ms[1]:.1f} / {r.lat_ms[2]:.1f} "
+            f"| {r.cpu['server']:.0f} | {r.rss['server']:.0f} | {redis_cpu} "
+            f"| {r.cpu['client']:.0f} | {r.source_ms[0]:.1f} / {r.source_ms[1]:.1f} | {ok} |"
+        )
+    return "\n".join(rows)
+
+
+def verdicts(results: list[LevelResult]) -> list[str]:
+    out = []
+    bare = {r.streams: r for r in results if r.server == "bare"}
+    for r in results:
+        if r.server != "gateway":
+            continue
+        ref = bare.get(r.streams)
+        if ref and ref.events_per_s:
+            ratio = r.events_per_s / ref.events_per_s
+            met = "met" if ratio >= 0.5 else "NOT met"
+            out.append(
+                f"{r.streams:,} streams: gateway/bare events/s {ratio:.2f} (target >= 0.50: {met})"
+            )
+        if r.streams >= 1000:
+            met = "met" if r.lat_ms[1] <= 10 else "NOT met"
+            out.append(
+                f"{r.streams:,} streams: p99 added latency {r.lat_ms[1]:.1f} ms "
+                f"(target <= 10 ms: {met})"
+            )
+        if r.cpu["client"] >= 85:
+            out.append(
+                f"{r.streams:,} streams: the client process used {r.cpu['client']:.0f}% of a "
+                "core; the clients may be part of the bottleneck"
+            )
+    return out
+
+
+def write_docs(text: str) -> None:
+    path = ROOT / "docs" / "benchmarks.md"
+    old = path.read_text() if path.exists() else "# Benchmarks\n"
+    start = old.find(SECTION + "\n")
+    if start < 0:
+        new = old.rstrip("\n") + "\n\n" + text
+    else:
+        end = old.find("\n## ", start + len(SECTION))
+        new = old[:start] + text + (old[end + 1 :] if end >= 0 else "")
+    path.write_text(new)
+    print(f"updated {path}")
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    levels = [int(x) for x in args.levels.split(",")]
+    events = max(1, round(args.seconds * args.rate))
+    tmp = Path(tempfile.mkdtemp(prefix="tokenrelay-bench-gw-"))
+    redis = EmbeddedRedis(tmp / "redis").start()
+    port = free_port()
+    gw = start_gateway(redis.url, port, tmp / "gateway.log")
+    results: list[LevelResult] = []
+    try:
+        wait_healthy(port, gw)
+        for n in levels:
+            for server in ("bare", "gateway"):
+                r = await run_level(
+                    server, n, args.rate, events, redis=redis, gw_pid=gw.pid, gw_port=port, logs=tmp
+                )
+                print(
+                    f"{n} streams, {server}: {r.events_per_s:,.0f} events/s, "
+                    f"p50 {r.lat_ms[0]:.1f} ms, p99 {r.lat_ms[1]:.1f} ms, "
+                    f"{r.delivered}/{r.expected} delivered, {len(r.errors)} errors",
+                    flush=True,
+                )
+                for e in r.errors[:5]:
+                    print("   ", e)
+                results.append(r)
+        resume_s, resume_errors = await measure_resume(redis, port, args.backlog, args.resume_reps)
+    finally:
+        stop_proc(gw)
+        redis.stop()
+        with contextlib.suppress(Exception):
+            redis.cleanup()
+    gw_log = (tmp / "gateway.log").read_text(errors="replace")
+    return {
+        "results": results,
+        "resume_s": resume_s,
+        "resume_errors": resume_errors,
+        "events": events,
+        "gateway_log_errors": [ln for ln in gw_log.splitlines() if '"ERROR"' in ln][:5],
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="100 streams, 3 s, 3 resumes")
+    ap.add_argument("--levels", default=None, help="comma-separated stream counts (100,1000)")
+    ap.add_argument("--rate", type=float, default=20.0, help="tokens/s per stream (20)")
+    ap.add_argument("--seconds", type=float, default=None, help="streaming time per level (10)")
+    ap.add_argument("--backlog", type=int, default=2000, help="events in the resumed stream")
+    ap.add_argument("--resume-reps", type=int, default=None, help="resume repetitions (7)")
+    ap.add_argument("--json", default=None, help="also write the results here (JSON)")
+    ap.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md")
+    args = ap.parse_args()
+    args.levels = args.levels or ("100" if args.quick else "100,1000")
+    args.seconds = args.seconds or (3.0 if args.quick else 10.0)
+    args.resume_reps = args.resume_reps or (3 if args.quick else 7)
+    load_before = os.getloadavg()[0]
+    out = asyncio.run(bench(args))
+    load_after = os.getloadavg()[0]
+    results: list[LevelResult] = out["results"]
+    rs = [x * 1000 for x in out["resume_s"]]
+    resume_table = (
+        "| backlog (events) | resumes | resume → last replayed event p50 / min / max (ms) "
+        "| replay events/s (p50) | all replayed in order |\n|---:|---:|---:|---:|---|\n"
+        f"| {args.backlog:,} | {len(rs)} | {pct(rs, 50):.1f} / {min(rs, default=0):.1f} / "
+        f"{max(rs, default=0):.1f} | {args.backlog / (pct(rs, 50) / 1000):,.0f} "
+        f"| {'yes' if not out['resume_errors'] else 'no'} |"
+    )
+    cmd = "python bench/gateway.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    notes = verdicts(results)
+    report = (
+        f"{SECTION}\n\n"
+        f"`{cmd.strip()}` on {machine()} ({time.strftime('%Y-%m-%d')}); Python "
+        f"{platform.python_version()}. 1-minute load average {load_before:.1f} before, "
+        f"{load_after:.1f} after: the machine is shared, and the gateway, redis-server, "
+        "the token source and the clients all run on it.\n\n"
+        f"Each level streams {out['events']} token events per stream at {args.rate:g} "
+        "tokens/s per stream, all streams in step. *gateway*: a `tokenrelay gateway` "
+        "process on an embedded redis-server; the token source (bench/token_source.py, a "
+        "load-test tool) appends one event to every stream per tick in one pipelined "
+        "round trip, as an engine worker does per step. *bare*: a bare `websockets` server "
+        "process pushing the same frames at the same rate, no Redis, no Starlette: the "
+        "ceiling. Clients: one asyncio process with the `websockets` client, one socket "
+        "per stream, each resuming its stream (`after: 0`) before the first token. Events/s: "
+        "token events delivered / (last receipt - start), offered rate in brackets. Added "
+        "latency: from the tick's hand-over (just before the Redis pipeline, or before the "
+        "bare server's sends) to the client's receipt, so it includes the Redis append; "
+        "tick hand-over: how long that pipeline (or the bare server's sends) took. CPU: % "
+        "of one core over the streaming window.\n\n"
+        f"{level_table(results)}\n\n"
+        "Resume: a finished stream with a backlog, resumed with `after: 0` on an open "
+        "socket; time from sending `resume` to receiving the last replayed token.\n\n"
+        f"{resume_table}\n\n" + "".join(f"- {v}\n" for v in notes)
+    )
+    print()
+    print(report)
+    if out["gateway_log_errors"]:
+        print("gateway logged errors:", *out["gateway_log_errors"], sep="\n  ")
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "levels": [
+                        {
+                            "streams": r.streams,
+                            "server": r.server,
+                            "delivered": r.delivered,
+                            "expected": r.expected,
+                            "errors": r.errors,
+                            "events_per_s": r.events_per_s,
+                            "lat_ms": r.lat_ms,
+                        }
+                        for r in results
+                    ],
+                    "resume_ms": rs,
+                    "resume_errors": out["resume_errors"],
+                },
+                indent=1,
+            )
+        )
+    if args.write_docs:
+        write_docs(report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
