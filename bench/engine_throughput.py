@@ -77,6 +77,13 @@ def machine() -> str:
     return f"{name}, {cores} cores"
 
 
+def load_average() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
 def make_prompts(engine: Any, n: int, lo: int, hi: int, seed: int) -> list[list[int]]:
     """``n`` chat prompts whose templated length is uniform in [lo, hi] tokens."""
     rng = random.Random(seed)
@@ -266,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = make_prompts(engine, n, args.min_input, args.max_input, args.seed)
     lens = [len(p) for p in prompts]
     print(f"machine: {machine()}; torch {torch.__version__}, {threads} threads, {dtype}")
+    print(f"load average at the start: {load_average()}")
     print(
         f"workload: {n} chat prompts, {min(lens)}..{max(lens)} tokens (mean "
         f"{statistics.mean(lens):.0f}), {out_len} output tokens each, greedy, ignore_eos"
@@ -334,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{lat['tok_s']:.1f} |",
                 flush=True,
             )
-    print(f"\ncommand: {' '.join([Path(sys.executable).name, *sys.argv])}")
+    print(f"\nload average at the end: {load_average()} (other processes share the CPU)")
+    print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
     return 0
 
 

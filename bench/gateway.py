@@ -303,6 +303,7 @@ async def run_level(
         child = Child(["bare", *common], logs / "bare.log")
     tally = Tally(events)
     conns: list[ClientConnection] = []
+    readers: list[asyncio.Task[None]] = []
     try:
         ready = await child.line(120)
         if server == "gateway":
@@ -336,6 +337,9 @@ async def run_level(
         stop.set()
         await sampler
     finally:
+        for task in readers:
+            task.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
         for ws in conns:
             with contextlib.suppress(Exception):
                 await ws.close()
@@ -437,10 +441,25 @@ def verdicts(results: list[LevelResult]) -> list[str]:
                 f"{r.streams:,} streams: p99 added latency {r.lat_ms[1]:.1f} ms "
                 f"(target <= 10 ms: {met})"
             )
+        if r.events_per_s < 0.9 * r.streams * r.rate:
+            out.append(
+                f"{r.streams:,} streams: the gateway delivered {r.events_per_s:,.0f} of the "
+                f"{r.streams * r.rate:,.0f} events/s offered: it fell behind"
+            )
         if r.cpu["client"] >= 85:
             out.append(
                 f"{r.streams:,} streams: the client process used {r.cpu['client']:.0f}% of a "
                 "core; the clients may be part of the bottleneck"
+            )
+    for r in results:
+        tick_ms = 1000 / r.rate
+        if r.source_ms[0] > tick_ms:
+            who = "token source's pipelined append" if r.server == "gateway" else (
+                "bare server's sends")  # fmt: skip
+            out.append(
+                f"{r.streams:,} streams, {r.server}: the {who} took {r.source_ms[0]:.0f} ms "
+                f"per tick (p50), more than the {tick_ms:.0f} ms a tick may take: the "
+                "offered rate was not held"
             )
     return out
 
@@ -526,6 +545,13 @@ def main() -> int:
     )
     cmd = "python bench/gateway.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     notes = verdicts(results)
+    cores = len(os.sched_getaffinity(0))
+    if max(load_before, load_after) > cores:
+        notes.append(
+            f"the load average ({load_before:.1f} / {load_after:.1f}) was above the {cores} "
+            "cores: processes were waiting for CPU, so the CPU % columns show each one's "
+            "share of a contended machine and the timings are pessimistic"
+        )
     report = (
         f"{SECTION}\n\n"
         f"`{cmd.strip()}` on {machine()} ({time.strftime('%Y-%m-%d')}); Python "

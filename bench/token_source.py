@@ -26,6 +26,7 @@ import asyncio
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -120,30 +121,49 @@ def pace(start: float, tick: int, rate: float) -> None:
         time.sleep(delay)
 
 
+def heartbeat(url: str, prefix: str, stop: threading.Event) -> None:
+    """Keep the source's worker heartbeat alive (else gateways end its streams as orphaned)."""
+    beat = WorkerLog(url, SOURCE_ID, prefix=prefix)
+    try:
+        while not stop.is_set():
+            beat.heartbeat({"bench": True})
+            stop.wait(schema.HEARTBEAT_INTERVAL)
+    finally:
+        beat.close()
+
+
 def run_redis(args: argparse.Namespace) -> None:
     wlog = WorkerLog(args.redis_url, SOURCE_ID, prefix=args.prefix)
     wlog.heartbeat({"bench": True})
+    stop = threading.Event()
+    beater = threading.Thread(target=heartbeat, args=(args.redis_url, args.prefix, stop))
+    beater.start()
+    try:
+        stream_for(wlog, args)
+    finally:
+        stop.set()
+        beater.join()
+        wlog.close()
+
+
+def stream_for(wlog: WorkerLog, args: argparse.Namespace) -> None:
     streams = create_streams(wlog, args.streams, stream_ttl=args.stream_ttl)
     emit({"streams": streams, "pid": os.getpid()})
     wait_go()
     sids = [sid for sid, _ in streams]
     flush_ms: list[float] = []
     start = time.monotonic()
-    last_beat = start
     for seq in range(1, args.events + 1):
         pace(start, seq - 1, args.rate)
         t = time.time()  # the worker's step ends: its events go to Redis now
         fields = [schema.token_fields(stamp_text(t))]
         res = wlog.flush([Batch(sid, seq, fields) for sid in sids])
         flush_ms.append((time.time() - t) * 1000)
-        if any(r.status != 1 for r in res):
-            raise SystemExit(f"append failed at seq {seq}: {res[:3]}")
-        if time.monotonic() - last_beat >= 1.0:
-            wlog.heartbeat({"bench": True})
-            last_beat = time.monotonic()
+        bad = [(sid, r) for sid, r in zip(sids, res, strict=True) if r.status != 1]
+        if bad:
+            raise SystemExit(f"append failed at seq {seq} for {len(bad)} streams: {bad[:3]}")
     finish_streams(wlog, sids, args.events, args.stream_ttl)
     emit({"ticks": args.events, "wall_s": time.monotonic() - start, "flush_ms": flush_ms})
-    wlog.close()
 
 
 async def run_bare(args: argparse.Namespace) -> None:
