@@ -433,7 +433,7 @@ def verdicts(results: list[LevelResult]) -> list[str]:
             ratio = r.events_per_s / ref.events_per_s
             met = "met" if ratio >= 0.5 else "NOT met"
             out.append(
-                f"{r.streams:,} streams: gateway/bare events/s {ratio:.2f} (target >= 0.50: {met})"
+                f"{r.streams:,} streams: gateway/bare events/s {ratio:.3f} (target >= 0.50: {met})"
             )
         if r.streams >= 1000:
             met = "met" if r.lat_ms[1] <= 10 else "NOT met"
