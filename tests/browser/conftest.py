@@ -199,8 +199,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
                 proc.wait(timeout=10)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
+    """Chromium for this package only: Playwright's sync API keeps an event loop running
+    on the main thread while it is open, which would break every later asyncio test."""
     if not CHROMIUM.exists():
         pytest.skip("/usr/bin/chromium is missing: run `make browser` (Debian's chromium)")
     try:
