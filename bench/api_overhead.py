@@ -343,6 +343,7 @@ def main() -> int:
     args.device = device
     where = torch.cuda.get_device_name(0) if device.startswith("cuda") else machine()
     print(f"device {device} ({where}); levels {levels}; {args.max_tokens} tokens per request")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the server on the way out
     load_before = os.getloadavg()[0]
     server = Server(args)  # loads its model while this process loads its own
     try:
