@@ -11,6 +11,8 @@ PORT ?= 8000
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
+# OpenMP threads sleep rather than spin while waiting: the CPU is shared (engine/__init__.py)
+export OMP_WAIT_POLICY ?= PASSIVE
 
 STAMP := $(VENV)/.installed
 SOURCES := pyproject.toml

@@ -7,7 +7,13 @@ transformers) load on first use of the names that need them.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
+
+# OpenMP threads that spin while they wait stall badly when the CPU is shared (the
+# worker, the gateway and Redis on one laptop; CI): sleep instead. Read when torch
+# loads, so only effective if torch was not imported before us; ACTIVE overrides.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from engine.config import EngineConfig
 from engine.params import SamplingParams
