@@ -247,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arrival-gap", type=float, default=0.1, help="seconds between arrivals")
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--skip-hf", action="store_true", help="only our engine")
+    ap.add_argument(
+        "--skip-hf-batch", action="store_true", help="no transformers generate_batch (slow on CPU)"
+    )
     ap.add_argument("--skip-latency", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -284,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         engine.step()
 
     results = [run_ours(engine, prompts, out_len)]
+    results[0].note += f"; load {load_average()}"
     print(f"  ours: {results[0].seconds:.1f}s", flush=True)
     if not args.skip_hf:
         from transformers import AutoModelForCausalLM
@@ -295,13 +299,15 @@ def main(argv: list[str] | None = None) -> int:
         with torch.inference_mode():  # warm up
             model.generate(torch.tensor([prompts[0]]), generation_config=no_eos_config(model, 4))
         results.append(run_hf_static(model, prompts, out_len, hf_bs))
+        results[-1].note += f"; load {load_average()}"
         print(f"  transformers generate: {results[-1].seconds:.1f}s", flush=True)
         try:
-            cb = run_hf_continuous(model, prompts, out_len)
+            cb = None if args.skip_hf_batch else run_hf_continuous(model, prompts, out_len)
         except Exception as exc:  # report, don't die: the other rows still count
             print(f"  transformers generate_batch failed: {exc!r}")
             cb = None
         if cb is not None:
+            cb.note += f"; load {load_average()}"
             results.append(cb)
             print(f"  transformers generate_batch: {cb.seconds:.1f}s", flush=True)
         del model
