@@ -178,6 +178,14 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def unstarted_requests(self) -> list[str]:
+        """Ids of requests that have not produced a token yet (waiting or prefilling).
+
+        Such a request can be aborted here and run from scratch elsewhere with
+        no visible difference (a draining worker hands them back).
+        """
+        return [s.request_id for s in self.scheduler.live_sequences() if s.num_output_tokens == 0]
+
     # -------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
         """Run one engine step: aborts, one batched forward pass, sampling, detokenizing."""

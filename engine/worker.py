@@ -27,7 +27,8 @@ import time
 from typing import Any
 
 from engine.params import SamplingParams
-from engine.worker_outbox import Active, Outbox
+from engine.worker_outbox import Active, Outbox, hand_back
+from engine.worker_telemetry import WorkerTelemetry
 from gateway.redisconn import Backoff, RedisHealth, is_outage
 from gateway.schema import (
     HEARTBEAT_INTERVAL,
@@ -62,6 +63,10 @@ class Worker:
         self.active = self.outbox.streams  # stream id -> Active
         self.health = RedisHealth("worker")
         self.stopping = threading.Event()
+        self.draining = threading.Event()  # SIGTERM: finish what runs, take nothing new
+        self.drain_deadline = 0.0
+        self._handed_back = False
+        self.telemetry = WorkerTelemetry(wlog, self.worker_id)
         self.counters = dict.fromkeys(
             ("requests", "rejected", "stop", "length", "cancelled", "expired", "error"), 0
         )
@@ -84,6 +89,11 @@ class Worker:
                 self._iteration()
                 self.health.ok()
                 backoff.reset()
+                if self.draining.is_set():
+                    if self._drained():
+                        break
+                    if not self.engine.has_unfinished():
+                        self.stopping.wait(0.05)  # waiting on Redis writes: don't spin
             except Exception as exc:
                 if is_outage(exc):
                     self.health.failed(exc)
@@ -91,10 +101,38 @@ class Worker:
                     self._last_error_log = time.monotonic()
                     log.exception("worker loop error (continuing)")
                 self.stopping.wait(backoff.next())
+                if self.draining.is_set() and time.monotonic() >= self.drain_deadline:
+                    break
+        self.stopping.set()  # the heartbeat thread stops too
         self._shutdown()
 
     def stop(self) -> None:
+        """Stop now: streams still running end with ``error``."""
         self.stopping.set()
+
+    def drain(self, timeout: float) -> None:
+        """Stop taking requests, finish the running ones within ``timeout`` seconds, then stop.
+
+        Safe to call from a signal handler (it only sets flags). Requests that
+        have not produced a token yet are handed back to the queue for another
+        worker; streams still running at the deadline end with ``error``.
+        """
+        if not self.draining.is_set():
+            self.drain_deadline = time.monotonic() + max(0.0, timeout)
+            self.draining.set()
+
+    def _drained(self) -> bool:
+        if not self._handed_back:
+            self._handed_back = True
+            self._hand_back()
+        return not self.active or time.monotonic() >= self.drain_deadline
+
+    def _hand_back(self) -> None:
+        """Give the engine's unstarted requests back to the queue (their entries stay pending)."""
+        for sid in self.engine.unstarted_requests():
+            a = self.active.get(sid)
+            if a is not None and hand_back(a, self.wlog, self.engine.abort):
+                self.telemetry.forget(sid)
 
     def _iteration(self) -> None:
         if self.outbox.unwritten():
@@ -102,7 +140,7 @@ class Worker:
             if self.outbox.unwritten():  # Redis took only part: try again before more work
                 return
         busy = self.engine.has_unfinished()
-        room = self.max_seqs - len(self.active)
+        room = 0 if self.draining.is_set() else self.max_seqs - len(self.active)
         if room > 0:
             reqs = self.wlog.read_requests(room, None if busy else IDLE_BLOCK_MS)
             if reqs:
@@ -114,7 +152,7 @@ class Worker:
         if now - self._last_poll >= POLL_INTERVAL:
             self._last_poll = now
             self._poll(now)
-        if now - self._last_claim >= CLAIM_INTERVAL:
+        if now - self._last_claim >= CLAIM_INTERVAL and not self.draining.is_set():
             self._last_claim = now
             self._admit_all(self.wlog.claim_dead())
             # requests read just before an outage interrupted their admission
@@ -122,6 +160,7 @@ class Worker:
         if self.engine.has_unfinished():
             self._step()
             self.outbox.flush()
+        self.telemetry.finished(self.outbox.take_finished())
         self._publish_stats()
 
     def _step(self) -> None:
@@ -142,6 +181,8 @@ class Worker:
             a = self.active.get(out.request_id)
             if a is None:
                 continue
+            if out.new_token_ids:
+                self.telemetry.token(a.stream_id)
             if out.finished:
                 a.in_engine = False
             if a.silent or a.final:
@@ -155,15 +196,6 @@ class Worker:
                 self.counters[reason] = self.counters.get(reason, 0) + 1
                 a.events.append(done_fields(reason, out.prompt_tokens, out.completion_tokens))
                 a.final = True
-                extra = {
-                    "stream_id": a.stream_id,
-                    "request_id": a.request_id,
-                    "finish_reason": reason,
-                    "prompt_tokens": out.prompt_tokens,
-                    "completion_tokens": out.completion_tokens,
-                    "events": len(a.events),
-                }
-                log.info("stream finished", extra=extra)
 
     # --- requests --------------------------------------------------------------------
 
@@ -182,9 +214,9 @@ class Worker:
             self.wlog.ack([req.entry_id])  # expired, or ended before it ran
             return
         if meta.get("st") == "running":  # taken from a dead worker mid-stream
-            self.wlog.finish_foreign(
-                req.stream_id, "error", f"engine worker {meta.get('w', '?')} stopped responding"
-            )
+            message = f"engine worker {meta.get('w', '?')} stopped responding"
+            if self.wlog.finish_foreign(req.stream_id, "error", message):
+                self.telemetry.ended_foreign(req.stream_id, req.request_id, meta)
             self.wlog.ack([req.entry_id])
             return
         a = Active(req.stream_id, req.request_id, req.entry_id, dt, ttl)
@@ -214,6 +246,7 @@ class Worker:
             self._reject(a, "internal", f"could not start: {exc.__class__.__name__}")
             return
         a.in_engine = True
+        self.telemetry.admitted(a.stream_id, meta)
         a.events.append(accepted_fields(n, self.worker_id))
         a.meta.update({"st": "running", "w": self.worker_id, "pt": str(n)})
         log.info("request started", extra={**extra, "prompt_tokens": n})
@@ -243,6 +276,8 @@ class Worker:
         log.info("aborting stream", extra=extra)
 
     def _poll(self, now: float) -> None:
+        keep = set(self.active) | {a.stream_id for a in self.outbox.finished}
+        self.telemetry.prune(keep)
         live = [a for a in self.active.values() if a.in_engine and a.abort_reason is None]
         state = self.wlog.poll([a.stream_id for a in live])
         for a in live:
@@ -263,15 +298,23 @@ class Worker:
         stats.update(self.counters)
         stats["active_streams"] = len(self.active)
         stats["worker_id"] = self.worker_id
+        stats["draining"] = self.draining.is_set()
+        stats["hist"] = self.telemetry.snapshot()
         self.snapshot = stats
 
     def _shutdown(self) -> None:
+        message = "engine worker shut down before the stream finished"
+        if self.draining.is_set() and time.monotonic() >= self.drain_deadline:
+            message += " (drain timeout)"
         for a in list(self.active.values()):
             if a.in_engine:
                 self.engine.abort(a.stream_id)
-            self._end(a, "error", "engine worker shut down")
+                a.in_engine = False  # no further step will report it
+            self._end(a, "error", message)
         with contextlib.suppress(Exception):
             self.outbox.flush()
+        with contextlib.suppress(Exception):
+            self.telemetry.finished(self.outbox.take_finished())
         with contextlib.suppress(Exception):
             self.wlog.unregister()
 
@@ -331,20 +374,25 @@ def main(args: argparse.Namespace) -> int:
     log.info("loading model", extra={"model": args.model, "worker": worker_id})
     engine = LLMEngine(config)  # a signal while loading just ends the process
 
-    def on_signal(signum: int, frame: object) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     prefix = getattr(args, "redis_prefix", "tr:")
     wlog = WorkerLog(args.redis_url, worker_id, prefix=prefix)
     worker = Worker(engine, wlog, detach_timeout=args.detach_timeout, stream_ttl=args.stream_ttl)
     worker.stopping = stop
+    drain_timeout = float(getattr(args, "drain_timeout", 30.0))
+
+    def on_signal(signum: int, frame: object) -> None:
+        if worker.draining.is_set():  # a second signal: stop now
+            stop.set()
+        else:
+            worker.drain(drain_timeout)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     worker._publish_stats()
     Heartbeat(worker, args.redis_url, prefix).start()
     log.info("worker ready", extra={"worker": worker_id, **engine.stats()})
     worker.run()
-    log.info("worker stopped", extra={"worker": worker_id})
+    log.info("worker stopped", extra={"worker": worker_id, "drained": worker.draining.is_set()})
     return 0
 
 

@@ -54,6 +54,7 @@ class Outbox:
         self.wlog = wlog
         self._abort = abort  # stops an engine request
         self.streams: dict[str, Active] = {}
+        self.finished: list[Active] = []  # done and confirmed in Redis (see take_finished)
 
     def __len__(self) -> int:
         return len(self.streams)
@@ -84,6 +85,13 @@ class Outbox:
             done = a.final and a.written >= len(a.events)
             if (done or a.silent) and not a.in_engine:
                 del self.streams[a.stream_id]
+                if done and not a.silent:
+                    self.finished.append(a)
+
+    def take_finished(self) -> list[Active]:
+        """Streams whose ``done`` event Redis confirmed since the last call."""
+        out, self.finished = self.finished, []
+        return out
 
     def _reconcile(self, a: Active, res: AppendResult) -> None:
         """A write was refused: already written, lost by Redis, or ended elsewhere."""
@@ -95,7 +103,7 @@ class Outbox:
             a.written = last + 1  # an earlier attempt did land
             return
         if res.status == 0 and last < a.written - 1:
-            extra = {"stream_id": a.stream_id, "from_seq": last + 1}
+            extra = {"stream_id": a.stream_id, "request_id": a.request_id, "from_seq": last + 1}
             log.warning("redis lost events; writing them again", extra=extra)
             a.written = last + 1
             return
@@ -104,4 +112,29 @@ class Outbox:
             self._abort(a.stream_id)
         with contextlib.suppress(Exception):
             self.wlog.ack([a.entry])
-        log.info("stream ended elsewhere; dropping it", extra={"stream_id": a.stream_id})
+        extra = {"stream_id": a.stream_id, "request_id": a.request_id}
+        log.info("stream ended elsewhere; dropping it", extra=extra)
+
+
+def hand_back(a: Active, wlog: WorkerLog, abort: Callable[[str], object]) -> bool:
+    """Hand an unstarted stream back to the request queue; True when done.
+
+    Its stream log is reset to ``queued`` (:meth:`WorkerLog.release`), the
+    engine request is aborted and the stream goes silent here. Its request
+    entry is *not* acknowledged: it stays pending under this worker's name and
+    another worker claims it once this one's heartbeat is gone.
+    """
+    if a.final or a.silent or a.abort_reason is not None:
+        return False
+    extra = {"stream_id": a.stream_id, "request_id": a.request_id}
+    try:
+        released = a.written == 0 or wlog.release(a.stream_id)
+    except Exception as exc:
+        log.warning("could not hand a request back: %r", exc, extra=extra)
+        return False
+    if not released:
+        return False
+    abort(a.stream_id)
+    a.silent = True  # write nothing more
+    log.info("request handed back to the queue", extra=extra)
+    return True

@@ -16,7 +16,6 @@ reference.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import re
 import secrets
@@ -29,6 +28,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from gateway.guard import Principal, RateLimited, TooManyStreams
 from gateway.http_common import (
     EXPOSED,
     STORE_ERRORS,
@@ -50,6 +50,7 @@ from gateway.openai_stream import (
     stream_error,
 )
 from gateway.schema import Event
+from gateway.security import AuthError
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
@@ -97,34 +98,40 @@ class OpenAIApi:
 
     # --- clients -----------------------------------------------------------------------
 
-    def _authenticate(self, request: Request) -> str | None:
-        """The caller's API key (None when no keys are configured), or a 401."""
-        keys = self.settings.api_keys
-        if not keys:
-            return None
-        auth = request.headers.get("authorization", "")
-        given = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
-        if not given:
-            raise error_for_code("unauthorized", "Missing API key: send 'Authorization: Bearer'.")
-        if not any(hmac.compare_digest(given.encode(), k.encode()) for k in keys):
-            raise error_for_code("unauthorized", "Incorrect API key provided.")
-        return given
+    def _authenticate(self, request: Request) -> Principal:
+        """The caller (its key id, or its address when no keys are configured), or a 401."""
+        address = request.client.host if request.client else "?"
+        try:
+            return self.gw.guard.authenticate(request.headers, {}, address)
+        except AuthError as exc:
+            raise error_for_code("unauthorized", str(exc)) from None
 
-    def _take_slot(self, request: Request) -> str:
+    async def _admit(self, who: Principal) -> None:
+        """The caller's requests-per-minute budget (``--rate-limit``), or a 429."""
+        try:
+            await self.gw.guard.admit(who)
+        except RateLimited as exc:
+            raise error_for_code("rate_limited", str(exc), retry_after=exc.retry_after) from None
+
+    def _take_slot(self, who: Principal) -> str:
         """Count one more generation for the caller (its API key, else its address)."""
-        key = self._authenticate(request)
-        client = f"key:{key}" if key else f"addr:{request.client.host if request.client else '?'}"
+        client = who.bucket
         if self.active.get(client, 0) >= self.settings.max_per_client:
             limit = self.settings.max_per_client
             raise error_for_code(
                 "rate_limited", f"At most {limit} concurrent requests per client.", retry_after=1
             )
+        try:
+            self.gw.guard.open_stream(who)  # --max-streams-per-key, WebSocket included
+        except TooManyStreams as exc:
+            raise error_for_code("rate_limited", str(exc), retry_after=1) from None
         self.active[client] = self.active.get(client, 0) + 1
         return client
 
     def _release(self, client: str | None) -> None:
         if client is None:
             return
+        self.gw.guard.close_stream(client)
         left = self.active.get(client, 0) - 1
         if left > 0:
             self.active[client] = left
@@ -169,11 +176,12 @@ class OpenAIApi:
             rid = "req-" + secrets.token_hex(8)
         client: str | None = None
         try:
-            self._authenticate(request)
+            who = self._authenticate(request)
             body = parse_json(await read_body(request, self.gw.settings.max_frame_bytes))
             parse = parse_chat if kind == "chat" else parse_completion
             req = parse(body, served_model=self.model, limits=self.gw.limits)
-            client = self._take_slot(request)
+            client = self._take_slot(who)
+            await self._admit(who)
             try:
                 new = await self.gw.log.create(req.body, rid)
             except STORE_ERRORS as exc:

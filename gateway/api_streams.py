@@ -125,7 +125,7 @@ class StreamsApi:
             fmt = StreamFormat(fmt.kind, fmt.model, fmt.created, usage.lower() in ("1", "true"))
         extra = {"request_id": info.request_id, "stream_id": sid, "after": after}
         log.info("resume", extra=extra)
-        pump: Pump[Event] = Pump(slog.tail(sid, after))
+        pump: Pump[Event] = Pump(slog.tail(sid, after, resumed=True))
 
         async def cleanup() -> None:
             await pump.aclose()

@@ -18,12 +18,13 @@ import importlib
 import logging
 import pkgutil
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
@@ -31,7 +32,12 @@ from starlette.staticfiles import StaticFiles
 
 import gateway
 from gateway import protocol as p
+from gateway.api_metrics import HttpErrorCounter
+from gateway.cors import CORSMiddleware
+from gateway.guard import Guard
+from gateway.metrics import GatewayMetrics
 from gateway.schema import DEFAULT_PREFIX
+from gateway.security import SecuritySettings
 from gateway.streamlog import StreamLog
 from gateway.ws import websocket_endpoint
 
@@ -67,6 +73,8 @@ class Settings:
     max_pending: int = 4096
     send_queue: int = 256
     model_name: str | None = None
+    drain_timeout: float = 30.0
+    security: SecuritySettings = field(default_factory=SecuritySettings)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Settings:
@@ -83,6 +91,8 @@ class Settings:
             max_streams_per_connection=getattr(args, "max_streams_per_connection", 64),
             max_pending=getattr(args, "max_pending", 4096),
             model_name=getattr(args, "model_name", None),
+            drain_timeout=getattr(args, "drain_timeout", 30.0),
+            security=SecuritySettings.from_args(args),
         )
 
     def __post_init__(self) -> None:
@@ -92,6 +102,8 @@ class Settings:
             raise ValueError("--max-frame-bytes must be >= 1024")
         if self.detach_timeout < 0 or self.stream_ttl < 1:
             raise ValueError("--detach-timeout must be >= 0 and --stream-ttl >= 1")
+        if not self.drain_timeout >= 0:
+            raise ValueError("--drain-timeout must be >= 0")
 
 
 class Gateway:
@@ -99,7 +111,7 @@ class Gateway:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.limits = p.Limits()
+        self.limits = p.Limits(max_tokens=settings.security.max_tokens)
         self.log = StreamLog(
             settings.redis_url,
             prefix=settings.redis_prefix,
@@ -107,8 +119,10 @@ class Gateway:
             detach_timeout=settings.detach_timeout,
             max_pending=settings.max_pending,
         )
+        self.guard = Guard(settings.security, self.log.redis, settings.redis_prefix)
         self.connections: set[Connection] = set()
         self.shutting_down = False
+        self.metrics = GatewayMetrics(self)
         self.server_name = f"tokenrelay/{_version()}"
 
     async def start(self) -> None:
@@ -202,6 +216,8 @@ def create_app(settings: Settings, *, extra_routes: Sequence[BaseRoute] = ()) ->
         *_plugin_routes(gw),
         *_page_routes(),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    cors = Middleware(CORSMiddleware, policy=gw.guard.origins)
+    errors = Middleware(HttpErrorCounter, metrics=gw.metrics)
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[errors, cors])
     app.state.gateway = gw
     return app

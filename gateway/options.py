@@ -48,6 +48,8 @@ def add_stream_options(p: argparse.ArgumentParser) -> None:
         help="seconds a stream keeps generating with no client attached")  # fmt: skip
     add(p, "--stream-ttl", default=3600.0, type=float,
         help="seconds a finished stream stays resumable")  # fmt: skip
+    add(p, "--drain-timeout", default=30.0, type=float,
+        help="seconds running streams may take to finish on SIGTERM")  # fmt: skip
 
 
 def add_http_options(p: argparse.ArgumentParser) -> None:
@@ -62,6 +64,9 @@ def add_http_options(p: argparse.ArgumentParser) -> None:
         help="concurrent streams one WebSocket may carry")  # fmt: skip
     add(p, "--max-pending", default=4096, type=int,
         help="queued + running requests before new ones get 'overloaded'")  # fmt: skip
+    from gateway.security import add_security_options
+
+    add_security_options(p)
 
 
 def add_engine_options(p: argparse.ArgumentParser) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +57,7 @@ class ProtocolError(Exception):
         *,
         request_id: str | None = None,
         stream_id: str | None = None,
+        retry_after: float | None = None,
     ) -> None:
         if code not in ERROR_CODES:
             raise ValueError(f"unknown error code {code!r}")
@@ -63,11 +66,16 @@ class ProtocolError(Exception):
         self.message = message
         self.request_id = request_id
         self.stream_id = stream_id
+        self.retry_after = retry_after
 
     def frame(self) -> dict[str, Any]:
         """The ``error`` frame for this error."""
         return error_frame(
-            self.code, self.message, request_id=self.request_id, stream_id=self.stream_id
+            self.code,
+            self.message,
+            request_id=self.request_id,
+            stream_id=self.stream_id,
+            retry_after=self.retry_after,
         )
 
 
@@ -133,6 +141,9 @@ class Ping:
 ClientFrame = Generate | Cancel | Resume | Ping
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
@@ -146,6 +157,11 @@ def parse_frame(data: str, limits: Limits | None = None) -> ClientFrame:
         raise ProtocolError("bad_request", f"frame is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise ProtocolError("bad_request", "frame must be a JSON object")
+    if _SURROGATE_ESCAPE.search(data):  # "\ud800" alone parses, but is no UTF-8 text
+        try:
+            json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ProtocolError("bad_request", "frame holds an unpaired UTF-16 surrogate") from None
     kind = obj.get("type")
     if kind is None:
         raise ProtocolError("bad_request", "missing field 'type'")
@@ -346,13 +362,21 @@ def cancelled_frame(stream_id: str, state: str, finish_reason: str | None) -> di
 
 
 def error_frame(
-    code: str, message: str, *, request_id: str | None = None, stream_id: str | None = None
+    code: str,
+    message: str,
+    *,
+    request_id: str | None = None,
+    stream_id: str | None = None,
+    retry_after: float | None = None,
 ) -> dict[str, Any]:
+    """An ``error`` frame; ``retry_after`` (seconds) for rate_limited / overloaded."""
     out: dict[str, Any] = {"type": "error", "code": code, "message": message}
     if request_id is not None:
         out["request_id"] = request_id
     if stream_id is not None:
         out["stream_id"] = stream_id
+    if retry_after is not None:
+        out["retry_after"] = max(1, math.ceil(retry_after))
     return out
 
 

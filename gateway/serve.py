@@ -38,6 +38,7 @@ WORKER_FLAGS = (
     "worker_id",
     "detach_timeout",
     "stream_ttl",
+    "drain_timeout",
 )
 
 
@@ -86,7 +87,8 @@ class WorkerProcess:
                     self._spawn()
             self._stopping.wait(0.5)
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 40.0) -> None:
+        """SIGTERM (the worker drains), then SIGKILL after ``timeout`` seconds."""
         self._stopping.set()
         proc = self.proc
         if proc is None or proc.poll() is not None:
@@ -123,6 +125,6 @@ def main(args: argparse.Namespace) -> int:
         return 0
     finally:
         if worker is not None:
-            worker.stop()
+            worker.stop(float(getattr(args, "drain_timeout", 30.0)) + 10.0)
         if redis is not None:
             redis.stop()

@@ -11,15 +11,19 @@ import socket
 import uvicorn
 
 from gateway.app import Gateway, Settings, create_app
+from gateway.drain import drain
 
 log = logging.getLogger("tokenrelay.server")
 
 
 class GatewayServer(uvicorn.Server):
-    """uvicorn, except that on shutdown WebSockets get close code 1001 first.
+    """uvicorn, with a drain before shutdown and WebSockets closed with 1001.
 
-    uvicorn's own connection shutdown sends 1012; the protocol promises 1001
-    ("going away"), so the gateway closes its sockets itself before that.
+    On SIGTERM/SIGINT the gateway first drains (gateway/drain.py: readyz 503,
+    new requests refused, a ``notice`` to every socket, attached streams
+    finish within ``--drain-timeout``) while still listening. uvicorn's own
+    connection shutdown sends 1012; the protocol promises 1001 ("going away"),
+    so the gateway closes its sockets itself before that.
     """
 
     def __init__(self, config: uvicorn.Config, gw: Gateway) -> None:
@@ -27,6 +31,10 @@ class GatewayServer(uvicorn.Server):
         self.gw = gw
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await drain(self.gw, self.gw.settings.drain_timeout, force=lambda: self.force_exit)
+        except Exception:  # never block the shutdown
+            log.exception("draining failed")
         for server in self.servers:
             server.close()  # stop accepting first
         try:

@@ -10,6 +10,7 @@ layout; gateway/tailer.py serves the live part.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -39,6 +40,7 @@ from gateway.schema import (
     token_matches,
 )
 from gateway.tailer import RedisUnavailable, StreamNotFound, Tailer
+from gateway.telemetry import COUNT_LUA, DISCONNECTS_FIELD, RESUMES_FIELD, log_summary
 
 log = logging.getLogger("tokenrelay.streamlog")
 
@@ -50,6 +52,7 @@ __all__ = [
     "NoWorker",
     "Overloaded",
     "RedisUnavailable",
+    "ShuttingDown",
     "StreamForbidden",
     "StreamInfo",
     "StreamLog",
@@ -80,6 +83,10 @@ class Overloaded(Exception):
 
 class NoWorker(Exception):
     """No engine worker is alive."""
+
+
+class ShuttingDown(NoWorker):
+    """This gateway is draining: it takes no new requests."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +148,13 @@ class StreamLog:
         self._append = self.redis.register_script(APPEND_LUA)
         self.attachments = Attachments(self.redis, self.keys, self.gateway_id, self._guard)
         self._workers_cache: tuple[float, list[str]] = (0.0, [])
+        self._count = self.redis.register_script(COUNT_LUA)
+        self.accepting = True  # False while the gateway drains
+        # this process's totals, exported by gateway/metrics.py
+        self.resumes = 0
+        self.events_replayed = 0
+        self.cancels = 0
+        self.disconnects = 0
 
     async def start(self) -> None:
         self.tailer.start()
@@ -192,6 +206,8 @@ class StreamLog:
         self, body: dict[str, Any], request_id: str | None, *, attach: bool = True
     ) -> NewStream:
         """Create a stream and queue its request; raises :class:`Overloaded`/:class:`NoWorker`."""
+        if not self.accepting:
+            raise ShuttingDown("this gateway is shutting down; retry (another gateway will answer)")
         if not await self.live_workers():
             raise NoWorker("no engine worker is running")
         if await self._guard(self.redis.xlen(self.keys.requests)) >= self.max_pending:
@@ -271,19 +287,28 @@ class StreamLog:
         )
         return [decode_event(eid, fields) for eid, fields in raw]
 
-    async def tail(self, stream_id: str, after: int) -> AsyncGenerator[Event, None]:
+    async def tail(
+        self, stream_id: str, after: int, *, resumed: bool = False
+    ) -> AsyncGenerator[Event, None]:
         """Every event with seq > ``after``: the replay, then live ones, until ``done``.
 
         ``after`` = -1 includes the seq-0 ``accepted``/``rejected`` marker.
+        ``resumed``: a client resumes the stream (counted, with the events
+        replayed, in the metrics and the stream's summary line).
         Raises :class:`EventsTrimmed`, :class:`StreamNotFound` (expired while
         waiting) or :class:`RedisUnavailable`.
         """
         last = after
+        if resumed:
+            self.resumes += 1
+            await self._count_field(stream_id, RESUMES_FIELD, only_unfinished=False)
         while True:
             page = await self.read(stream_id, last, REPLAY_PAGE)
             if page and last >= 0 and page[0].seq != last + 1:
                 raise EventsTrimmed(f"events after seq {last} are no longer kept")
             for ev in page:
+                if resumed:
+                    self.events_replayed += 1
                 yield ev
                 last = ev.seq
                 if ev.kind == "done":
@@ -315,6 +340,7 @@ class StreamLog:
         pipe.hset(self.keys.meta(stream_id), "cx", "1")
         pipe.xadd(self.keys.control, {"cancel": stream_id}, maxlen=CONTROL_MAXLEN, approximate=True)
         await self._guard(pipe.execute())
+        self.cancels += 1
         if info.status == "queued":  # no worker has it yet: end it here
             await self.finish(stream_id, "cancelled", None)
         log.info("cancel requested", extra={"stream_id": stream_id, "request_id": info.request_id})
@@ -325,8 +351,9 @@ class StreamLog:
         for _ in range(5):
             pipe = self.redis.pipeline(transaction=False)
             pipe.xrevrange(self.keys.stream(stream_id), count=1)
-            pipe.hmget(self.keys.meta(stream_id), "st", "pt", "ttl")
-            top, (st, pt, ttl) = await self._guard(pipe.execute())
+            fields = ("st", "pt", "ttl", "rid", RESUMES_FIELD, DISCONNECTS_FIELD)
+            pipe.hmget(self.keys.meta(stream_id), *fields)
+            top, (st, pt, ttl, rid, *counts) = await self._guard(pipe.execute())
             if st is None or st == b"done":
                 return False
             last = seq_of(top[0][0]) if top else -1
@@ -345,6 +372,15 @@ class StreamLog:
             )
             res = decode_append(await self._guard(self._append(keys=keys, args=args)))
             if res.status == 1:
+                log_summary(
+                    stream_id=stream_id,
+                    request_id=_str(rid) or None,
+                    finish_reason=reason,
+                    prompt_tokens=int(pt or 0),
+                    completion_tokens=max(0, last),
+                    meta={RESUMES_FIELD: _str(counts[0]), DISCONNECTS_FIELD: _str(counts[1])},
+                    ended_by=self.gateway_id,
+                )
                 return True
             if res.status != 0:
                 return False
@@ -363,5 +399,23 @@ class StreamLog:
         return await self.attachments.attach(stream_id)
 
     async def detach(self, stream_id: str, attach_id: str | None) -> None:
-        """Drop an attachment (best effort: it lapses on its own anyway)."""
+        """Drop an attachment (best effort: it lapses on its own anyway).
+
+        A detach before the stream's end is a disconnect (counted for the
+        metrics and the stream's summary line).
+        """
+        if attach_id is None:
+            return
         await self.attachments.detach(stream_id, attach_id)
+        with contextlib.suppress(Exception):  # best effort, like the detach itself
+            if await self._count_field(stream_id, DISCONNECTS_FIELD, only_unfinished=True):
+                self.disconnects += 1
+
+    async def _count_field(self, stream_id: str, field: str, *, only_unfinished: bool) -> int:
+        """HINCRBY ``field`` of a live stream's metadata; 0 when nothing was counted."""
+        keys = [self.keys.meta(stream_id)]
+        args = [field, "1" if only_unfinished else "0"]
+        try:
+            return int(await self._guard(self._count(keys=keys, args=args)))
+        except RedisUnavailable:
+            return 0

@@ -123,11 +123,13 @@ class Tailer:
         self._health = health
         self._finish = finisher
         self._subs: dict[str, set[Subscription]] = {}
+        self._reading: set[Subscription] = set()  # the subscribers the current read is for
         self._wake_event = asyncio.Event()
         self._blocked_client: int | None = None
         self._client_id: int | None = None
         self._unblocking = False
         self._task: asyncio.Task[None] | None = None
+        self._closed = False
         self._last_check = 0.0
         self._missing_since: dict[str, float] = {}
         self._no_worker_since: float | None = None
@@ -136,8 +138,10 @@ class Tailer:
         self._task = asyncio.create_task(self._run(), name="tailer")
 
     async def close(self) -> None:
+        self._closed = True  # also ends the loop if a cancel gets lost (wait_for, 3.11)
         if self._task is not None:
             self._task.cancel()
+            self._wake_event.set()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         for subs in self._subs.values():
@@ -188,16 +192,24 @@ class Tailer:
             self._unblocking = False
 
     def _wanted(self) -> dict[Any, Any]:
+        """Where to read each stream from; remembers which subscribers the read is for.
+
+        A subscriber left out (its buffer is nearly full) must not be handed the
+        reply: the read may start past its ``last_seq``, which would look like a gap.
+        """
         wanted: dict[Any, Any] = {}
+        self._reading = set()
         for key, subs in self._subs.items():
-            lasts = [s.last_seq for s in subs if s.room() >= READ_COUNT and s.error is None]
-            if lasts:
-                wanted[key] = entry_id(min(lasts)) if min(lasts) >= 0 else "0-0"
+            ready = [s for s in subs if s.room() >= READ_COUNT and s.error is None]
+            if ready:
+                low = min(s.last_seq for s in ready)
+                wanted[key] = entry_id(low) if low >= 0 else "0-0"
+                self._reading.update(ready)
         return wanted
 
     async def _run(self) -> None:
         backoff = Backoff(0.1, 2.0)
-        while True:
+        while not self._closed:
             self._wake_event.clear()
             wanted = self._wanted()
             try:
@@ -239,8 +251,9 @@ class Tailer:
                 continue
             events = [decode_event(eid, fields) for eid, fields in entries]
             for sub in list(subs):
-                for ev in events:
-                    sub.push(ev)
+                if sub in self._reading:
+                    for ev in events:
+                        sub.push(ev)
 
     def _fail_all(self, exc: BaseException) -> None:
         for subs in list(self._subs.values()):
@@ -263,11 +276,11 @@ class Tailer:
             return
         pipe = self._pool.pipeline(transaction=False)
         for sid in quiet:
-            pipe.hmget(self.keys.meta(sid), "st", "w")
+            pipe.hmget(self.keys.meta(sid), "st", "w", "rid")
         pipe.smembers(self.keys.workers)
         replies = await pipe.execute()
         metas, members = replies[:-1], replies[-1]
-        named = {w.decode() for _, w in metas if w}
+        named = {w.decode() for _, w, _ in metas if w}
         workers = sorted({m.decode() for m in members} | named)
         pipe = self._pool.pipeline(transaction=False)
         for w in workers:
@@ -283,10 +296,12 @@ class Tailer:
             self._no_worker_since = None
         elif self._no_worker_since is None:
             self._no_worker_since = now
-        for sid, (st, w) in zip(quiet, metas, strict=True):
-            await self._judge(sid, st, w, now)
+        for sid, (st, w, rid) in zip(quiet, metas, strict=True):
+            await self._judge(sid, st, w, rid.decode() if rid else None, now)
 
-    async def _judge(self, sid: str, st: bytes | None, w: bytes | None, now: float) -> None:
+    async def _judge(
+        self, sid: str, st: bytes | None, w: bytes | None, rid: str | None, now: float
+    ) -> None:
         if st is None:
             for sub in list(self._subs.get(self.keys.stream(sid), ())):
                 sub.fail(StreamNotFound("stream expired"))
@@ -294,7 +309,7 @@ class Tailer:
         if st == b"running" and w:
             since = self._missing_since.get(w.decode())
             if since is not None and now - since >= WORKER_DEAD_GRACE:
-                extra = {"stream_id": sid, "worker": w.decode()}
+                extra = {"stream_id": sid, "request_id": rid, "worker": w.decode()}
                 log.warning("engine worker stopped responding; ending its stream", extra=extra)
                 await self._finish(sid, f"engine worker {w.decode()} stopped responding")
         elif st == b"queued" and now - (self._no_worker_since or now) >= NO_WORKER_GRACE:

@@ -35,10 +35,26 @@ from gateway.schema import (
     plan_finish,
     seq_of,
 )
+from gateway.telemetry import DISCONNECTS_FIELD, RESUMES_FIELD
 
 log = logging.getLogger("tokenrelay.workerlog")
 
 MAXLEN = 100_000
+
+# KEYS: stream, meta.  ARGV: worker id.  Hands an unstarted stream back to the
+# queue: only while this worker runs it and its log holds nothing but the
+# seq-0 ``accepted`` marker. The log is deleted (the next worker writes seq 0
+# again) and the metadata says ``queued``. Returns 1 when handed back.
+RELEASE_LUA = """
+local st = redis.call('HGET', KEYS[2], 'st')
+if st == 'queued' then return 1 end
+if st ~= 'running' or redis.call('HGET', KEYS[2], 'w') ~= ARGV[1] then return 0 end
+if redis.call('XLEN', KEYS[1]) > 1 then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[2], 'st', 'queued')
+redis.call('HDEL', KEYS[2], 'w', 'pt')
+return 1
+"""
 
 
 def _s(raw: Any) -> str:
@@ -78,6 +94,7 @@ class WorkerLog:
         self.redis = connect_sync(url)
         self._append = self.redis.register_script(APPEND_LUA)
         self._attached = self.redis.register_script(ATTACHED_LUA)
+        self._release = self.redis.register_script(RELEASE_LUA)
         self._control_cursor: str | None = None
 
     def close(self) -> None:
@@ -231,6 +248,25 @@ class WorkerLog:
             sid: (int(n), flag == b"1")
             for sid, n, flag in zip(stream_ids, counts, flags, strict=True)
         }
+
+    def stream_counts(self, stream_ids: list[str]) -> list[dict[str, str]]:
+        """Each stream's resume and disconnect counts (``rs``/``dc``, kept by gateways)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for sid in stream_ids:
+            pipe.hmget(self.keys.meta(sid), RESUMES_FIELD, DISCONNECTS_FIELD)
+        return [
+            {RESUMES_FIELD: _s(rs or b"0"), DISCONNECTS_FIELD: _s(dc or b"0")}
+            for rs, dc in pipe.execute()
+        ]
+
+    def release(self, stream_id: str) -> bool:
+        """Hand an unstarted stream back to the queue (see :data:`RELEASE_LUA`).
+
+        Its request entry stays pending under this worker's name, unacknowledged:
+        once this worker's heartbeat is gone another worker claims it.
+        """
+        keys = [self.keys.stream(stream_id), self.keys.meta(stream_id)]
+        return bool(self._release(keys=keys, args=[self.worker_id]))
 
     # --- liveness --------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from gateway import protocol as p
+from gateway.guard import AuthError, Principal, RateLimited, TooManyStreams
 from gateway.streamlog import (
     BadOffset,
     NoWorker,
@@ -52,6 +53,8 @@ class Connection:
         self.queue: asyncio.Queue[str | _Close] = asyncio.Queue(gw.settings.send_queue)
         self.tails: dict[str, asyncio.Task[None]] = {}
         self.owned: set[str] = set()
+        self.principal = Principal(None)  # set by websocket_endpoint
+        self.slot_of: dict[str, str] = {}  # stream id -> --max-streams-per-key bucket
         self._tokens = RATE_BURST
         self._refilled = time.monotonic()
         self._violations = 0
@@ -117,6 +120,8 @@ class Connection:
 
     async def send(self, frame: dict[str, Any]) -> None:
         """Queue a frame (waits while the send queue is full)."""
+        if frame.get("type") == "error":
+            self.gw.metrics.count_error(frame.get("code", "internal"), "ws")
         if not self._closing:
             await self.queue.put(p.encode(frame))
 
@@ -141,6 +146,9 @@ class Connection:
             try:
                 await self._handle(p.parse_frame(text, self.gw.limits))
             except p.ProtocolError as exc:
+                refused = {"code": exc.code, "request_id": exc.request_id,
+                           "stream_id": exc.stream_id, "reason": exc.message[:200]}  # fmt: skip
+                log.info("frame refused", extra=refused)
                 await self.send(exc.frame())
             except RedisUnavailable:
                 await self.send(p.error_frame("unavailable", "the stream store is unreachable"))
@@ -176,16 +184,28 @@ class Connection:
             raise p.ProtocolError(
                 "rate_limited", f"at most {limit} concurrent streams per socket", request_id=rid
             )
+        bucket = self._open_slot(rid, None)
         try:
+            await self.gw.guard.admit(self.principal)
             new = await self.gw.log.create(g.body(), rid)
-        except NoWorker as exc:
-            raise p.ProtocolError("unavailable", str(exc), request_id=rid) from None
-        except Overloaded as exc:
-            raise p.ProtocolError("overloaded", str(exc), request_id=rid) from None
-        except RedisUnavailable:
-            raise p.ProtocolError(
-                "unavailable", "the stream store is unreachable", request_id=rid
-            ) from None
+        except BaseException as exc:
+            self.gw.guard.close_stream(bucket)
+            if isinstance(exc, RateLimited):
+                raise p.ProtocolError(
+                    "rate_limited", str(exc), request_id=rid, retry_after=exc.retry_after
+                ) from None
+            if isinstance(exc, NoWorker):
+                raise p.ProtocolError("unavailable", str(exc), request_id=rid) from None
+            if isinstance(exc, Overloaded):
+                raise p.ProtocolError(
+                    "overloaded", str(exc), request_id=rid, retry_after=1
+                ) from None
+            if isinstance(exc, RedisUnavailable):
+                raise p.ProtocolError(
+                    "unavailable", "the stream store is unreachable", request_id=rid
+                ) from None
+            raise
+        self.slot_of[new.stream_id] = bucket
         self.owned.add(new.stream_id)
         log.info("generate", extra={"request_id": rid, "stream_id": new.stream_id})
         self._start_tail(new.stream_id, -1, new.attach_id, (rid, new.resume_token))
@@ -214,6 +234,7 @@ class Connection:
             raise p.ProtocolError(
                 "rate_limited", f"at most {limit} concurrent streams per socket", stream_id=sid
             )
+        self.slot_of[sid] = self._open_slot(None, sid)
         attach_id = None
         if info.status != "done":
             with contextlib.suppress(RedisUnavailable):
@@ -223,6 +244,15 @@ class Connection:
         log.info("resume", extra=extra)
         await self.send(p.resumed_frame(sid, r.after))
         self._start_tail(sid, r.after, attach_id, None)
+
+    def _open_slot(self, rid: str | None, sid: str | None) -> str:
+        """A ``--max-streams-per-key`` slot for a new tail, or a ``rate_limited`` error."""
+        try:
+            return self.gw.guard.open_stream(self.principal)
+        except TooManyStreams as exc:
+            raise p.ProtocolError(
+                "rate_limited", str(exc), request_id=rid, stream_id=sid, retry_after=1
+            ) from None
 
     async def _cancel(self, c: p.Cancel) -> None:
         sid = c.stream_id
@@ -264,7 +294,8 @@ class Connection:
     ) -> None:
         rid = started[0] if started else None
         try:
-            async with contextlib.aclosing(self.gw.log.tail(sid, after)) as events:
+            tail = self.gw.log.tail(sid, after, resumed=started is None)
+            async with contextlib.aclosing(tail) as events:
                 async for ev in events:
                     if ev.kind == "token":
                         await self.send(p.token_frame(sid, ev.seq, ev.text))
@@ -302,13 +333,31 @@ class Connection:
         finally:
             if self.tails.get(sid) is asyncio.current_task():
                 del self.tails[sid]
+            bucket = self.slot_of.pop(sid, None)
+            if bucket is not None:
+                self.gw.guard.close_stream(bucket)
             await self.gw.log.detach(sid, attach_id)
 
 
 async def websocket_endpoint(ws: WebSocket) -> None:
     """Starlette endpoint for ``/v1/ws``."""
     gw: Gateway = ws.app.state.gateway
+    address = ws.client.host if ws.client else "?"
+    origin = ws.headers.get("origin")
+    if not gw.guard.origins.allows(origin, ws.headers.get("host")):
+        log.info("websocket origin refused", extra={"origin": (origin or "")[:200],
+                                                    "client": address})  # fmt: skip
+        await ws.close(p.CLOSE_POLICY)  # before accept: the handshake gets a 403
+        return
+    try:
+        who = gw.guard.authenticate(ws.headers, ws.query_params, address)
+    except AuthError as exc:
+        await ws.accept()
+        await ws.send_text(p.encode(p.error_frame("unauthorized", str(exc))))
+        await ws.close(p.CLOSE_POLICY, "unauthorized")
+        return
     conn = Connection(ws, gw)
+    conn.principal = who
     gw.connections.add(conn)
     try:
         await conn.run()

@@ -2,7 +2,7 @@
 // TokenRelayClient, Stop / regenerate / copy, a connection indicator, and resume after a
 // reload (the in-flight stream's id, resume token, last seq and text are saved per token).
 // QA hooks (docs/client.md): `?debug=1`, `window.tokenrelay`, stable data-testid selectors.
-import { TokenRelayClient } from "./tokenrelay-client.js";
+import { TokenRelayClient, wsTokenFetcher } from "./tokenrelay-client.js";
 import { copyText, decorateCodeBlocks, renderMarkdown } from "./markdown.js";
 
 const KEY = {
@@ -167,7 +167,23 @@ function generationParams() {
 
 // --- client ------------------------------------------------------------------------------
 
-const client = new TokenRelayClient({});
+const API_KEY = "tokenrelay.apiKey"; // sessionStorage: asked once per tab, never in a URL
+const fetchToken = wsTokenFetcher(() => sessionStorage.getItem(API_KEY));
+
+/** A WebSocket token before every connect (null when the gateway has no API keys). */
+async function wsToken() {
+  try {
+    return await fetchToken();
+  } catch (err) {
+    if (err?.code !== "unauthorized") throw err;
+    const key = window.prompt("This gateway needs an API key:");
+    if (!key) throw err;
+    sessionStorage.setItem(API_KEY, key.trim());
+    return fetchToken();
+  }
+}
+
+const client = new TokenRelayClient({ token: wsToken });
 
 /** The answer being streamed now (one at a time). */
 /** @type {{stream: import("./tokenrelay-client.js").TokenRelayStream, record: Inflight}|null} */

@@ -75,6 +75,12 @@ export interface ClientOptions {
   maxRetries?: number;
   cancelTimeout?: number;
   autoConnect?: boolean;
+  /**
+   * For a gateway with API keys: a short-lived token from `POST /v1/ws-token` (sent as
+   * `?token=`), or a function called before every (re)connect that returns one (see
+   * `wsTokenFetcher`). Never a long-lived API key: URLs end up in logs.
+   */
+  token?: string | null | (() => string | null | Promise<string | null>);
   WebSocket?: typeof WebSocket;
   window?: Pick<EventTarget, "addEventListener" | "removeEventListener"> | null;
   navigator?: { onLine?: boolean } | null;
@@ -108,6 +114,16 @@ export declare function backoffDelay(
   options?: Pick<ClientOptions, "backoffInitial" | "backoffMax" | "backoffFactor" | "backoffJitter">,
   random?: () => number,
 ): number;
+
+/**
+ * A `token` option: trades an API key for a short-lived WebSocket token
+ * (`POST /v1/ws-token`) before every connect; null when the gateway needs no key.
+ * Rejects with an Error whose `code` is "unauthorized" for a missing or wrong key.
+ */
+export declare function wsTokenFetcher(
+  apiKey: string | null | (() => string | null | Promise<string | null>),
+  options?: { endpoint?: string; fetch?: typeof fetch },
+): () => Promise<string | null>;
 
 export declare function resolveEndpoint(endpoint: string | undefined | null, base?: string): string;
 

@@ -41,6 +41,10 @@ export const PROTOCOL_VERSION = 1;
  * @property {number} [cancelTimeout=5000] ms to wait for the server's `done` after cancel()
  *   before ending the stream locally as cancelled.
  * @property {boolean} [autoConnect=true] connect on the first generate()/resume().
+ * @property {string|null|(() => string|null|Promise<string|null>)} [token] credentials for
+ *   a gateway with API keys: a short-lived token (from `POST /v1/ws-token`) sent as
+ *   `?token=`, or a function called before every (re)connect that returns one, such as
+ *   {@link wsTokenFetcher}. Never pass a long-lived API key here: URLs end up in logs.
  * @property {typeof WebSocket} [WebSocket] WebSocket constructor (default: the global one).
  * @property {{addEventListener: Function, removeEventListener: Function}|null} [window]
  *   where `online`/`offline` events come from (default: `globalThis.window`; null: none).
@@ -65,6 +69,47 @@ export const DEFAULTS = Object.freeze({
 
 const WS_OPEN = 1;
 const WS_CONNECTING = 0;
+/**
+ * `url` with `?token=` set.
+ * @param {string} url @param {string} token
+ */
+function withToken(url, token) {
+  const u = new URL(url);
+  u.searchParams.set("token", token);
+  return u.toString();
+}
+
+/**
+ * A `token` option for {@link TokenRelayClient}: trades an API key for a short-lived
+ * WebSocket token with `POST /v1/ws-token` before every connect. Resolves to null when the
+ * gateway has no keys configured; rejects with an error whose `code` is "unauthorized" when
+ * the key is missing or wrong (the client then stops reconnecting).
+ * @param {string|null|(() => string|null|Promise<string|null>)} apiKey the key, or a function
+ *   returning it (e.g. read from sessionStorage)
+ * @param {{endpoint?: string, fetch?: typeof fetch}} [options]
+ * @returns {() => Promise<string|null>}
+ */
+export function wsTokenFetcher(apiKey, options = {}) {
+  const url = new URL(resolveEndpoint(options.endpoint));
+  url.protocol = url.protocol === "wss:" ? "https:" : "http:";
+  url.pathname = url.pathname.replace(/\/v1\/ws\/?$/, "/v1/ws-token");
+  url.search = "";
+  return async () => {
+    const doFetch = options.fetch ?? globalThis.fetch;
+    const key = typeof apiKey === "function" ? await apiKey() : apiKey;
+    /** @type {Record<string, string>} */
+    const headers = key ? { Authorization: `Bearer ${key}` } : {};
+    const resp = await doFetch(url.toString(), { method: "POST", headers });
+    if (!resp.ok) {
+      const err = new Error(`POST /v1/ws-token: HTTP ${resp.status}`);
+      /** @type {any} */ (err).code = resp.status === 401 ? "unauthorized" : "unavailable";
+      throw err;
+    }
+    const body = await resp.json();
+    return body.token ?? null;
+  };
+}
+
 /** Close codes after which reconnecting cannot help (policy violation). */
 const FATAL_CLOSE_CODES = new Set([1008]);
 
@@ -223,6 +268,7 @@ export class TokenRelayClient extends EventTarget {
     /** @private */ this._pingTimer = null;
     /** @private */ this._pongTimer = null;
     /** @private */ this._connectTimer = null;
+    /** @private a token request in flight (its generation), else 0 */ this._tokenPending = 0;
     /** @type {Set<TokenRelayStream>} @private */ this._streams = new Set();
     /** @type {Map<string, TokenRelayStream>} @private */ this._byRequest = new Map();
     /** @type {Map<string, TokenRelayStream>} @private */ this._byStream = new Map();
@@ -360,10 +406,40 @@ export class TokenRelayClient extends EventTarget {
   /** @private */
   _open() {
     this._retryTimer = null;
+    const source = this.options.token;
+    if (typeof source !== "function") {
+      this._openSocket(source || null);
+      return;
+    }
+    const pending = ++this._gen;
+    this._tokenPending = pending;
+    if (this._state === "idle" || this._state === "closed") this._setState("connecting");
+    Promise.resolve()
+      .then(() => source())
+      .then(
+        (token) => {
+          if (this._tokenPending !== pending) return;
+          this._tokenPending = 0;
+          if (!this._closedByUser && !this._ws) this._openSocket(token || null);
+        },
+        (/** @type {any} */ err) => {
+          if (this._tokenPending !== pending) return;
+          this._tokenPending = 0;
+          if (err && err.code === "unauthorized") {
+            this._fatal("unauthorized", String(err.message || err));
+          } else {
+            this._scheduleReconnect();
+          }
+        },
+      );
+  }
+
+  /** @private @param {string|null} token */
+  _openSocket(token) {
     const gen = ++this._gen;
     let ws;
     try {
-      ws = new this._WebSocket(this.url);
+      ws = new this._WebSocket(token ? withToken(this.url, token) : this.url);
     } catch (err) {
       this._scheduleReconnect();
       return;

@@ -264,3 +264,18 @@ def test_any_text_parses_or_gets_a_typed_error(text: str) -> None:
         p.parse_frame(text)
     except p.ProtocolError as exc:
         assert exc.code in p.ERROR_CODES
+
+
+def test_unpaired_surrogates_are_a_bad_request() -> None:
+    """Found by tests/gateway/test_fuzz.py: a lone surrogate once reached Redis (internal)."""
+    lone = '{"type": "generate", "prompt": "a\\ud8fe", "params": {"max_tokens": 1}}'
+    err = error_of(lone)
+    assert err.code == "bad_request" and "surrogate" in err.message
+    pair = parse({"type": "generate", "prompt": "\U0001f600"})  # escaped as a valid pair
+    assert isinstance(pair, p.Generate) and pair.prompt == "\U0001f600"
+
+
+def test_retry_after_in_error_frames() -> None:
+    frame = p.ProtocolError("rate_limited", "slow down", retry_after=0.2).frame()
+    assert frame["retry_after"] == 1
+    assert "retry_after" not in p.error_frame("bad_request", "x")

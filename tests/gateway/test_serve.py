@@ -59,7 +59,9 @@ async def test_serve_runs_all_three_and_stops_cleanly(tmp_path: Path) -> None:
         frames = await c.recv_until(lambda f: f["type"] in ("done", "error"), 120)
         assert frames[0]["type"] == "started" and frames[-1]["type"] == "done"
         serve.signal(signal.SIGTERM)
-        with pytest.raises(ConnectionClosed) as info:  # shutdown: close code 1001
+        notice = await c.recv(30)  # the drain notice, then close code 1001
+        assert notice["type"] == "notice" and notice["code"] == "shutting_down", notice
+        with pytest.raises(ConnectionClosed) as info:
             await c.recv(30)
         assert info.value.rcvd is not None and info.value.rcvd.code == 1001
         serve.proc.wait(30)

@@ -22,7 +22,7 @@ from gateway.streamlog import (
     StreamLog,
     StreamNotFound,
 )
-from gateway.tailer import BUFFER_LIMIT
+from gateway.tailer import BUFFER_LIMIT, Subscription
 from gateway.workerlog import Batch, WorkerLog
 
 BODY = {"prompt": "hi", "params": {"max_tokens": 4}}
@@ -279,6 +279,45 @@ async def test_slow_subscriber_is_bounded_and_does_not_stall_others(
         assert got == list(range(1, 1501))
     finally:
         slog.tailer.unsubscribe(slow)
+
+
+async def test_subscribers_joining_behind_a_live_reader_see_no_gap(
+    slog: StreamLog, wlog: WorkerLog
+) -> None:
+    """A reply read for a reader further ahead must not reach one that joined behind it."""
+    sid, _ = await start_stream(slog, wlog)
+    total = 3000
+    lead = slog.tailer.subscribe(sid, 0)
+
+    def writer() -> None:
+        for first in range(1, total + 1, 3):
+            write_tokens(wlog, sid, first, ["x"] * min(3, total + 1 - first))
+            time.sleep(0.0005)
+
+    async def follow(sub: Subscription, after: int) -> None:
+        got: list[int] = []
+        try:
+            while not got or got[-1] < total:
+                got += [e.seq for e in await asyncio.wait_for(sub.get(), 5)]
+        finally:
+            slog.tailer.unsubscribe(sub)
+        assert got == list(range(after + 1, total + 1))
+
+    async def join_late() -> None:
+        rng = random.Random(3)
+        for _ in range(60):
+            await asyncio.sleep(rng.random() * 0.02)
+            behind = max(0, lead.last_seq - rng.randint(1, 40))
+            joined.append(asyncio.create_task(follow(slog.tailer.subscribe(sid, behind), behind)))
+
+    joined: list[asyncio.Task[None]] = []
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        await asyncio.gather(follow(lead, 0), join_late())
+        await asyncio.gather(*joined)
+    finally:
+        thread.join()
 
 
 async def test_redis_outage_and_recovery(tmp_path, prefix: str) -> None:  # type: ignore[no-untyped-def]

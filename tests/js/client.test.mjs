@@ -7,6 +7,7 @@ import {
   DEFAULTS,
   resolveEndpoint,
   TokenRelayClient,
+  wsTokenFetcher,
 } from "../../static/tokenrelay-client.js";
 import { FakeClock, FakeServer, FakeWebSocket, fakeWindow, record } from "./helpers.mjs";
 
@@ -589,5 +590,75 @@ describe("transient store errors", () => {
     const stream = client.generate({ ...ask, requestId: "r" });
     ws.push({ type: "error", code: "unavailable", message: "no engine worker", request_id: "r" });
     assert.equal((await stream.finished).error.code, "unavailable");
+  });
+});
+
+describe("auth tokens", () => {
+  const flush = () => new Promise((resolve) => setTimeout(resolve, 0));
+
+  test("a token string goes on the URL as ?token=", () => {
+    makeClient({ token: "v1.abc.9.n.sig" }).connect();
+    const url = new URL(FakeWebSocket.last().url);
+    assert.equal(url.pathname, "/v1/ws");
+    assert.equal(url.searchParams.get("token"), "v1.abc.9.n.sig");
+  });
+
+  test("a token function is called before every connect", async () => {
+    let calls = 0;
+    const client = makeClient({ token: async () => `t${++calls}` });
+    client.connect();
+    assert.equal(FakeWebSocket.instances.length, 0); // waiting for the token
+    await flush();
+    assert.equal(new URL(FakeWebSocket.last().url).searchParams.get("token"), "t1");
+    server.connect(FakeWebSocket.last());
+    FakeWebSocket.last().drop(1006, "network");
+    clock.tick(10_000);
+    await flush();
+    assert.equal(calls, 2);
+    assert.equal(new URL(FakeWebSocket.last().url).searchParams.get("token"), "t2");
+  });
+
+  test("a null token (gateway without keys) connects without one", async () => {
+    makeClient({ token: async () => null }).connect();
+    await flush();
+    assert.equal(new URL(FakeWebSocket.last().url).search, "");
+  });
+
+  test("an unauthorized token fetch ends the client; other failures retry", async () => {
+    const denied = Object.assign(new Error("no key"), { code: "unauthorized" });
+    const client = makeClient({ token: async () => Promise.reject(denied) });
+    const stream = client.generate(ask);
+    await flush();
+    assert.equal(client.state, "closed");
+    assert.equal((await stream.finished).error.code, "unauthorized");
+    let n = 0;
+    const flaky = makeClient({
+      token: async () => {
+        n += 1;
+        if (n === 1) throw new Error("network");
+        return "ok";
+      },
+    });
+    flaky.connect();
+    await flush();
+    assert.equal(flaky.state, "reconnecting");
+    clock.tick(10_000);
+    await flush();
+    assert.equal(new URL(FakeWebSocket.last().url).searchParams.get("token"), "ok");
+  });
+
+  test("wsTokenFetcher trades the key at POST /v1/ws-token", async () => {
+    const seen = [];
+    const fetch = async (url, init) => {
+      seen.push({ url, init });
+      if (init.headers.Authorization !== "Bearer sk-1") return { ok: false, status: 401 };
+      return { ok: true, status: 200, json: async () => ({ token: "tok" }) };
+    };
+    const get = wsTokenFetcher(() => "sk-1", { endpoint: "https://gw.test/base/v1/ws", fetch });
+    assert.equal(await get(), "tok");
+    assert.equal(seen[0].url, "https://gw.test/base/v1/ws-token");
+    assert.equal(seen[0].init.method, "POST");
+    const bad = wsTokenFetcher("sk-2", { endpoint: "http://gw.test/", fetch });
+    await assert.rejects(bad(), (err) => err.code === "unauthorized");
   });
 });
