@@ -186,6 +186,8 @@ export interface ClientEventMap {
     message?: string;
   }>;
   open: CustomEvent<{ hello: Record<string, unknown> }>;
+  /** Information from the gateway, e.g. `shutting_down` while it drains (see docs/protocol.md). */
+  notice: CustomEvent<{ code: string; message: string; drainS: number | null }>;
   resumed: CustomEvent<{ stream: TokenRelayStream; after: number }>;
   "heartbeat-timeout": CustomEvent<Record<string, never>>;
   error: CustomEvent<{ code: string; message: string; frame: Record<string, unknown> }>;

@@ -712,6 +712,13 @@ export class TokenRelayClient extends EventTarget {
         return;
       case "pong":
         return;
+      case "notice":
+        // e.g. {"code":"shutting_down","drain_s":30}: the gateway is draining; the socket
+        // closes with 1001 later and the client resumes its streams elsewhere on its own
+        this.dispatchEvent(
+          event("notice", { code: f.code, message: f.message ?? "", drainS: f.drain_s ?? null }),
+        );
+        return;
       case "started": {
         const s = this._byRequest.get(f.request_id);
         if (!s || s.closed || s.streamId) return;

@@ -110,6 +110,19 @@ describe("streaming", () => {
     assert.equal(client.streams.length, 0);
   });
 
+  test("a notice frame becomes a notice event and changes nothing else", () => {
+    const client = connected();
+    const stream = client.generate(ask);
+    const notices = [];
+    client.addEventListener("notice", (e) => notices.push(e.detail));
+    const ws = FakeWebSocket.last();
+    ws.push({ type: "notice", code: "shutting_down", message: "draining", drain_s: 30 });
+    assert.deepEqual(notices, [{ code: "shutting_down", message: "draining", drainS: 30 }]);
+    assert.equal(client.state, "open");
+    server.finish(server.onlyStreamId());
+    assert.equal(stream.state, "done");
+  });
+
   test("started carries the stream id and resume token", () => {
     const client = connected();
     const stream = client.generate(ask);
