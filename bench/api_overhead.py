@@ -29,7 +29,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import shutil
 import signal
 import socket
@@ -42,6 +41,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.common import machine, write_docs_section  # noqa: E402
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -56,19 +57,6 @@ TOPICS = (
     "lighthouses", "comets", "tea", "maps", "coral", "violins", "deserts",
 )  # fmt: skip
 SECTION = "## HTTP API overhead"
-
-
-def machine() -> str:
-    name = platform.processor() or "unknown CPU"
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                name = line.split(":", 1)[1].strip()
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{name}, {cores} cores"
 
 
 def messages(i: int) -> list[dict[str, str]]:
@@ -305,19 +293,6 @@ def table(engine: dict[int, Level], api: dict[int, Level]) -> str:
     return head + "\n".join(rows) + "\n"
 
 
-def write_docs(text: str) -> None:
-    path = ROOT / "docs" / "benchmarks.md"
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    start = old.find(SECTION + "\n")
-    if start < 0:
-        new = old.rstrip("\n") + "\n\n" + text
-    else:
-        end = old.find("\n## ", start + len(SECTION))
-        new = old[:start] + text + (old[end + 1 :] if end >= 0 else "")
-    path.write_text(new)
-    print(f"updated {path}")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="1 and 8 streams, 16 tokens each")
@@ -374,7 +349,7 @@ def main() -> int:
     print()
     print(report)
     if args.write_docs:
-        write_docs(report)
+        write_docs_section(SECTION, report)
     return 0
 
 

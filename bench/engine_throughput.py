@@ -22,10 +22,8 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -33,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.common import load_average, machine
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -63,26 +63,6 @@ class Result:
     @property
     def total_tok_s(self) -> float:
         return (self.output_tokens + self.prompt_tokens) / self.seconds
-
-
-def machine() -> str:
-    name = platform.processor() or "unknown CPU"
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                name = line.split(":", 1)[1].strip()
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{name}, {cores} cores"
-
-
-def load_average() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
 
 
 def make_prompts(engine: Any, n: int, lo: int, hi: int, seed: int) -> list[list[int]]:

@@ -47,10 +47,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
 import httpx  # noqa: E402
 from websockets.asyncio.client import ClientConnection, connect  # noqa: E402
 
+from bench.common import machine, write_docs_section  # noqa: E402
 from bench.token_source import backlog_stream, parse_stamp  # noqa: E402
 from gateway.redis_server import EmbeddedRedis  # noqa: E402
 from gateway.workerlog import WorkerLog  # noqa: E402
@@ -62,17 +62,6 @@ CONNECT_CONCURRENCY = 64
 
 
 # --- machine and /proc ------------------------------------------------------------
-
-
-def machine() -> str:
-    name = platform.processor() or "unknown CPU"
-    with contextlib.suppress(OSError, subprocess.CalledProcessError):
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                name = line.split(":", 1)[1].strip()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{name}, {cores} cores"
 
 
 def cpu_seconds(pid: int) -> float:
@@ -464,19 +453,6 @@ def verdicts(results: list[LevelResult]) -> list[str]:
     return out
 
 
-def write_docs(text: str) -> None:
-    path = ROOT / "docs" / "benchmarks.md"
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    start = old.find(SECTION + "\n")
-    if start < 0:
-        new = old.rstrip("\n") + "\n\n" + text
-    else:
-        end = old.find("\n## ", start + len(SECTION))
-        new = old[:start] + text + (old[end + 1 :] if end >= 0 else "")
-    path.write_text(new)
-    print(f"updated {path}")
-
-
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     levels = [int(x) for x in args.levels.split(",")]
     events = max(1, round(args.seconds * args.rate))
@@ -603,7 +579,7 @@ def main() -> int:
             )
         )
     if args.write_docs:
-        write_docs(report)
+        write_docs_section(SECTION, report)
     return 0
 
 

@@ -40,7 +40,6 @@ import json
 import os
 import platform
 import random
-import subprocess
 import sys
 import tempfile
 import threading
@@ -52,6 +51,8 @@ from typing import Any
 
 T0 = time.monotonic()
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.common import machine  # noqa: E402
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -135,19 +136,6 @@ def log(msg: str) -> None:
     print(f"[{elapsed():6.1f}s] {msg}", file=sys.stderr, flush=True)
 
 
-def cpu_name() -> str:
-    name = platform.processor() or "unknown CPU"
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                name = line.split(":", 1)[1].strip()
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{name}, {cores} cores"
-
-
 def machine_info(device: Any) -> dict[str, Any]:
     import torch
     import transformers
@@ -157,7 +145,7 @@ def machine_info(device: Any) -> dict[str, Any]:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "cuda": torch.version.cuda,
-        "cpu": cpu_name(),
+        "cpu": machine(),
         "device": str(device),
         "flash_attn": importlib.util.find_spec("flash_attn") is not None,
     }

@@ -24,7 +24,7 @@ import json
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import (
@@ -91,11 +91,23 @@ HISTOGRAMS = {
 }
 
 
+F = TypeVar("F", GaugeMetricFamily, CounterMetricFamily)
+
+
 def _num(stats: Mapping[str, Any], key: str) -> float | None:
     value = stats.get(key)
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value)
+
+
+def _per_worker(family: F, workers: Mapping[str, Mapping[str, Any]], key: str) -> F:
+    """``family`` with one sample per worker whose stats hold a number under ``key``."""
+    for wid, stats in workers.items():
+        value = _num(stats, key)
+        if value is not None:
+            family.add_metric([wid], value)
+    return family
 
 
 @dataclass
@@ -216,12 +228,7 @@ class _Collector(Collector):
     def _workers(self) -> Iterator[Metric]:
         workers = self.metrics.view.workers
         for name, (doc, key) in WORKER_GAUGES.items():
-            g = GaugeMetricFamily(NS + name, doc, labels=["worker_id"])
-            for wid, stats in workers.items():
-                value = _num(stats, key)
-                if value is not None:
-                    g.add_metric([wid], value)
-            yield g
+            yield _per_worker(GaugeMetricFamily(NS + name, doc, labels=["worker_id"]), workers, key)
         used = GaugeMetricFamily(
             NS + "kv_blocks_used", "KV-cache blocks in use.", labels=["worker_id"]
         )
@@ -249,11 +256,7 @@ class _Collector(Collector):
         yield draining
         for name, (doc, key) in WORKER_COUNTERS.items():
             c = CounterMetricFamily(NS + name, doc, labels=["worker_id"])
-            for wid, stats in workers.items():
-                value = _num(stats, key)
-                if value is not None:
-                    c.add_metric([wid], value)
-            yield c
+            yield _per_worker(c, workers, key)
         finished = CounterMetricFamily(
             NS + "requests_finished",
             "Streams the worker ended, by finish_reason.",
