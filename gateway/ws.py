@@ -185,26 +185,26 @@ class Connection:
                 "rate_limited", f"at most {limit} concurrent streams per socket", request_id=rid
             )
         bucket = self._open_slot(rid, None)
+        created = False
         try:
             await self.gw.guard.admit(self.principal)
             new = await self.gw.log.create(g.body(), rid)
-        except BaseException as exc:
-            self.gw.guard.close_stream(bucket)
-            if isinstance(exc, RateLimited):
-                raise p.ProtocolError(
-                    "rate_limited", str(exc), request_id=rid, retry_after=exc.retry_after
-                ) from None
-            if isinstance(exc, NoWorker):
-                raise p.ProtocolError("unavailable", str(exc), request_id=rid) from None
-            if isinstance(exc, Overloaded):
-                raise p.ProtocolError(
-                    "overloaded", str(exc), request_id=rid, retry_after=1
-                ) from None
-            if isinstance(exc, RedisUnavailable):
-                raise p.ProtocolError(
-                    "unavailable", "the stream store is unreachable", request_id=rid
-                ) from None
-            raise
+            created = True
+        except RateLimited as exc:
+            raise p.ProtocolError(
+                "rate_limited", str(exc), request_id=rid, retry_after=exc.retry_after
+            ) from None
+        except NoWorker as exc:
+            raise p.ProtocolError("unavailable", str(exc), request_id=rid) from None
+        except Overloaded as exc:
+            raise p.ProtocolError("overloaded", str(exc), request_id=rid, retry_after=1) from None
+        except RedisUnavailable:
+            raise p.ProtocolError(
+                "unavailable", "the stream store is unreachable", request_id=rid
+            ) from None
+        finally:
+            if not created:  # the slot goes back whatever went wrong
+                self.gw.guard.close_stream(bucket)
         self.slot_of[new.stream_id] = bucket
         self.owned.add(new.stream_id)
         log.info("generate", extra={"request_id": rid, "stream_id": new.stream_id})
