@@ -282,8 +282,10 @@ async def run_level(
     gw_pid: int,
     gw_port: int,
     logs: Path,
+    groups: int = 1,
 ) -> LevelResult:
     common = ["--streams", str(n), "--rate", str(rate), "--events", str(events)]
+    common += ["--groups", str(groups)]
     if server == "gateway":
         child = Child(
             ["redis", "--redis-url", redis.url, "--prefix", PREFIX, *common], logs / "src.log"
@@ -411,7 +413,7 @@ def level_table(results: list[LevelResult]) -> str:
     return "\n".join(rows)
 
 
-def verdicts(results: list[LevelResult]) -> list[str]:
+def verdicts(results: list[LevelResult], groups: int = 1) -> list[str]:
     out = []
     bare = {r.streams: r for r in results if r.server == "bare"}
     for r in results:
@@ -441,7 +443,7 @@ def verdicts(results: list[LevelResult]) -> list[str]:
                 "core; the clients may be part of the bottleneck"
             )
     for r in results:
-        tick_ms = 1000 / r.rate
+        tick_ms = 1000 / r.rate / groups  # each group's hand-over has this long
         if r.source_ms[0] > tick_ms:
             who = "token source's pipelined append" if r.server == "gateway" else (
                 "bare server's sends")  # fmt: skip
@@ -466,7 +468,15 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         for n in levels:
             for server in ("bare", "gateway"):
                 r = await run_level(
-                    server, n, args.rate, events, redis=redis, gw_pid=gw.pid, gw_port=port, logs=tmp
+                    server,
+                    n,
+                    args.rate,
+                    events,
+                    redis=redis,
+                    gw_pid=gw.pid,
+                    gw_port=port,
+                    logs=tmp,
+                    groups=args.groups,
                 )
                 print(
                     f"{n} streams, {server}: {r.events_per_s:,.0f} events/s, "
@@ -501,6 +511,12 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=None, help="streaming time per level (10)")
     ap.add_argument("--backlog", type=int, default=2000, help="events in the resumed stream")
     ap.add_argument("--resume-reps", type=int, default=None, help="resume repetitions (7)")
+    ap.add_argument(
+        "--groups",
+        type=int,
+        default=1,
+        help="split the streams over G simulated engine workers with staggered steps (1)",
+    )
     ap.add_argument("--json", default=None, help="also write the results here (JSON)")
     ap.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md")
     args = ap.parse_args()
@@ -520,7 +536,7 @@ def main() -> int:
         f"| {'yes' if not out['resume_errors'] else 'no'} |"
     )
     cmd = "python bench/gateway.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    notes = verdicts(results)
+    notes = verdicts(results, args.groups)
     cores = len(os.sched_getaffinity(0))
     if max(load_before, load_after) > cores:
         notes.append(
@@ -528,6 +544,13 @@ def main() -> int:
             "cores: processes were waiting for CPU, so the CPU % columns show each one's "
             "share of a contended machine and the timings are pessimistic"
         )
+    in_step = (
+        "all streams in step (one simulated engine worker, all its sequences advancing in "
+        "the same step)"
+        if args.groups == 1
+        else f"the streams split over {args.groups} simulated engine workers whose steps are "
+        "evenly staggered over the tick"
+    )
     report = (
         f"{SECTION}\n\n"
         f"`{cmd.strip()}` on {machine()} ({time.strftime('%Y-%m-%d')}); Python "
@@ -535,10 +558,10 @@ def main() -> int:
         f"{load_after:.1f} after: the machine is shared, and the gateway, redis-server, "
         "the token source and the clients all run on it.\n\n"
         f"Each level streams {out['events']} token events per stream at {args.rate:g} "
-        "tokens/s per stream, all streams in step. *gateway*: a `tokenrelay gateway` "
+        f"tokens/s per stream, {in_step}. *gateway*: a `tokenrelay gateway` "
         "process on an embedded redis-server; the token source (bench/token_source.py, a "
-        "load-test tool) appends one event to every stream per tick in one pipelined "
-        "round trip, as an engine worker does per step. *bare*: a bare `websockets` server "
+        "load-test tool) appends one event to every stream of a worker per step in one "
+        "pipelined round trip, as an engine worker does. *bare*: a bare `websockets` server "
         "process pushing the same frames at the same rate, no Redis, no Starlette: the "
         "ceiling. Clients: one asyncio process with the `websockets` client, one socket "
         "per stream, each resuming its stream (`after: 0`) before the first token. Events/s: "

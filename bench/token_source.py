@@ -15,8 +15,13 @@ between that moment and its receipt. Both run as child processes driven over
 stdin/stdout by bench/gateway.py: they print one JSON line when ready, wait for
 a ``go`` line, stream, and print one JSON line of stats.
 
-    python bench/token_source.py redis --redis-url URL --streams N --rate R --events E
-    python bench/token_source.py bare --streams N --rate R --events E
+    python bench/token_source.py redis --redis-url URL --streams N --rate R --events E [--groups G]
+    python bench/token_source.py bare --streams N --rate R --events E [--groups G]
+
+``--groups G`` splits the streams over G simulated engine workers whose steps
+are evenly staggered over a tick (group g hands over g/G of a tick after group
+0), as several unsynchronised workers feeding one gateway do; with the default
+of 1, every stream advances in the same step.
 """
 
 from __future__ import annotations
@@ -121,6 +126,11 @@ def pace(start: float, tick: int, rate: float) -> None:
         time.sleep(delay)
 
 
+def split(items: list[Any], groups: int) -> list[list[Any]]:
+    """``items`` in ``groups`` interleaved groups (a group per simulated engine worker)."""
+    return [g for g in (items[i::groups] for i in range(groups)) if g]
+
+
 def heartbeat(url: str, prefix: str, stop: threading.Event) -> None:
     """Keep the source's worker heartbeat alive (else gateways end its streams as orphaned)."""
     beat = WorkerLog(url, SOURCE_ID, prefix=prefix)
@@ -151,17 +161,20 @@ def stream_for(wlog: WorkerLog, args: argparse.Namespace) -> None:
     emit({"streams": streams, "pid": os.getpid()})
     wait_go()
     sids = [sid for sid, _ in streams]
+    groups = split(sids, args.groups)
     flush_ms: list[float] = []
     start = time.monotonic()
     for seq in range(1, args.events + 1):
-        pace(start, seq - 1, args.rate)
-        t = time.time()  # the worker's step ends: its events go to Redis now
-        fields = [schema.token_fields(stamp_text(t))]
-        res = wlog.flush([Batch(sid, seq, fields) for sid in sids])
-        flush_ms.append((time.time() - t) * 1000)
-        bad = [(sid, r) for sid, r in zip(sids, res, strict=True) if r.status != 1]
-        if bad:
-            raise SystemExit(f"append failed at seq {seq} for {len(bad)} streams: {bad[:3]}")
+        for g, group in enumerate(groups):
+            # group g is a worker whose steps end g/len(groups) of a tick after group 0's
+            pace(start, (seq - 1) * len(groups) + g, args.rate * len(groups))
+            t = time.time()  # the worker's step ends: its events go to Redis now
+            fields = [schema.token_fields(stamp_text(t))]
+            res = wlog.flush([Batch(sid, seq, fields) for sid in group])
+            flush_ms.append((time.time() - t) * 1000)
+            bad = [(sid, r) for sid, r in zip(group, res, strict=True) if r.status != 1]
+            if bad:
+                raise SystemExit(f"append failed at seq {seq} for {len(bad)} streams: {bad[:3]}")
     finish_streams(wlog, sids, args.events, args.stream_ttl)
     emit({"ticks": args.events, "wall_s": time.monotonic() - start, "flush_ms": flush_ms})
 
@@ -200,18 +213,21 @@ async def run_bare(args: argparse.Namespace) -> None:
         await loop.run_in_executor(None, wait_go)
         await asyncio.wait_for(all_in.wait(), 30)
         pairs = list(conns.items())
+        groups = split(pairs, args.groups)
         flush_ms: list[float] = []
         start = time.monotonic()
         for seq in range(1, args.events + 1):
-            delay = start + (seq - 1) / args.rate - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            t = time.time()
-            text = stamp_text(t)
-            for sid, ws in pairs:
-                msg = frame({"type": "token", "stream_id": sid, "seq": seq, "text": text})
-                await ws.send(msg)
-            flush_ms.append((time.time() - t) * 1000)
+            for g, group in enumerate(groups):
+                slot = (seq - 1) * len(groups) + g
+                delay = start + slot / (args.rate * len(groups)) - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                t = time.time()
+                text = stamp_text(t)
+                for sid, ws in group:
+                    msg = frame({"type": "token", "stream_id": sid, "seq": seq, "text": text})
+                    await ws.send(msg)
+                flush_ms.append((time.time() - t) * 1000)
         for sid, ws in pairs:
             done = {
                 "type": "done",
@@ -239,7 +255,15 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=20.0, help="tokens per second per stream")
     ap.add_argument("--events", type=int, required=True, help="token events per stream")
     ap.add_argument("--stream-ttl", type=float, default=600.0)
+    ap.add_argument(
+        "--groups",
+        type=int,
+        default=1,
+        help="streams split over this many simulated workers, their steps evenly staggered",
+    )
     args = ap.parse_args()
+    if args.groups < 1:
+        ap.error("--groups must be at least 1")
     if args.mode == "redis":
         if not args.redis_url:
             ap.error("redis mode needs --redis-url")

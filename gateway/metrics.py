@@ -203,6 +203,10 @@ class _Collector(Collector):
                 len(slog.attachments.tracked),
             ),
             "gateway_draining": ("1 while this gateway drains for shutdown.", gw.shutting_down),
+            "live_feed_up": (
+                "1 while this gateway is subscribed to the live feed of appends.",
+                slog.tailer.feed.up,
+            ),
             "redis_up": ("1 when the last scrape could read Redis.", view.redis_up),
             "workers": ("Engine workers with a live heartbeat.", len(view.workers)),
         }
@@ -221,6 +225,14 @@ class _Collector(Collector):
             ),
             "cancel_requests": ("Cancels accepted for unfinished streams.", slog.cancels),
             "disconnects": ("Clients that left a stream before its end.", slog.disconnects),
+            "live_feed_messages": (
+                "Messages of the live feed of appends received by this gateway.",
+                slog.tailer.feed.messages,
+            ),
+            "catch_up_reads": (
+                "Reads of stream logs for subscribers behind the live feed (XREAD calls).",
+                slog.tailer.catch_up_reads,
+            ),
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(NS + name, doc, value=float(value))

@@ -296,9 +296,13 @@ def _parse_params(raw: Any, limits: Limits, fail: Any) -> SamplingParams:
 # --- server frames ---------------------------------------------------------
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+_json_str = json.encoder.encode_basestring  # a JSON string literal, non-ASCII kept as is
+
+
 def encode(frame: dict[str, Any]) -> str:
     """Serialise a server frame (compact JSON, UTF-8 kept as is)."""
-    return json.dumps(frame, separators=(",", ":"), ensure_ascii=False)
+    return _ENCODER.encode(frame)
 
 
 def hello_frame(heartbeat_s: float, *, max_frame_bytes: int, server: str) -> dict[str, Any]:
@@ -325,6 +329,14 @@ def started_frame(
 
 def token_frame(stream_id: str, seq: int, text: str) -> dict[str, Any]:
     return {"type": "token", "stream_id": stream_id, "seq": seq, "text": text}
+
+
+def encode_token(stream_id: str, seq: int, text: str) -> str:
+    """``encode(token_frame(...))``, built directly: the one frame sent per token."""
+    return (
+        f'{{"type":"token","stream_id":{_json_str(stream_id)},'
+        f'"seq":{int(seq)},"text":{_json_str(text)}}}'
+    )
 
 
 def done_frame(

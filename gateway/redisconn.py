@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
 
 import redis
 import redis.asyncio as aioredis
@@ -41,26 +40,32 @@ def is_outage(exc: BaseException) -> bool:
     return False
 
 
+POOL_WAIT = 5.0  # seconds a call may wait for a free pooled connection
+
+
 def _retry() -> Retry:
     return Retry(ConstantBackoff(0.05), retries=1)
 
 
 def connect_async(
-    url: str, *, socket_timeout: float | None = 5.0, max_connections: int | None = None
+    url: str, *, socket_timeout: float | None = 5.0, max_connections: int = 256
 ) -> aioredis.Redis:
-    """An asyncio client (connection pool) for ``url``."""
-    kwargs: dict[str, Any] = {}
-    if max_connections is not None:
-        kwargs["max_connections"] = max_connections
-    return aioredis.Redis.from_url(
+    """An asyncio client for ``url``: a pool of up to ``max_connections`` connections.
+
+    When all are busy (a burst of resumes), a call waits for one, up to
+    ``POOL_WAIT`` seconds, instead of failing at once as redis-py's default pool does.
+    """
+    pool = aioredis.BlockingConnectionPool.from_url(
         url,
         protocol=2,
         socket_connect_timeout=1.0,
         socket_timeout=socket_timeout,
         retry=_retry(),
         health_check_interval=0,
-        **kwargs,
+        max_connections=max_connections,
+        timeout=POOL_WAIT,
     )
+    return aioredis.Redis.from_pool(pool)
 
 
 def connect_sync(url: str, *, socket_timeout: float | None = 5.0) -> redis.Redis:

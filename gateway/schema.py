@@ -15,6 +15,8 @@ Key layout (``P`` is the key prefix, ``tr:`` by default):
 - ``P m:{stream_id}``: the stream's metadata hash (see :class:`Meta`).
 - ``P a:{stream_id}``: sorted set of attached clients (member = attachment
   id, score = expiry in Redis server milliseconds).
+- ``P events``: a pub/sub channel on which every append is published as
+  it lands (:func:`decode_published`), so gateways need not poll the logs.
 - ``P w:{worker_id}``: a worker's heartbeat hash (stats), expiring after a
   few seconds unless refreshed; ``P workers`` is the set of worker ids.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import re
 import secrets
 from dataclasses import dataclass
@@ -49,6 +52,7 @@ class Keys:
         self.requests = prefix + "requests"
         self.control = prefix + "control"
         self.workers = prefix + "workers"
+        self.events = prefix + "events"  # pub/sub channel: every append, as it lands
 
     def stream(self, stream_id: str) -> str:
         return f"{self.prefix}s:{stream_id}"
@@ -95,7 +99,7 @@ def seq_of(entry_id: bytes | str) -> int:
 ACCEPTED, TOKEN, DONE, REJECTED = "a", "t", "d", "x"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Event:
     """One entry of a stream's log, decoded.
 
@@ -124,10 +128,14 @@ def _s(value: Any) -> str:
 
 def decode_event(eid: bytes | str, fields: dict[Any, Any]) -> Event:
     """Build an :class:`Event` from one stream entry (bytes or str fields)."""
-    f = {_s(k): _s(v) for k, v in fields.items()}
+    return event_from_fields(seq_of(eid), {_s(k): _s(v) for k, v in fields.items()})
+
+
+def event_from_fields(seq: int, f: dict[str, str]) -> Event:
+    """Build the :class:`Event` with seq ``seq`` from its stored fields."""
     kind = _KIND_NAMES.get(f.get("k", ""), "unknown")
     return Event(
-        seq=seq_of(eid),
+        seq=seq,
         kind=kind,
         text=f.get("x", ""),
         finish_reason=f.get("r"),
@@ -160,84 +168,133 @@ def done_fields(
     return out
 
 
-# KEYS: stream, meta.  ARGV: first_seq, maxlen, done_ttl_s, n_events,
-#   then per event: n_field_values, f1, v1, ...; then n_meta_values, m1, v1, ...
-# Appends the events with ids first_seq.. only if the log ends at first_seq-1
-# and the stream is not done. A done event (k=d) marks the meta done (st, last,
-# fr) and sets the TTL of the stream, its meta and its attachments to
-# done_ttl_s. Returns:
+# KEYS: per stream: its log, meta and attach keys (3 per stream).
+# ARGV: channel ('' = publish nothing), maxlen, n_streams, then per stream:
+#   stream_id, first_seq, done_ttl_s, n_events, per event: n_field_values,
+#   f1, v1, ...; then n_meta_values, m1, v1, ...
+# For each stream: appends its events with ids first_seq.. only if the log
+# ends at first_seq-1 and the stream is not done. A done event (k=d) marks the
+# meta done (st, last, fr) and sets the TTL of the stream, its meta and its
+# attachments to done_ttl_s. Returns one answer per stream:
 #   {1, last_seq}                 written
 #   {0, last_seq, top fields...}  the log does not end at first_seq-1
 #   {-1}                          unknown or expired stream (no meta)
 #   {-2, last_seq, top fields...} the stream is already done
+# Then publishes what was written, as one message on the channel (see
+# decode_published): gateways deliver live events from it without reading
+# every log. The log stays the truth; the message is only a fast path.
 APPEND_LUA = """
-if redis.call('EXISTS', KEYS[2]) == 0 then return {-1} end
-local last = -1
-local topf = {}
-local top = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-if #top > 0 then
-  last = tonumber(string.match(top[1][1], '^(%d+)'))
-  topf = top[1][2]
-end
-local function answer(code)
-  local out = {code, last}
-  for i = 1, #topf do out[#out + 1] = topf[i] end
-  return out
-end
-if redis.call('HGET', KEYS[2], 'st') == 'done' then return answer(-2) end
-local seq = tonumber(ARGV[1])
-if last ~= seq - 1 then return answer(0) end
+local channel = ARGV[1]
 local maxlen = ARGV[2]
-local ttl = tonumber(ARGV[3])
-local n = tonumber(ARGV[4])
-local i = 5
-local finished = false
-local reason = ''
-for _ = 1, n do
-  local nf = tonumber(ARGV[i])
-  local args = {'XADD', KEYS[1], 'MAXLEN', '~', maxlen, seq .. '-1'}
-  for j = 1, nf do args[#args + 1] = ARGV[i + j] end
-  for j = 1, nf, 2 do
-    if ARGV[i + j] == 'k' and ARGV[i + j + 1] == 'd' then finished = true end
-    if ARGV[i + j] == 'r' then reason = ARGV[i + j + 1] end
+local nstreams = tonumber(ARGV[3])
+local i = 4
+local answers = {}
+local published = {}
+for s = 1, nstreams do
+  local klog, kmeta, kattach = KEYS[3 * s - 2], KEYS[3 * s - 1], KEYS[3 * s]
+  local sid = ARGV[i]
+  local first = tonumber(ARGV[i + 1])
+  local ttl = tonumber(ARGV[i + 2])
+  local n = tonumber(ARGV[i + 3])
+  local ev_at = i + 4
+  local j = ev_at
+  for _ = 1, n do j = j + tonumber(ARGV[j]) + 1 end
+  local meta_at = j
+  i = meta_at + tonumber(ARGV[meta_at]) + 1
+  if redis.call('EXISTS', kmeta) == 0 then
+    answers[s] = {-1}
+  else
+    local last = -1
+    local topf = {}
+    local top = redis.call('XREVRANGE', klog, '+', '-', 'COUNT', 1)
+    if #top > 0 then
+      last = tonumber(string.match(top[1][1], '^(%d+)'))
+      topf = top[1][2]
+    end
+    local code = 1
+    if redis.call('HGET', kmeta, 'st') == 'done' then
+      code = -2
+    elseif last ~= first - 1 then
+      code = 0
+    end
+    if code ~= 1 then
+      local out = {code, last}
+      for x = 1, #topf do out[#out + 1] = topf[x] end
+      answers[s] = out
+    else
+      local seq = first
+      local finished = false
+      local reason = ''
+      local evs = {}
+      j = ev_at
+      for _ = 1, n do
+        local nf = tonumber(ARGV[j])
+        local args = {'XADD', klog, 'MAXLEN', '~', maxlen, seq .. '-1'}
+        local fields = {}
+        for x = 1, nf do
+          args[#args + 1] = ARGV[j + x]
+          fields[x] = ARGV[j + x]
+        end
+        for x = 1, nf, 2 do
+          if ARGV[j + x] == 'k' and ARGV[j + x + 1] == 'd' then finished = true end
+          if ARGV[j + x] == 'r' then reason = ARGV[j + x + 1] end
+        end
+        redis.call(unpack(args))
+        evs[#evs + 1] = fields
+        j = j + nf + 1
+        seq = seq + 1
+      end
+      local nm = tonumber(ARGV[meta_at])
+      if nm > 0 then
+        local args = {'HSET', kmeta}
+        for x = 1, nm do args[#args + 1] = ARGV[meta_at + x] end
+        redis.call(unpack(args))
+      end
+      if finished then
+        redis.call('HSET', kmeta, 'st', 'done', 'last', seq - 1, 'fr', reason)
+        redis.call('EXPIRE', klog, ttl)
+        redis.call('EXPIRE', kmeta, ttl)
+        redis.call('EXPIRE', kattach, ttl)
+      end
+      if n > 0 then published[#published + 1] = {sid, first, evs} end
+      answers[s] = {1, seq - 1}
+    end
   end
-  redis.call(unpack(args))
-  i = i + nf + 1
-  seq = seq + 1
 end
-local nm = tonumber(ARGV[i])
-if nm > 0 then
-  local args = {'HSET', KEYS[2]}
-  for j = 1, nm do args[#args + 1] = ARGV[i + j] end
-  redis.call(unpack(args))
+if channel ~= '' and #published > 0 then
+  redis.call('PUBLISH', channel, cjson.encode(published))
 end
-if finished then
-  redis.call('HSET', KEYS[2], 'st', 'done', 'last', seq - 1, 'fr', reason)
-  redis.call('EXPIRE', KEYS[1], ttl)
-  redis.call('EXPIRE', KEYS[2], ttl)
-  redis.call('EXPIRE', KEYS[3], ttl)
-end
-return {1, seq - 1}
+return answers
 """
 
+APPEND_CHUNK = 128  # streams per APPEND_LUA call: bounds how long one call holds Redis
 
-def append_args(
-    first_seq: int,
-    events: list[list[str]],
-    meta: dict[str, str] | None,
-    *,
-    maxlen: int,
-    done_ttl: float,
-) -> list[str]:
-    """The ARGV of :data:`APPEND_LUA` (KEYS: stream, meta, attach)."""
-    argv = [str(first_seq), str(maxlen), str(max(1, round(done_ttl))), str(len(events))]
-    for fields in events:
-        argv.append(str(len(fields)))
-        argv.extend(fields)
-    pairs = [x for kv in (meta or {}).items() for x in kv]
-    argv.append(str(len(pairs)))
-    argv.extend(pairs)
-    return argv
+
+@dataclass(frozen=True)
+class Append:
+    """Events of one stream to append (seq ``first_seq`` onwards), and metadata to set."""
+
+    stream_id: str
+    first_seq: int
+    events: list[list[str]]
+    meta: dict[str, str] | None = None
+    done_ttl: float = 3600.0
+
+
+def append_call(keys: Keys, appends: list[Append], *, maxlen: int) -> tuple[list[str], list[str]]:
+    """``(KEYS, ARGV)`` of one :data:`APPEND_LUA` call for ``appends``."""
+    key_list: list[str] = []
+    argv = [keys.events, str(maxlen), str(len(appends))]
+    for a in appends:
+        key_list += [keys.stream(a.stream_id), keys.meta(a.stream_id), keys.attach(a.stream_id)]
+        argv += [a.stream_id, str(a.first_seq), str(max(1, round(a.done_ttl))), str(len(a.events))]
+        for fields in a.events:
+            argv.append(str(len(fields)))
+            argv.extend(fields)
+        pairs = [x for kv in (a.meta or {}).items() for x in kv]
+        argv.append(str(len(pairs)))
+        argv.extend(pairs)
+    return key_list, argv
 
 
 @dataclass(frozen=True)
@@ -259,6 +316,26 @@ def decode_append(raw: Any) -> AppendResult:
         flat = raw[2:]
         top = decode_event(entry_id(last), dict(zip(flat[0::2], flat[1::2], strict=True)))
     return AppendResult(status, last, top)
+
+
+def decode_published(payload: bytes | str) -> list[tuple[str, int, list[Event]]]:
+    """``[(stream_id, first_seq, events)]`` from one message of the ``events`` channel.
+
+    Raises ``ValueError`` for a message that is not what :data:`APPEND_LUA` publishes.
+    """
+    out = []
+    for sid, first, evs in json.loads(payload):
+        if not isinstance(sid, str) or not isinstance(first, int) or not isinstance(evs, list):
+            raise ValueError("malformed events message")
+        events = []
+        for n, flat in enumerate(evs):
+            if len(flat) == 4 and flat[1] == TOKEN and flat[0] == "k":  # the common case
+                events.append(Event(first + n, "token", flat[3]))
+            else:
+                fields = dict(zip(flat[0::2], flat[1::2], strict=True))
+                events.append(event_from_fields(first + n, fields))
+        out.append((sid, first, events))
+    return out
 
 
 # KEYS: attach zset.  ARGV: member, ttl_ms.  Adds/refreshes one attachment

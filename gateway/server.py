@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import socket
+from collections.abc import Callable
 
 import uvicorn
 
@@ -76,10 +78,25 @@ def run_server(server: GatewayServer) -> None:
     """
     previous = {sig: signal.signal(sig, _note_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        asyncio.run(server.serve())
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            runner.run(server.serve())
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop where installed (cheaper socket writes and timers), else asyncio's.
+
+    ``TOKENRELAY_EVENT_LOOP=asyncio`` forces the standard loop.
+    """
+    if os.environ.get("TOKENRELAY_EVENT_LOOP", "auto") == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 def _note_signal(signum: int, frame: object) -> None:

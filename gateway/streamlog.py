@@ -26,9 +26,10 @@ from gateway.schema import (
     ACTIVE_TTL,
     APPEND_LUA,
     DEFAULT_PREFIX,
+    Append,
     Event,
     Keys,
-    append_args,
+    append_call,
     decode_append,
     decode_event,
     entry_id,
@@ -371,19 +372,11 @@ class StreamLog:
                 return False
             last = seq_of(top[0][0]) if top else -1
             first, events = plan_finish(last, int(pt or 0), reason, message)
-            keys = [
-                self.keys.stream(stream_id),
-                self.keys.meta(stream_id),
-                self.keys.attach(stream_id),
-            ]
-            args = append_args(
-                first,
-                events,
-                {"fr": reason},
-                maxlen=MAXLEN,
-                done_ttl=float(ttl or self.stream_ttl),
-            )
-            res = decode_append(await self._guard(self._append(keys=keys, args=args)))
+            ttl_s = float(ttl or self.stream_ttl)
+            call = Append(stream_id, first, events, {"fr": reason}, ttl_s)
+            keys, args = append_call(self.keys, [call], maxlen=MAXLEN)
+            raw = await self._guard(self._append(keys=keys, args=args))
+            res = decode_append(raw[0])
             if res.status == 1:
                 log_summary(
                     stream_id=stream_id,

@@ -1,18 +1,23 @@
-"""Live tailing of many stream logs over one blocking Redis connection.
+"""Live tailing of many stream logs: a published feed, and catch-up reads.
 
-A gateway may tail thousands of streams at once. Instead of one blocked
-``XREAD`` (and one Redis connection) per stream, a :class:`Tailer` runs one
-loop that issues ``XREAD BLOCK`` over every subscribed stream with room in its
-buffer, and hands the entries to the subscribers. A subscriber whose consumer
-is slow fills its bounded buffer and is simply left out of the next reads
-until it drains: the Redis log is the buffer, gateway memory stays bounded,
-and no other stream waits for it. A new subscriber interrupts the blocked read
+A gateway may tail thousands of streams at once. Every append to a stream log
+is also published on one channel as it lands (gateway/livefeed.py), so a
+:class:`Tailer` hands live events to its subscribers straight from that feed,
+with no per-stream Redis read. A subscriber that is behind (it just joined,
+its bounded buffer overflowed because its consumer is slow, or the feed was
+down) is *lagging*: one read loop issues ``XREAD`` over the logs of the lagging
+subscribers only, until each has read to the end of its log with nothing
+published in the meantime that it missed. The Redis log is the buffer and the
+truth; gateway memory stays bounded, and no stream waits for another. While
+the feed is down the loop reads every subscribed log with ``XREAD BLOCK``, as
+it would without a feed; a new subscriber interrupts a blocked read
 (``CLIENT UNBLOCK``) so it starts being served at once.
 
 Once a second, the tailer also looks at subscribed streams that have been
 quiet: one whose engine worker stopped heartbeating (or that waits with no
 worker alive at all) is ended with ``done``/``error``; one that expired fails
-with :class:`StreamNotFound`.
+with :class:`StreamNotFound`; and each is read once from its log, in case
+something published was missed.
 """
 
 from __future__ import annotations
@@ -21,7 +26,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -29,78 +33,31 @@ import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from gateway.livefeed import LiveFeed
 from gateway.redisconn import Backoff, RedisHealth, is_outage
 from gateway.schema import WORKER_DEAD_GRACE, Event, Keys, decode_event, entry_id
+from gateway.subscription import BUFFER_LIMIT, RedisUnavailable, StreamNotFound, Subscription
 
 log = logging.getLogger("tokenrelay.tailer")
 
 BLOCK_MS = 1000
 READ_COUNT = 64  # entries per stream per read
-BUFFER_LIMIT = 256  # events buffered per subscriber, at most
 CHECK_INTERVAL = 1.0  # seconds between liveness checks of quiet streams
 NO_WORKER_GRACE = 5.0  # a queued stream with no live worker this long is ended
 
-
-class StreamNotFound(Exception):
-    """The stream does not exist (never did, or expired)."""
-
-
-class RedisUnavailable(Exception):
-    """Redis cannot be reached right now."""
-
+__all__ = [
+    "BUFFER_LIMIT",
+    "RedisUnavailable",
+    "StreamNotFound",
+    "Subscription",
+    "Tailer",
+]
 
 Finisher = Callable[[str, str], Awaitable[object]]
 
 
-class Subscription:
-    """One consumer's live view of one stream (events with seq > ``last_seq``)."""
-
-    def __init__(self, stream_id: str, key: str, last_seq: int) -> None:
-        self.stream_id = stream_id
-        self.key = key
-        self.last_seq = last_seq
-        self.buffer: deque[Event] = deque()
-        self.error: BaseException | None = None
-        self.quiet_since = time.monotonic()
-        self.closed = False
-        self._ready = asyncio.Event()
-        self._wake: Callable[[], None] = lambda: None
-
-    def room(self) -> int:
-        return BUFFER_LIMIT - len(self.buffer)
-
-    def push(self, event: Event) -> None:
-        """Buffer ``event`` if it is the next one and there is room (else it is read again)."""
-        if event.seq <= self.last_seq or self.closed or len(self.buffer) >= BUFFER_LIMIT:
-            return
-        if event.seq > self.last_seq + 1:  # only trimming (MAXLEN) can do this
-            self.fail(StreamNotFound(f"events after seq {self.last_seq} are no longer kept"))
-            return
-        self.buffer.append(event)
-        self.last_seq = event.seq
-        self.quiet_since = time.monotonic()
-        self._ready.set()
-
-    def fail(self, exc: BaseException) -> None:
-        if self.error is None:
-            self.error = exc
-        self._ready.set()
-
-    async def get(self) -> list[Event]:
-        """Wait for events; returns all buffered ones (raises the failure, if any)."""
-        while not self.buffer:
-            if self.error is not None:
-                raise self.error
-            self._ready.clear()
-            await self._ready.wait()
-        out = list(self.buffer)
-        self.buffer.clear()
-        self._wake()  # may have been left out of reads while full
-        return out
-
-
 class Tailer:
-    """Serves every :class:`Subscription` of one gateway from one read loop."""
+    """Serves every :class:`Subscription` of one gateway: the live feed plus one read loop."""
 
     def __init__(
         self,
@@ -109,6 +66,8 @@ class Tailer:
         pool: aioredis.Redis,
         health: RedisHealth,
         finisher: Finisher,
+        *,
+        live_feed: bool = True,
     ) -> None:
         self.keys = keys
         self._pool = pool  # for CLIENT UNBLOCK and the liveness checks
@@ -122,8 +81,10 @@ class Tailer:
         )
         self._health = health
         self._finish = finisher
-        self._subs: dict[str, set[Subscription]] = {}
-        self._reading: set[Subscription] = set()  # the subscribers the current read is for
+        self.feed = LiveFeed(url, keys.events, self._on_published, self._on_feed_gap)
+        self._use_feed = live_feed
+        self._subs: dict[str, set[Subscription]] = {}  # stream id -> its subscribers
+        self._reading: dict[Subscription, int] = {}  # the current read's subscribers: missed
         self._wake_event = asyncio.Event()
         self._blocked_client: int | None = None
         self._client_id: int | None = None
@@ -133,12 +94,16 @@ class Tailer:
         self._last_check = 0.0
         self._missing_since: dict[str, float] = {}
         self._no_worker_since: float | None = None
+        self.catch_up_reads = 0  # XREAD calls (for tests and the bench)
 
     def start(self) -> None:
+        if self._use_feed:
+            self.feed.start()
         self._task = asyncio.create_task(self._run(), name="tailer")
 
     async def close(self) -> None:
         self._closed = True  # also ends the loop if a cancel gets lost (wait_for, 3.11)
+        await self.feed.close()
         if self._task is not None:
             self._task.cancel()
             self._wake_event.set()
@@ -157,17 +122,33 @@ class Tailer:
         """Start delivering events of ``stream_id`` with seq > ``last_seq``."""
         sub = Subscription(stream_id, self.keys.stream(stream_id), last_seq)
         sub._wake = self._wake
-        self._subs.setdefault(sub.key, set()).add(sub)
+        self._subs.setdefault(stream_id, set()).add(sub)
         self._wake()
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
         sub.closed = True
-        subs = self._subs.get(sub.key)
+        subs = self._subs.get(sub.stream_id)
         if subs is not None:
             subs.discard(sub)
             if not subs:
-                del self._subs[sub.key]
+                del self._subs[sub.stream_id]
+
+    # --- the live feed ---------------------------------------------------------
+
+    def _on_published(self, batch: list[tuple[str, int, list[Event]]]) -> None:
+        for stream_id, first_seq, events in batch:
+            subs = self._subs.get(stream_id)
+            if subs:
+                for sub in subs:
+                    sub.offer(first_seq, events)
+
+    def _on_feed_gap(self) -> None:
+        """Published events may have been missed: every subscriber catches up from its log."""
+        for subs in self._subs.values():
+            for sub in subs:
+                sub.mark_lagging()
+        self._wake()
 
     # --- the read loop -----------------------------------------------------
 
@@ -191,27 +172,34 @@ class Tailer:
         finally:
             self._unblocking = False
 
-    def _wanted(self) -> dict[Any, Any]:
-        """Where to read each stream from; remembers which subscribers the read is for.
+    def _wanted(self, live: bool) -> dict[Any, Any]:
+        """Where to read each log from; remembers which subscribers the read is for.
 
-        A subscriber left out (its buffer is nearly full) must not be handed the
-        reply: the read may start past its ``last_seq``, which would look like a gap.
+        With the feed ``live``, only lagging subscribers are read. A subscriber
+        left out (its buffer is nearly full) must not be handed the reply: the
+        read may start past its ``last_seq``, which would look like a gap.
         """
         wanted: dict[Any, Any] = {}
-        self._reading = set()
-        for key, subs in self._subs.items():
-            ready = [s for s in subs if s.room() >= READ_COUNT and s.error is None]
+        self._reading = {}
+        for subs in self._subs.values():
+            ready = [
+                s
+                for s in subs
+                if (s.lagging or not live) and s.room() >= READ_COUNT and s.error is None
+            ]
             if ready:
                 low = min(s.last_seq for s in ready)
-                wanted[key] = entry_id(low) if low >= 0 else "0-0"
-                self._reading.update(ready)
+                wanted[ready[0].key] = entry_id(low) if low >= 0 else "0-0"
+                for s in ready:
+                    self._reading[s] = s.missed
         return wanted
 
     async def _run(self) -> None:
         backoff = Backoff(0.1, 2.0)
         while not self._closed:
             self._wake_event.clear()
-            wanted = self._wanted()
+            live = self.feed.up
+            wanted = self._wanted(live)
             try:
                 if time.monotonic() - self._last_check >= CHECK_INTERVAL:
                     self._last_check = time.monotonic()
@@ -220,13 +208,17 @@ class Tailer:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._wake_event.wait(), CHECK_INTERVAL)
                     continue
-                if self._client_id is None:
-                    self._client_id = int(await self._conn.client_id())
-                self._blocked_client = self._client_id
-                try:
-                    reply = await self._conn.xread(wanted, count=READ_COUNT, block=BLOCK_MS)
-                finally:
-                    self._blocked_client = None
+                self.catch_up_reads += 1
+                if live:  # catching up: read what is there, the feed brings the rest
+                    reply = await self._conn.xread(wanted, count=READ_COUNT)
+                else:
+                    if self._client_id is None:
+                        self._client_id = int(await self._conn.client_id())
+                    self._blocked_client = self._client_id
+                    try:
+                        reply = await self._conn.xread(wanted, count=READ_COUNT, block=BLOCK_MS)
+                    finally:
+                        self._blocked_client = None
                 self._health.ok()
                 backoff.reset()
             except asyncio.CancelledError:
@@ -240,20 +232,34 @@ class Tailer:
                 self._fail_all(RedisUnavailable("redis is unreachable"))
                 await asyncio.sleep(backoff.next())
                 continue
-            self._dispatch(reply)
+            self._dispatch(reply, caught_up_ok=live)
 
-    def _dispatch(self, reply: object) -> None:
-        if not reply:
-            return
-        for key, entries in reply:  # type: ignore[attr-defined]
-            subs = self._subs.get(key.decode() if isinstance(key, bytes) else key)
-            if not subs:
+    def _dispatch(self, reply: object, *, caught_up_ok: bool) -> None:
+        """Hand a read's entries to the subscribers it was for.
+
+        ``caught_up_ok``: the read did not block and the feed was up when it
+        was issued; a subscriber that took everything, reached the end of its
+        log and missed no published batch meanwhile is then served by the feed.
+        """
+        got: dict[str, list[Event]] = {}
+        for key, entries in reply or ():  # type: ignore[attr-defined]
+            name = key.decode() if isinstance(key, bytes) else key
+            got[name] = [decode_event(eid, fields) for eid, fields in entries]
+        for sub, missed in self._reading.items():
+            if sub.closed:
                 continue
-            events = [decode_event(eid, fields) for eid, fields in entries]
-            for sub in list(subs):
-                if sub in self._reading:
-                    for ev in events:
-                        sub.push(ev)
+            events = got.get(sub.key, [])
+            took = all([sub.push(ev) for ev in events])
+            if (
+                caught_up_ok
+                and took
+                and len(events) < READ_COUNT
+                and sub.missed == missed
+                and sub.error is None
+                and self.feed.up
+            ):
+                sub.lagging = False
+        self._reading = {}
 
     def _fail_all(self, exc: BaseException) -> None:
         for subs in list(self._subs.values()):
@@ -264,16 +270,17 @@ class Tailer:
 
     async def _check_quiet(self) -> None:
         now = time.monotonic()
-        quiet = sorted(
-            {
-                s.stream_id
-                for subs in self._subs.values()
-                for s in subs
-                if now - s.quiet_since >= CHECK_INTERVAL and s.error is None
-            }
-        )
-        if not quiet:
+        quiet_subs = [
+            s
+            for subs in self._subs.values()
+            for s in subs
+            if now - s.quiet_since >= CHECK_INTERVAL and s.error is None
+        ]
+        if not quiet_subs:
             return
+        for sub in quiet_subs:
+            sub.mark_lagging()  # read its log once: a published batch may have been missed
+        quiet = sorted({s.stream_id for s in quiet_subs})
         pipe = self._pool.pipeline(transaction=False)
         for sid in quiet:
             pipe.hmget(self.keys.meta(sid), "st", "w", "rid")
@@ -303,7 +310,7 @@ class Tailer:
         self, sid: str, st: bytes | None, w: bytes | None, rid: str | None, now: float
     ) -> None:
         if st is None:
-            for sub in list(self._subs.get(self.keys.stream(sid), ())):
+            for sub in list(self._subs.get(sid, ())):
                 sub.fail(StreamNotFound("stream expired"))
             return
         if st == b"running" and w:

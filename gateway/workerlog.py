@@ -22,15 +22,17 @@ import redis
 
 from gateway.redisconn import connect_sync
 from gateway.schema import (
+    APPEND_CHUNK,
     APPEND_LUA,
     ATTACHED_LUA,
     DEFAULT_PREFIX,
     GROUP,
     HEARTBEAT_TTL,
     WORKER_DEAD_GRACE,
+    Append,
     AppendResult,
     Keys,
-    append_args,
+    append_call,
     decode_append,
     plan_finish,
     seq_of,
@@ -171,30 +173,32 @@ class WorkerLog:
     # --- appending -----------------------------------------------------------------------
 
     def flush(self, batches: list[Batch]) -> list[AppendResult]:
-        """Append every batch in one pipelined round trip; one result per batch."""
+        """Append every batch in one pipelined round trip; one result per batch.
+
+        The batches go to Redis as a few :data:`APPEND_LUA` calls of up to
+        ``APPEND_CHUNK`` streams each, every call publishing what it wrote.
+        """
         if not batches:
             return []
         pipe = self.redis.pipeline(transaction=False)
-        acks = []
-        for b in batches:
-            keys = [
-                self.keys.stream(b.stream_id),
-                self.keys.meta(b.stream_id),
-                self.keys.attach(b.stream_id),
+        for at in range(0, len(batches), APPEND_CHUNK):
+            chunk = batches[at : at + APPEND_CHUNK]
+            appends = [
+                Append(b.stream_id, b.first_seq, b.events, b.meta, b.done_ttl) for b in chunk
             ]
-            args = append_args(b.first_seq, b.events, b.meta, maxlen=MAXLEN, done_ttl=b.done_ttl)
+            keys, args = append_call(self.keys, appends, maxlen=MAXLEN)
             self._append(keys=keys, args=args, client=pipe)
-            if b.ack_entry:
-                acks.append(b.ack_entry)
+        calls = (len(batches) + APPEND_CHUNK - 1) // APPEND_CHUNK
+        acks = [b.ack_entry for b in batches if b.ack_entry]
         if acks:
             pipe.xack(self.keys.requests, GROUP, *acks)
             pipe.xdel(self.keys.requests, *acks)
         replies = pipe.execute(raise_on_error=False)
-        out = []
-        for raw in replies[: len(batches)]:
+        out: list[AppendResult] = []
+        for raw in replies[:calls]:
             if isinstance(raw, Exception):
                 raise raw
-            out.append(decode_append(raw))
+            out.extend(decode_append(answer) for answer in raw)
         return out
 
     def finish_foreign(self, stream_id: str, reason: str, message: str) -> bool:

@@ -125,6 +125,11 @@ class Connection:
         if not self._closing:
             await self.queue.put(p.encode(frame))
 
+    async def send_encoded(self, text: str) -> None:
+        """Queue a frame already encoded with :mod:`gateway.protocol`."""
+        if not self._closing:
+            await self.queue.put(text)
+
     async def _read_loop(self) -> None:
         while not self._closing:
             msg = await self.ws.receive()
@@ -298,7 +303,7 @@ class Connection:
             async with contextlib.aclosing(tail) as events:
                 async for ev in events:
                     if ev.kind == "token":
-                        await self.send(p.token_frame(sid, ev.seq, ev.text))
+                        await self.send_encoded(p.encode_token(sid, ev.seq, ev.text))
                     elif ev.kind == "done":
                         await self.send(
                             p.done_frame(

@@ -279,3 +279,11 @@ def test_retry_after_in_error_frames() -> None:
     frame = p.ProtocolError("rate_limited", "slow down", retry_after=0.2).frame()
     assert frame["retry_after"] == 1
     assert "retry_after" not in p.error_frame("bad_request", "x")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=40), st.integers(0, 10**9))
+def test_encode_token_is_the_generic_encoding(text: str, seq: int) -> None:
+    """The per-token fast path writes exactly what encode(token_frame(...)) writes."""
+    assert p.encode_token(SID, seq, text) == p.encode(p.token_frame(SID, seq, text))
+    assert json.loads(p.encode_token(SID, seq, text))["text"] == text

@@ -1,0 +1,107 @@
+"""The live feed: every stream-log append, as published on the ``events`` channel.
+
+Each :data:`gateway.schema.APPEND_LUA` call publishes what it wrote, in the
+same atomic step as the write, so one subscribed connection per gateway
+learns of every new event without reading (or blocking on) thousands of
+logs. :class:`LiveFeed` keeps that subscription up: it hands each decoded
+message to ``on_batch`` and calls ``on_gap`` whenever messages may have been
+lost (the connection dropped, or was only just made, or a message could not be
+decoded), so that the tailer falls back to reading the logs until the feed is
+trustworthy again. The logs stay the truth; the feed is only the fast path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+import redis.asyncio as aioredis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from gateway.redisconn import Backoff, is_outage
+from gateway.schema import Event, decode_published
+
+log = logging.getLogger("tokenrelay.livefeed")
+
+OnBatch = Callable[[list[tuple[str, int, list[Event]]]], None]
+
+
+class LiveFeed:
+    """One pub/sub subscription to the ``events`` channel, reconnected on failure."""
+
+    def __init__(
+        self, url: str, channel: str, on_batch: OnBatch, on_gap: Callable[[], None]
+    ) -> None:
+        self.channel = channel
+        self.up = False  # subscribed now: published events reach on_batch
+        self.messages = 0
+        self._url = url
+        self._on_batch = on_batch
+        self._on_gap = on_gap
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="livefeed")
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def _lost(self) -> None:
+        self.up = False
+        self._on_gap()
+
+    async def _run(self) -> None:
+        backoff = Backoff(0.1, 2.0)
+        while not self._closed:
+            conn = aioredis.Redis.from_url(
+                self._url,
+                protocol=2,
+                socket_connect_timeout=1.0,
+                socket_timeout=None,  # a quiet channel is not a failure
+                retry=Retry(NoBackoff(), 0),
+            )
+            pubsub = conn.pubsub()
+            try:
+                await pubsub.subscribe(self.channel)
+                while not self._closed:
+                    msg = await pubsub.get_message(timeout=None)
+                    if msg is None:
+                        continue
+                    if msg["type"] == "subscribe":
+                        # From here on, nothing published is missed: catch up from the logs.
+                        self.up = True
+                        backoff.reset()
+                        self._on_gap()
+                    elif msg["type"] == "message":
+                        self.messages += 1
+                        self._deliver(msg["data"])
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if not is_outage(exc):
+                    log.exception("live feed failed; reading the logs meanwhile")
+            finally:
+                self._lost()
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+                with contextlib.suppress(Exception):
+                    await conn.aclose()
+            if not self._closed:
+                await asyncio.sleep(backoff.next())
+
+    def _deliver(self, data: bytes) -> None:
+        try:
+            batch = decode_published(data)
+        except (ValueError, TypeError, KeyError):
+            log.warning("undecodable live-feed message; reading the logs instead")
+            self._on_gap()
+            return
+        self._on_batch(batch)

@@ -1,0 +1,134 @@
+"""The live feed: published appends reach subscribers without reading the logs,
+and whatever the feed misses (lost connection, undecodable message, a slow
+subscriber) is read from the logs, with no gap and no duplicate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+from gateway import schema
+from gateway.streamlog import StreamLog
+from gateway.subscription import BUFFER_LIMIT
+from gateway.workerlog import Batch, WorkerLog
+from tests.gateway.test_streamlog import collect, start_stream, write_done, write_tokens
+
+
+async def feed_up(slog: StreamLog) -> None:
+    for _ in range(200):
+        if slog.tailer.feed.up:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the live feed did not come up")
+
+
+async def test_published_events_need_no_log_reads(slog: StreamLog, wlog: WorkerLog) -> None:
+    await feed_up(slog)
+    sid, _ = await start_stream(slog, wlog)
+    tail = asyncio.create_task(collect(slog, sid, 0))
+    await asyncio.sleep(0.1)
+    reads = slog.tailer.catch_up_reads
+    for seq in range(1, 201):
+        write_tokens(wlog, sid, seq, [f"<{seq}>"])
+        await asyncio.sleep(0)
+    write_done(wlog, sid, 201)
+    events = await asyncio.wait_for(tail, 5)
+    assert [e.seq for e in events] == list(range(1, 202))
+    assert all(e.text == f"<{e.seq}>" for e in events[:-1])
+    # 201 appends, served from the feed: at most a couple of catch-up reads (none needed)
+    assert slog.tailer.catch_up_reads - reads <= 2
+    assert slog.tailer.feed.messages >= 201
+
+
+async def test_one_message_per_flush_carries_every_stream(slog: StreamLog, wlog: WorkerLog) -> None:
+    await feed_up(slog)
+    sids = [(await start_stream(slog, wlog))[0] for _ in range(300)]  # > one APPEND_CHUNK
+    tails = [asyncio.create_task(collect(slog, sid, 0)) for sid in sids]
+    await asyncio.sleep(0.3)
+    before = slog.tailer.feed.messages
+    for seq in range(1, 4):
+        res = wlog.flush([Batch(sid, seq, [schema.token_fields(f"{sid}:{seq}")]) for sid in sids])
+        assert [r.status for r in res] == [1] * len(sids)
+    for sid in sids:
+        write_done(wlog, sid, 4)
+    done = await asyncio.wait_for(asyncio.gather(*tails), 10)
+    for sid, events in zip(sids, done, strict=True):
+        assert [e.text for e in events[:3]] == [f"{sid}:{s}" for s in (1, 2, 3)]
+    chunks = -(-len(sids) // schema.APPEND_CHUNK)
+    assert slog.tailer.feed.messages - before == 3 * chunks + len(sids)
+
+
+async def test_lost_feed_connection_loses_nothing(slog: StreamLog, wlog: WorkerLog) -> None:
+    """The feed's connection is killed again and again while a writer appends."""
+    await feed_up(slog)
+    sid, _ = await start_stream(slog, wlog)
+    total = 1500
+    stop = threading.Event()
+
+    def writer() -> None:
+        for first in range(1, total, 5):
+            write_tokens(wlog, sid, first, [f"<{s}>" for s in range(first, first + 5)])
+            time.sleep(0.001)
+        write_done(wlog, sid, total + 1)
+
+    async def killer() -> None:
+        while not stop.is_set():
+            await asyncio.sleep(0.05)
+            await slog.redis.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+
+    thread = threading.Thread(target=writer)
+    tail = asyncio.create_task(collect(slog, sid, 0))
+    kill = asyncio.create_task(killer())
+    thread.start()
+    try:
+        events = await asyncio.wait_for(tail, 30)
+    finally:
+        stop.set()
+        await kill
+        thread.join()
+    assert [e.seq for e in events] == list(range(1, total + 2))
+    assert all(e.text == f"<{e.seq}>" for e in events[:-1])
+    await feed_up(slog)  # and it comes back
+
+
+async def test_undecodable_messages_fall_back_to_the_log(slog: StreamLog, wlog: WorkerLog) -> None:
+    await feed_up(slog)
+    sid, _ = await start_stream(slog, wlog)
+    tail = asyncio.create_task(collect(slog, sid, 0))
+    await asyncio.sleep(0.1)
+    for junk in [b"not json", b"[1, 2]", json.dumps([[sid, 1, "x"]]).encode(), b"\xff\xfe"]:
+        await slog.redis.publish(slog.keys.events, junk)
+    # a forged message does not inject events: only the log's own are delivered
+    forged = json.dumps([[sid, 1, [["k", "t", "x", "forged"]]]])
+    await slog.redis.publish(slog.keys.events, forged)
+    await asyncio.sleep(0.1)
+    write_tokens(wlog, sid, 1, ["a", "b"])
+    write_done(wlog, sid, 3)
+    events = await asyncio.wait_for(tail, 5)
+    assert [e.seq for e in events] == [1, 2, 3]
+    assert slog.tailer.feed.up
+
+
+async def test_slow_subscriber_overflow_is_read_from_the_log(
+    slog: StreamLog, wlog: WorkerLog
+) -> None:
+    await feed_up(slog)
+    sid, _ = await start_stream(slog, wlog)
+    sub = slog.tailer.subscribe(sid, 0)
+    try:
+        await asyncio.sleep(0.1)
+        assert not sub.lagging
+        total = (2 * BUFFER_LIMIT // 50 + 2) * 50  # twice what the buffer holds, and more
+        for first in range(1, total, 50):
+            write_tokens(wlog, sid, first, ["x"] * 50)
+        await asyncio.sleep(0.2)
+        assert len(sub.buffer) == BUFFER_LIMIT and sub.lagging
+        got: list[int] = []
+        while len(got) < total:
+            got += [e.seq for e in await asyncio.wait_for(sub.get(), 2)]
+        assert got == list(range(1, total + 1))
+    finally:
+        slog.tailer.unsubscribe(sub)
