@@ -23,6 +23,8 @@ from gateway.tailer import RedisUnavailable
 
 Guard = Callable[[Awaitable[Any]], Awaitable[Any]]
 
+REFRESH_CHUNK = 250  # attachments refreshed per script call
+
 
 class Attachments:
     """This gateway's attachments, kept alive until detached."""
@@ -50,8 +52,13 @@ class Attachments:
 
     async def queue(self, pipe: Any, stream_id: str, attach_id: str) -> None:
         """Add the attachment to a pipeline (call :meth:`track` once it ran)."""
-        args: list[Any] = [attach_id, int(ATTACH_TTL * 1000)]
-        await self._script(keys=[self.keys.attach(stream_id)], args=args, client=pipe)
+        await self._call([(attach_id, stream_id)], client=pipe)
+
+    def _call(self, items: list[tuple[str, str]], **kw: Any) -> Awaitable[Any]:
+        """One script call adding/refreshing ``(attach id, stream id)`` items."""
+        keys = [self.keys.attach(sid) for _, sid in items]
+        args: list[Any] = [int(ATTACH_TTL * 1000), *(aid for aid, _ in items)]
+        return self._script(keys=keys, args=args, **kw)  # type: ignore[no-any-return]
 
     def track(self, stream_id: str, attach_id: str) -> None:
         self.tracked[attach_id] = stream_id
@@ -59,8 +66,7 @@ class Attachments:
     async def attach(self, stream_id: str) -> str:
         """Attach a client to the stream now; returns the attachment id."""
         attach_id = self.new_id()
-        args: list[Any] = [attach_id, int(ATTACH_TTL * 1000)]
-        await self._guard(self._script(keys=[self.keys.attach(stream_id)], args=args))
+        await self._guard(self._call([(attach_id, stream_id)]))
         self.track(stream_id, attach_id)
         return attach_id
 
@@ -73,13 +79,16 @@ class Attachments:
             await self._guard(self.redis.zrem(self.keys.attach(stream_id), attach_id))
 
     async def _refresh(self) -> None:
+        """Refresh every attachment each ATTACH_REFRESH seconds, a chunk per call.
+
+        Chunks keep both this event loop and Redis free for streaming in between:
+        thousands of attachments are a few short script calls, not one long stall.
+        """
         while True:
             await asyncio.sleep(ATTACH_REFRESH)
             items = list(self.tracked.items())
-            if not items:
-                continue
-            pipe = self.redis.pipeline(transaction=False)
-            for attach_id, sid in items:
-                await self.queue(pipe, sid, attach_id)
-            with contextlib.suppress(RedisUnavailable):
-                await self._guard(pipe.execute())
+            for at in range(0, len(items), REFRESH_CHUNK):
+                chunk = [it for it in items[at : at + REFRESH_CHUNK] if it[0] in self.tracked]
+                if chunk:  # (one detached meanwhile is not brought back)
+                    with contextlib.suppress(RedisUnavailable):
+                        await self._guard(self._call(chunk))

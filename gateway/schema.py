@@ -191,70 +191,63 @@ local i = 4
 local answers = {}
 local published = {}
 for s = 1, nstreams do
-  local klog, kmeta, kattach = KEYS[3 * s - 2], KEYS[3 * s - 1], KEYS[3 * s]
+  local klog, kmeta = KEYS[3 * s - 2], KEYS[3 * s - 1]
   local sid = ARGV[i]
   local first = tonumber(ARGV[i + 1])
-  local ttl = tonumber(ARGV[i + 2])
   local n = tonumber(ARGV[i + 3])
   local ev_at = i + 4
   local j = ev_at
   for _ = 1, n do j = j + tonumber(ARGV[j]) + 1 end
   local meta_at = j
   i = meta_at + tonumber(ARGV[meta_at]) + 1
-  if redis.call('EXISTS', kmeta) == 0 then
+  local st = redis.call('HGET', kmeta, 'st')
+  if not st then
     answers[s] = {-1}
   else
     local last = -1
-    local topf = {}
     local top = redis.call('XREVRANGE', klog, '+', '-', 'COUNT', 1)
-    if #top > 0 then
-      last = tonumber(string.match(top[1][1], '^(%d+)'))
-      topf = top[1][2]
-    end
+    if #top > 0 then last = tonumber(string.match(top[1][1], '^(%d+)')) end
     local code = 1
-    if redis.call('HGET', kmeta, 'st') == 'done' then
+    if st == 'done' then
       code = -2
     elseif last ~= first - 1 then
       code = 0
     end
     if code ~= 1 then
       local out = {code, last}
-      for x = 1, #topf do out[#out + 1] = topf[x] end
+      if #top > 0 then
+        local topf = top[1][2]
+        for x = 1, #topf do out[#out + 1] = topf[x] end
+      end
       answers[s] = out
     else
       local seq = first
-      local finished = false
-      local reason = ''
+      local reason = nil
       local evs = {}
       j = ev_at
-      for _ = 1, n do
+      for e = 1, n do
         local nf = tonumber(ARGV[j])
-        local args = {'XADD', klog, 'MAXLEN', '~', maxlen, seq .. '-1'}
-        local fields = {}
-        for x = 1, nf do
-          args[#args + 1] = ARGV[j + x]
-          fields[x] = ARGV[j + x]
+        redis.call('XADD', klog, 'MAXLEN', '~', maxlen, seq .. '-1', unpack(ARGV, j + 1, j + nf))
+        evs[e] = {unpack(ARGV, j + 1, j + nf)}
+        if ARGV[j + 1] == 'k' and ARGV[j + 2] == 'd' then
+          reason = ''
+          for x = 1, nf, 2 do
+            if ARGV[j + x] == 'r' then reason = ARGV[j + x + 1] end
+          end
         end
-        for x = 1, nf, 2 do
-          if ARGV[j + x] == 'k' and ARGV[j + x + 1] == 'd' then finished = true end
-          if ARGV[j + x] == 'r' then reason = ARGV[j + x + 1] end
-        end
-        redis.call(unpack(args))
-        evs[#evs + 1] = fields
         j = j + nf + 1
         seq = seq + 1
       end
       local nm = tonumber(ARGV[meta_at])
       if nm > 0 then
-        local args = {'HSET', kmeta}
-        for x = 1, nm do args[#args + 1] = ARGV[meta_at + x] end
-        redis.call(unpack(args))
+        redis.call('HSET', kmeta, unpack(ARGV, meta_at + 1, meta_at + nm))
       end
-      if finished then
+      if reason then
+        local ttl = tonumber(ARGV[ev_at - 2])
         redis.call('HSET', kmeta, 'st', 'done', 'last', seq - 1, 'fr', reason)
         redis.call('EXPIRE', klog, ttl)
         redis.call('EXPIRE', kmeta, ttl)
-        redis.call('EXPIRE', kattach, ttl)
+        redis.call('EXPIRE', KEYS[3 * s], ttl)
       end
       if n > 0 then published[#published + 1] = {sid, first, evs} end
       answers[s] = {1, seq - 1}
@@ -338,14 +331,18 @@ def decode_published(payload: bytes | str) -> list[tuple[str, int, list[Event]]]
     return out
 
 
-# KEYS: attach zset.  ARGV: member, ttl_ms.  Adds/refreshes one attachment
-# with an expiry in Redis server time (no clock skew between machines).
+# KEYS: attach zsets.  ARGV: ttl_ms, then one member per key.  Adds/refreshes
+# each attachment with an expiry in Redis server time (no clock skew between
+# machines); one call refreshes many (a gateway's periodic refresh).
 ATTACH_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]) * 2)
-return 1
+local ttl = tonumber(ARGV[1])
+for i = 1, #KEYS do
+  redis.call('ZADD', KEYS[i], now + ttl, ARGV[i + 1])
+  redis.call('PEXPIRE', KEYS[i], ttl * 2)
+end
+return #KEYS
 """
 
 # KEYS: attach zsets.  Returns the number of live attachments of each.
