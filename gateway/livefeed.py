@@ -26,6 +26,10 @@ from gateway.schema import Event, decode_published
 
 log = logging.getLogger("tokenrelay.livefeed")
 
+# Bytes read from the socket at once: when the gateway is behind, many steps' messages
+# are handled before the streams' tasks run, so each sends its events back to back.
+READ_SIZE = 1 << 20
+
 OnBatch = Callable[[list[tuple[str, int, list[Event]]]], None]
 
 
@@ -66,6 +70,7 @@ class LiveFeed:
                 protocol=2,
                 socket_connect_timeout=1.0,
                 socket_timeout=None,  # a quiet channel is not a failure
+                socket_read_size=READ_SIZE,
                 retry=Retry(NoBackoff(), 0),
             )
             pubsub = conn.pubsub()
