@@ -37,11 +37,15 @@ class Attachments:
         self._script = redis.register_script(ATTACH_LUA)
         self.tracked: dict[str, str] = {}  # attach id -> stream id
         self._task: asyncio.Task[None] | None = None
+        self._closed = False
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._refresh(), name="attach-refresh")
 
     async def close(self) -> None:
+        # The flag also ends the loop if the cancel gets lost (seen in Python 3.11 with a
+        # cancel arriving inside redis-py's pool wait): then the current sleep ends it.
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -84,8 +88,10 @@ class Attachments:
         Chunks keep both this event loop and Redis free for streaming in between:
         thousands of attachments are a few short script calls, not one long stall.
         """
-        while True:
+        while not self._closed:
             await asyncio.sleep(ATTACH_REFRESH)
+            if self._closed:
+                return
             items = list(self.tracked.items())
             for at in range(0, len(items), REFRESH_CHUNK):
                 chunk = [it for it in items[at : at + REFRESH_CHUNK] if it[0] in self.tracked]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 import redis.asyncio as aioredis
@@ -29,6 +30,16 @@ log = logging.getLogger("tokenrelay.livefeed")
 # Bytes read from the socket at once: when the gateway is behind, many steps' messages
 # are handled before the streams' tasks run, so each sends its events back to back.
 READ_SIZE = 1 << 20
+# A feed this far behind (seconds, beyond the least lag seen: clock skew) is dropped for
+# SHED_PAUSE: the logs are read in batches meanwhile, cheaper per event than the feed
+# when a gateway cannot keep up.
+SHED_LAG = 0.5
+SHED_PAUSE = 2.0
+
+
+class _Behind(Exception):
+    """The feed fell too far behind."""
+
 
 OnBatch = Callable[[list[tuple[str, int, list[Event]]]], None]
 
@@ -42,6 +53,8 @@ class LiveFeed:
         self.channel = channel
         self.up = False  # subscribed now: published events reach on_batch
         self.messages = 0
+        self.sheds = 0  # times the feed was dropped for falling behind
+        self._skew = float("inf")  # the least lag seen on this connection (clock skew)
         self._url = url
         self._on_batch = on_batch
         self._on_gap = on_gap
@@ -74,6 +87,8 @@ class LiveFeed:
                 retry=Retry(NoBackoff(), 0),
             )
             pubsub = conn.pubsub()
+            self._skew = float("inf")
+            pause: float | None = None  # after a failure: the backoff's next delay
             try:
                 await pubsub.subscribe(self.channel)
                 while not self._closed:
@@ -90,6 +105,10 @@ class LiveFeed:
                         self._deliver(msg["data"])
             except asyncio.CancelledError:
                 raise
+            except _Behind as exc:
+                self.sheds += 1
+                pause = SHED_PAUSE
+                log.warning("live feed %s; reading the logs in batches for a while", exc)
             except Exception as exc:
                 if not is_outage(exc):
                     log.exception("live feed failed; reading the logs meanwhile")
@@ -100,13 +119,17 @@ class LiveFeed:
                 with contextlib.suppress(Exception):
                     await conn.aclose()
             if not self._closed:
-                await asyncio.sleep(backoff.next())
+                await asyncio.sleep(backoff.next() if pause is None else pause)
 
     def _deliver(self, data: bytes) -> None:
         try:
-            batch = decode_published(data)
+            sent_ms, batch = decode_published(data)
         except (ValueError, TypeError, KeyError):
             log.warning("undecodable live-feed message; reading the logs instead")
             self._on_gap()
             return
+        lag = time.time() - sent_ms / 1000
+        self._skew = min(self._skew, lag)
         self._on_batch(batch)
+        if lag - self._skew > SHED_LAG:
+            raise _Behind(f"{lag - self._skew:.1f} s behind")

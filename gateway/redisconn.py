@@ -40,22 +40,24 @@ def is_outage(exc: BaseException) -> bool:
     return False
 
 
-POOL_WAIT = 5.0  # seconds a call may wait for a free pooled connection
-
-
 def _retry() -> Retry:
     return Retry(ConstantBackoff(0.05), retries=1)
 
 
 def connect_async(
-    url: str, *, socket_timeout: float | None = 5.0, max_connections: int = 256
+    url: str, *, socket_timeout: float | None = 5.0, max_connections: int = 4096
 ) -> aioredis.Redis:
-    """An asyncio client for ``url``: a pool of up to ``max_connections`` connections.
+    """An asyncio client (connection pool) for ``url``.
 
-    When all are busy (a burst of resumes), a call waits for one, up to
-    ``POOL_WAIT`` seconds, instead of failing at once as redis-py's default pool does.
+    The pool is large: redis-py's own default (100 in redis-py 8) fails calls at
+    once beyond it, which a burst of a few hundred resumes reaches
+    (tests/gateway/test_redisconn.py).
+
+    Note: with a socket timeout set, redis-py (7.4 and 8.1 on Python 3.11 at
+    least) often swallows the cancellation of a task awaiting a command, so
+    long-running loops here also stop on a ``_closed`` flag, not on cancel alone.
     """
-    pool = aioredis.BlockingConnectionPool.from_url(
+    return aioredis.Redis.from_url(
         url,
         protocol=2,
         socket_connect_timeout=1.0,
@@ -63,9 +65,7 @@ def connect_async(
         retry=_retry(),
         health_check_interval=0,
         max_connections=max_connections,
-        timeout=POOL_WAIT,
     )
-    return aioredis.Redis.from_pool(pool)
 
 
 def connect_sync(url: str, *, socket_timeout: float | None = 5.0) -> redis.Redis:

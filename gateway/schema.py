@@ -180,8 +180,8 @@ def done_fields(
 #   {0, last_seq, top fields...}  the log does not end at first_seq-1
 #   {-1}                          unknown or expired stream (no meta)
 #   {-2, last_seq, top fields...} the stream is already done
-# Then publishes what was written, as one message on the channel (see
-# decode_published): gateways deliver live events from it without reading
+# Then publishes what was written, as one message on the channel with Redis'
+# clock (see decode_published): gateways deliver live events from it without reading
 # every log. The log stays the truth; the message is only a fast path.
 APPEND_LUA = """
 local channel = ARGV[1]
@@ -255,7 +255,9 @@ for s = 1, nstreams do
   end
 end
 if channel ~= '' and #published > 0 then
-  redis.call('PUBLISH', channel, cjson.encode(published))
+  local t = redis.call('TIME')
+  local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('PUBLISH', channel, cjson.encode({ms, published}))
 end
 return answers
 """
@@ -311,13 +313,17 @@ def decode_append(raw: Any) -> AppendResult:
     return AppendResult(status, last, top)
 
 
-def decode_published(payload: bytes | str) -> list[tuple[str, int, list[Event]]]:
-    """``[(stream_id, first_seq, events)]`` from one message of the ``events`` channel.
+def decode_published(payload: bytes | str) -> tuple[int, list[tuple[str, int, list[Event]]]]:
+    """``(sent_ms, [(stream_id, first_seq, events)])`` from a message of the ``events`` channel.
 
+    ``sent_ms``: Redis' clock when it was published (Unix time, milliseconds).
     Raises ``ValueError`` for a message that is not what :data:`APPEND_LUA` publishes.
     """
+    sent_ms, streams = json.loads(payload)
+    if not isinstance(sent_ms, int) or not isinstance(streams, list):
+        raise ValueError("malformed events message")
     out = []
-    for sid, first, evs in json.loads(payload):
+    for sid, first, evs in streams:
         if not isinstance(sid, str) or not isinstance(first, int) or not isinstance(evs, list):
             raise ValueError("malformed events message")
         events = []
@@ -328,7 +334,7 @@ def decode_published(payload: bytes | str) -> list[tuple[str, int, list[Event]]]
                 fields = dict(zip(flat[0::2], flat[1::2], strict=True))
                 events.append(event_from_fields(first + n, fields))
         out.append((sid, first, events))
-    return out
+    return sent_ms, out
 
 
 # KEYS: attach zsets.  ARGV: ttl_ms, then one member per key.  Adds/refreshes

@@ -6,6 +6,7 @@ see each other's streams, requests or workers.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 from collections.abc import AsyncIterator, Iterator
@@ -32,7 +33,13 @@ async def slog(redis_server: EmbeddedRedis, prefix: str) -> AsyncIterator[Stream
     try:
         yield log
     finally:
-        await log.close()
+        closing = asyncio.create_task(log.close())
+        done, _ = await asyncio.wait([closing], timeout=20)
+        if not done:  # say where it hangs: every task's stack
+            for task in asyncio.all_tasks():
+                print("--- task", task.get_name())
+                task.print_stack(limit=12)
+            raise AssertionError("StreamLog.close() hangs")
 
 
 @pytest.fixture

@@ -10,11 +10,15 @@ import json
 import threading
 import time
 
-from gateway import schema
+import pytest
+
+from gateway import livefeed, schema
 from gateway.streamlog import StreamLog
 from gateway.subscription import BUFFER_LIMIT
 from gateway.workerlog import Batch, WorkerLog
 from tests.gateway.test_streamlog import collect, start_stream, write_done, write_tokens
+
+pytestmark = pytest.mark.timeout(120)  # a hang here fails fast, with every task's stack
 
 
 async def feed_up(slog: StreamLog) -> None:
@@ -43,10 +47,15 @@ async def test_published_events_need_no_log_reads(slog: StreamLog, wlog: WorkerL
     assert slog.tailer.feed.messages >= 201
 
 
-async def test_one_message_per_flush_carries_every_stream(slog: StreamLog, wlog: WorkerLog) -> None:
-    await feed_up(slog)
+async def test_one_message_per_flush_carries_every_stream(
+    slog: StreamLog, wlog: WorkerLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(livefeed, "SHED_PAUSE", 0.2)
     sids = [(await start_stream(slog, wlog))[0] for _ in range(300)]  # > one APPEND_CHUNK
     tails = [asyncio.create_task(collect(slog, sid, 0)) for sid in sids]
+    await asyncio.sleep(0.3)
+    # (the blocking calls above may have held the loop long enough for the feed to be dropped)
+    await feed_up(slog)
     await asyncio.sleep(0.3)
     before = slog.tailer.feed.messages
     for seq in range(1, 4):
@@ -99,17 +108,44 @@ async def test_undecodable_messages_fall_back_to_the_log(slog: StreamLog, wlog: 
     sid, _ = await start_stream(slog, wlog)
     tail = asyncio.create_task(collect(slog, sid, 0))
     await asyncio.sleep(0.1)
-    for junk in [b"not json", b"[1, 2]", json.dumps([[sid, 1, "x"]]).encode(), b"\xff\xfe"]:
-        await slog.redis.publish(slog.keys.events, junk)
-    # a forged message does not inject events: only the log's own are delivered
-    forged = json.dumps([[sid, 1, [["k", "t", "x", "forged"]]]])
-    await slog.redis.publish(slog.keys.events, forged)
+    junk = [
+        b"not json",
+        b"[1, 2]",
+        json.dumps([1, [[sid, 1, "x"]]]).encode(),
+        json.dumps([1, [[sid, 1, [["k", "t", "x"]]]]]).encode(),  # odd field list
+        b"\xff\xfe",
+    ]
+    for message in junk:
+        await slog.redis.publish(slog.keys.events, message)
     await asyncio.sleep(0.1)
     write_tokens(wlog, sid, 1, ["a", "b"])
     write_done(wlog, sid, 3)
     events = await asyncio.wait_for(tail, 5)
-    assert [e.seq for e in events] == [1, 2, 3]
+    assert [(e.seq, e.text) for e in events] == [(1, "a"), (2, "b"), (3, "")]
     assert slog.tailer.feed.up
+
+
+async def test_a_feed_far_behind_is_dropped_for_a_while(
+    slog: StreamLog, wlog: WorkerLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gateway that cannot keep up reads the logs in batches instead; nothing is lost."""
+    await feed_up(slog)
+    monkeypatch.setattr(livefeed, "SHED_PAUSE", 0.3)
+    sid, _ = await start_stream(slog, wlog)
+    tail = asyncio.create_task(collect(slog, sid, 0))
+    await asyncio.sleep(0.1)
+    write_tokens(wlog, sid, 1, ["a"])
+    await asyncio.sleep(0.1)
+    # a message that Redis sent 5 s ago (as if it had waited in the feed all that time)
+    other = schema.new_stream_id()
+    late = json.dumps([int(time.time() * 1000) - 5000, [[other, 1, [["k", "t", "x", "z"]]]]])
+    await slog.redis.publish(slog.keys.events, late)
+    write_tokens(wlog, sid, 2, ["b", "c"])
+    write_done(wlog, sid, 4)
+    events = await asyncio.wait_for(tail, 5)
+    assert [(e.seq, e.text) for e in events] == [(1, "a"), (2, "b"), (3, "c"), (4, "")]
+    assert slog.tailer.feed.sheds == 1
+    await feed_up(slog)  # and it comes back
 
 
 async def test_slow_subscriber_overflow_is_read_from_the_log(
