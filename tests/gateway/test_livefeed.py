@@ -21,6 +21,12 @@ from tests.gateway.test_streamlog import collect, start_stream, write_done, writ
 pytestmark = pytest.mark.timeout(120)  # a hang here fails fast, with every task's stack
 
 
+@pytest.fixture(autouse=True)
+def no_shedding(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loaded test machine must not drop the feed for lag (one test turns it back on)."""
+    monkeypatch.setattr(livefeed, "SHED_LAG", 60.0)
+
+
 async def feed_up(slog: StreamLog) -> None:
     for _ in range(200):
         if slog.tailer.feed.up:
@@ -58,12 +64,16 @@ async def test_one_message_per_flush_carries_every_stream(
     await feed_up(slog)
     await asyncio.sleep(0.3)
     before = slog.tailer.feed.messages
-    for seq in range(1, 4):
-        res = wlog.flush([Batch(sid, seq, [schema.token_fields(f"{sid}:{seq}")]) for sid in sids])
-        assert [r.status for r in res] == [1] * len(sids)
-    for sid in sids:
-        write_done(wlog, sid, 4)
-    done = await asyncio.wait_for(asyncio.gather(*tails), 10)
+
+    def write_all() -> None:  # in a thread: the event loop stays free meanwhile
+        for seq in range(1, 4):
+            batches = [Batch(sid, seq, [schema.token_fields(f"{sid}:{seq}")]) for sid in sids]
+            assert [r.status for r in wlog.flush(batches)] == [1] * len(sids)
+        for sid in sids:
+            write_done(wlog, sid, 4)
+
+    await asyncio.get_running_loop().run_in_executor(None, write_all)
+    done = await asyncio.wait_for(asyncio.gather(*tails), 30)
     for sid, events in zip(sids, done, strict=True):
         assert [e.text for e in events[:3]] == [f"{sid}:{s}" for s in (1, 2, 3)]
     chunks = -(-len(sids) // schema.APPEND_CHUNK)
@@ -130,6 +140,7 @@ async def test_a_feed_far_behind_is_dropped_for_a_while(
 ) -> None:
     """A gateway that cannot keep up reads the logs in batches instead; nothing is lost."""
     await feed_up(slog)
+    monkeypatch.setattr(livefeed, "SHED_LAG", 0.5)
     monkeypatch.setattr(livefeed, "SHED_PAUSE", 0.3)
     sid, _ = await start_stream(slog, wlog)
     tail = asyncio.create_task(collect(slog, sid, 0))
