@@ -68,8 +68,8 @@ class LiveFeed:
         self._closed = True
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # bounded: redis-py may swallow the cancel of a read (see gateway/redisconn.py)
+            await asyncio.wait([self._task], timeout=2.0)
 
     def _lost(self) -> None:
         self.up = False
