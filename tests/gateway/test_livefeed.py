@@ -58,26 +58,33 @@ async def test_one_message_per_flush_carries_every_stream(
 ) -> None:
     monkeypatch.setattr(livefeed, "SHED_PAUSE", 0.2)
     sids = [(await start_stream(slog, wlog))[0] for _ in range(300)]  # > one APPEND_CHUNK
-    tails = [asyncio.create_task(collect(slog, sid, 0)) for sid in sids]
-    await asyncio.sleep(0.3)
-    # (the blocking calls above may have held the loop long enough for the feed to be dropped)
-    await feed_up(slog)
-    await asyncio.sleep(0.3)
-    before = slog.tailer.feed.messages
+    subs = [slog.tailer.subscribe(sid, 0) for sid in sids]  # (no 300 concurrent replays)
+    try:
+        await asyncio.sleep(0.3)
+        # (the blocking calls above may have held the loop long enough to drop the feed)
+        await feed_up(slog)
+        await asyncio.sleep(0.3)
+        before = slog.tailer.feed.messages
 
-    def write_all() -> None:  # in a thread: the event loop stays free meanwhile
-        for seq in range(1, 4):
-            batches = [Batch(sid, seq, [schema.token_fields(f"{sid}:{seq}")]) for sid in sids]
-            assert [r.status for r in wlog.flush(batches)] == [1] * len(sids)
-        for sid in sids:
-            write_done(wlog, sid, 4)
+        def write_all() -> None:  # in a thread: the event loop stays free meanwhile
+            for seq in range(1, 4):
+                batches = [Batch(sid, seq, [schema.token_fields(f"{sid}:{seq}")]) for sid in sids]
+                assert [r.status for r in wlog.flush(batches)] == [1] * len(sids)
+            for sid in sids:
+                write_done(wlog, sid, 4)
 
-    await asyncio.get_running_loop().run_in_executor(None, write_all)
-    done = await asyncio.wait_for(asyncio.gather(*tails), 30)
-    for sid, events in zip(sids, done, strict=True):
-        assert [e.text for e in events[:3]] == [f"{sid}:{s}" for s in (1, 2, 3)]
-    chunks = -(-len(sids) // schema.APPEND_CHUNK)
-    assert slog.tailer.feed.messages - before == 3 * chunks + len(sids)
+        await asyncio.get_running_loop().run_in_executor(None, write_all)
+        for sid, sub in zip(sids, subs, strict=True):
+            got: list[schema.Event] = []
+            while len(got) < 4:
+                got += await asyncio.wait_for(sub.get(), 10)
+            assert [e.text for e in got[:3]] == [f"{sid}:{s}" for s in (1, 2, 3)]
+            assert got[3].kind == "done"
+        chunks = -(-len(sids) // schema.APPEND_CHUNK)
+        assert slog.tailer.feed.messages - before == 3 * chunks + len(sids)
+    finally:
+        for sub in subs:
+            slog.tailer.unsubscribe(sub)
 
 
 async def test_lost_feed_connection_loses_nothing(slog: StreamLog, wlog: WorkerLog) -> None:
