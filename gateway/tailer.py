@@ -66,8 +66,6 @@ class Tailer:
         pool: aioredis.Redis,
         health: RedisHealth,
         finisher: Finisher,
-        *,
-        live_feed: bool = True,
     ) -> None:
         self.keys = keys
         self._pool = pool  # for CLIENT UNBLOCK and the liveness checks
@@ -82,7 +80,6 @@ class Tailer:
         self._health = health
         self._finish = finisher
         self.feed = LiveFeed(url, keys.events, self._on_published, self._on_feed_gap)
-        self._use_feed = live_feed
         self._subs: dict[str, set[Subscription]] = {}  # stream id -> its subscribers
         self._reading: dict[Subscription, int] = {}  # the current read's subscribers: missed
         self._wake_event = asyncio.Event()
@@ -97,8 +94,7 @@ class Tailer:
         self.catch_up_reads = 0  # XREAD calls (for tests and the bench)
 
     def start(self) -> None:
-        if self._use_feed:
-            self.feed.start()
+        self.feed.start()
         self._task = asyncio.create_task(self._run(), name="tailer")
 
     async def close(self) -> None:
