@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine import cpu_linear
 from engine.attention import AttentionMetadata, paged_attention
 from engine.kv_cache import KVCache
 from engine.model_config import ModelConfig
@@ -60,6 +61,17 @@ class Attention(nn.Module):
         self.o_bias = _param(cfg.hidden_size) if cfg.o_bias else None
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.qkv_packed: torch.Tensor | None = None  # set by CausalLM.pack_linears()
+        self.o_packed: torch.Tensor | None = None
+
+    def pack(self) -> None:
+        """Move the q/k/v and output projections to oneDNN's layout (frees the dense ones)."""
+        self.qkv_packed, self.o_packed = (
+            cpu_linear.pack(self.qkv_weight),
+            cpu_linear.pack(self.o_weight),
+        )
+        self.qkv_weight = cpu_linear.placeholder(self.qkv_weight)
+        self.o_weight = cpu_linear.placeholder(self.o_weight)
 
     def forward(
         self,
@@ -72,7 +84,8 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         t = x.shape[0]
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)  # [T, (H + 2 Hkv) D]
+        qkv = cpu_linear.linear(x, self.qkv_weight, self.qkv_packed, self.qkv_bias)
+        # qkv: [T, (H + 2 Hkv) D]
         v = qkv[:, self.q_size + self.kv_size :].view(t, hkv, d)
         if self.q_norm is not None and self.k_norm is not None:
             q = self.q_norm(qkv[:, : self.q_size].view(t, h, d))
@@ -85,7 +98,8 @@ class Attention(nn.Module):
         o = paged_attention(
             q, k, v, kv_cache.k[self.layer_idx], kv_cache.v[self.layer_idx], meta, self.scale
         )  # [T, H, D]
-        return F.linear(o.reshape(t, self.q_size), self.o_weight, self.o_bias)
+        o2 = o.reshape(t, self.q_size)
+        return cpu_linear.linear(o2, self.o_weight, self.o_packed, self.o_bias)
 
 
 class MLP(nn.Module):
@@ -98,11 +112,21 @@ class MLP(nn.Module):
         self.gate_up_bias = _param(2 * cfg.intermediate_size) if cfg.mlp_bias else None
         self.down_weight = _param(cfg.hidden_size, cfg.intermediate_size)
         self.down_bias = _param(cfg.hidden_size) if cfg.mlp_bias else None
+        self.gate_up_packed: torch.Tensor | None = None  # set by CausalLM.pack_linears()
+        self.down_packed: torch.Tensor | None = None
+
+    def pack(self) -> None:
+        """Move both projections to oneDNN's layout (frees the dense ones)."""
+        self.gate_up_packed = cpu_linear.pack(self.gate_up_weight)
+        self.down_packed = cpu_linear.pack(self.down_weight)
+        self.gate_up_weight = cpu_linear.placeholder(self.gate_up_weight)
+        self.down_weight = cpu_linear.placeholder(self.down_weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = F.linear(x, self.gate_up_weight, self.gate_up_bias)  # [T, 2I]
-        gate, up = gate_up[:, : self.inter], gate_up[:, self.inter :]
-        return F.linear(F.silu(gate) * up, self.down_weight, self.down_bias)
+        gate_up = cpu_linear.linear(x, self.gate_up_weight, self.gate_up_packed, self.gate_up_bias)
+        gate, up = gate_up[:, : self.inter], gate_up[:, self.inter :]  # [T, I] each
+        act = F.silu(gate) * up
+        return cpu_linear.linear(act, self.down_weight, self.down_packed, self.down_bias)
 
 
 class DecoderLayer(nn.Module):
@@ -127,6 +151,23 @@ class CausalLM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else _param(cfg.vocab_size, cfg.hidden_size)
         self.rope: RotaryEmbedding | None = None  # set by init_rope() once weights are on device
+        self.head_packed: torch.Tensor | None = None  # set by pack_linears()
+
+    def pack_linears(self) -> None:
+        """Reorder every projection and the LM head for oneDNN (CPU fp32; engine.cpu_linear).
+
+        The tied embedding keeps its dense copy for the lookup; an untied LM head
+        is replaced by its packed copy.
+        """
+        for layer in self.layers:
+            assert isinstance(layer, DecoderLayer)
+            layer.attn.pack()
+            layer.mlp.pack()
+        if self.lm_head is None:
+            self.head_packed = cpu_linear.pack(self.embed)
+        else:
+            self.head_packed = cpu_linear.pack(self.lm_head)
+            self.lm_head = cpu_linear.placeholder(self.lm_head)
 
     def init_rope(self, device: torch.device) -> None:
         """Build the rotary tables on ``device`` (after the weights are loaded)."""
@@ -154,4 +195,4 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``hidden`` ``[N, hidden]`` -> fp32 logits ``[N, vocab]``."""
         weight = self.embed if self.lm_head is None else self.lm_head
-        return F.linear(hidden, weight).float()
+        return cpu_linear.linear(hidden, weight, self.head_packed).float()

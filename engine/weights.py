@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from engine import cpu_linear
 from engine.model import CausalLM
 from engine.model_config import ModelConfig
 
@@ -119,4 +120,6 @@ def load_model(
     for p in model.parameters():
         p.requires_grad_(False)
     model.init_rope(device)
+    if cpu_linear.packing_available(device, dtype):
+        model.pack_linears()
     return model.eval()

@@ -1,0 +1,68 @@
+"""oneDNN-packed projections (engine.cpu_linear) against ``F.linear``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import cpu_linear
+from engine.model_config import ModelConfig
+from engine.weights import load_model
+
+CPU = torch.device("cpu")
+pytestmark = pytest.mark.skipif(
+    not cpu_linear.packing_available(CPU, torch.float32), reason="PyTorch built without oneDNN"
+)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 64, 257, 1100])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_packed_matches_dense(rows: int, with_bias: bool) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(960, 576, generator=gen) * 0.05
+    bias = torch.randn(960, generator=gen) if with_bias else None
+    x = torch.randn(rows, 576, generator=gen)
+    packed = cpu_linear.pack(weight)
+    got = cpu_linear.linear(x, cpu_linear.placeholder(weight), packed, bias)
+    torch.testing.assert_close(got, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+
+
+def test_non_contiguous_input() -> None:
+    weight = torch.randn(64, 32)
+    x = torch.randn(32, 10).t()  # [10, 32], column-major
+    got = cpu_linear.linear(x, weight, cpu_linear.pack(weight))
+    torch.testing.assert_close(got, F.linear(x, weight), rtol=1e-5, atol=1e-5)
+
+
+def test_unpacked_path_is_plain_linear() -> None:
+    weight, x = torch.randn(8, 4), torch.randn(2, 4)
+    assert torch.equal(cpu_linear.linear(x, weight, None), F.linear(x, weight))
+
+
+def test_availability_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not cpu_linear.packing_available(CPU, torch.bfloat16)
+    assert not cpu_linear.packing_available(torch.device("meta"), torch.float32)
+    monkeypatch.setenv(cpu_linear.ENV_SWITCH, "0")
+    assert not cpu_linear.packing_available(CPU, torch.float32)
+
+
+def test_loaded_model_is_packed_and_env_turns_it_off(
+    model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = ModelConfig.from_pretrained(model_path)
+    packed = load_model(model_path, cfg, CPU, torch.float32)
+    layer = packed.layers[0]
+    assert packed.head_packed is not None and layer.mlp.down_packed is not None
+    assert layer.mlp.down_weight.numel() == 0  # the dense copy is released
+    assert packed.embed.numel() == cfg.vocab_size * cfg.hidden_size  # tied: lookup stays dense
+    monkeypatch.setenv(cpu_linear.ENV_SWITCH, "off")
+    dense = load_model(model_path, cfg, CPU, torch.float32)
+    assert dense.head_packed is None and dense.layers[0].mlp.down_packed is None
+    hidden = torch.randn(5, cfg.hidden_size)
+    with torch.inference_mode():
+        torch.testing.assert_close(
+            packed.compute_logits(hidden), dense.compute_logits(hidden), rtol=1e-4, atol=1e-4
+        )
