@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 from websockets.asyncio.client import ClientConnection, connect  # noqa: E402
 
-from bench.common import machine, write_docs_section  # noqa: E402
+from bench.common import load_generator_gc, machine, write_docs_section  # noqa: E402
 from bench.token_source import backlog_stream, parse_stamp  # noqa: E402
 from gateway.redis_server import EmbeddedRedis  # noqa: E402
 from gateway.workerlog import WorkerLog  # noqa: E402
@@ -207,6 +207,7 @@ class Tally:
     errors: list[str] = field(default_factory=list)
     last_receipt: float = 0.0
     done: int = 0
+    first_of_tick: dict[str, float] = field(default_factory=dict)  # tick stamp -> first latency
 
 
 async def open_client(url: str, sid: str, token: str, sem: asyncio.Semaphore) -> ClientConnection:
@@ -237,7 +238,9 @@ async def read_stream(ws: ClientConnection, tally: Tally) -> None:
                 if f["seq"] != expected:
                     tally.errors.append(f"seq {f['seq']} where {expected} was due")
                 expected = f["seq"] + 1
-                lat.append(now - parse_stamp(f["text"]))
+                text = f["text"]
+                lat.append(now - parse_stamp(text))
+                tally.first_of_tick.setdefault(text, lat[-1])  # every tick has its own stamp
                 tally.received += 1
                 tally.last_receipt = now
             elif kind == "done":
@@ -263,6 +266,7 @@ class LevelResult:
     errors: list[str]
     window_s: float
     lat_ms: tuple[float, float, float]  # p50, p99, max
+    first_ms: tuple[float, float]  # latency of each tick's first delivered event: p50, p99
     cpu: dict[str, float]
     rss: dict[str, float]
     source_ms: tuple[float, float]  # tick hand-over p50, p99
@@ -309,24 +313,25 @@ async def run_level(
         sem = asyncio.Semaphore(CONNECT_CONCURRENCY)
         conns = list(await asyncio.gather(*(open_client(url, s, t, sem) for s, t in targets)))
         readers = [asyncio.create_task(read_stream(ws, tally)) for ws in conns]
-        watch = Watch(pids)
-        stop = asyncio.Event()
-        sampler = asyncio.create_task(watch.sampler(stop))
-        t_go = time.time()
-        child.go()
-        budget = events / rate * 4 + 60
-        stats = await child.line(budget)
-        done, pending = await asyncio.wait(readers, timeout=budget)
-        for task in pending:
-            task.cancel()
-        for task in done:
-            if task.exception() is not None:
-                tally.errors.append(f"client failed: {task.exception()!r}")
-        if pending:
-            tally.errors.append(f"{len(pending)} clients did not finish in {budget:.0f} s")
-        cpu = watch.cpu_pct()
-        stop.set()
-        await sampler
+        with load_generator_gc():
+            watch = Watch(pids)
+            stop = asyncio.Event()
+            sampler = asyncio.create_task(watch.sampler(stop))
+            t_go = time.time()
+            child.go()
+            budget = events / rate * 4 + 60
+            stats = await child.line(budget)
+            done, pending = await asyncio.wait(readers, timeout=budget)
+            for task in pending:
+                task.cancel()
+            for task in done:
+                if task.exception() is not None:
+                    tally.errors.append(f"client failed: {task.exception()!r}")
+            if pending:
+                tally.errors.append(f"{len(pending)} clients did not finish in {budget:.0f} s")
+            cpu = watch.cpu_pct()
+            stop.set()
+            await sampler
     finally:
         for task in readers:
             task.cancel()
@@ -336,6 +341,7 @@ async def run_level(
                 await ws.close()
         child.stop()
     lat = [x * 1000 for x in tally.latencies]
+    first = [x * 1000 for x in tally.first_of_tick.values()]
     flush = list(stats["flush_ms"])
     return LevelResult(
         streams=n,
@@ -347,6 +353,7 @@ async def run_level(
         errors=tally.errors,
         window_s=tally.last_receipt - t_go,
         lat_ms=(pct(lat, 50), pct(lat, 99), max(lat, default=float("nan"))),
+        first_ms=(pct(first, 50), pct(first, 99)),
         cpu=cpu,
         rss=watch.peak,
         source_ms=(pct(flush, 50), pct(flush, 99)),
@@ -392,9 +399,10 @@ async def measure_resume(
 def level_table(results: list[LevelResult]) -> str:
     rows = [
         "| streams | server | events/s (offered) | vs bare | added latency p50 / p99 / max (ms) "
-        "| server CPU % | server peak RSS (MiB) | redis CPU % | client CPU % "
+        "| first of tick p50 / p99 (ms) | server CPU % | server peak RSS (MiB) | redis CPU % "
+        "| client CPU % "
         "| tick hand-over p50 / p99 (ms) | all delivered in order |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     bare = {r.streams: r for r in results if r.server == "bare"}
     for r in results:
@@ -407,6 +415,7 @@ def level_table(results: list[LevelResult]) -> str:
             f"| {r.streams:,} | {r.server} | {r.events_per_s:,.0f} ({r.streams * r.rate:,.0f}) "
             f"| {ratio if r.server == 'gateway' else '1.00x'} "
             f"| {r.lat_ms[0]:.1f} / {r.lat_ms[1]:.1f} / {r.lat_ms[2]:.1f} "
+            f"| {r.first_ms[0]:.1f} / {r.first_ms[1]:.1f} "
             f"| {r.cpu['server']:.0f} | {r.rss['server']:.0f} | {redis_cpu} "
             f"| {r.cpu['client']:.0f} | {r.source_ms[0]:.1f} / {r.source_ms[1]:.1f} | {ok} |"
         )
@@ -568,8 +577,12 @@ def main() -> int:
         "token events delivered / (last receipt - start), offered rate in brackets. Added "
         "latency: from the tick's hand-over (just before the Redis pipeline, or before the "
         "bare server's sends) to the client's receipt, so it includes the Redis append; "
+        "first of tick: the added latency of the first event of each tick to reach any "
+        "client (the fixed part of the path, before the fan-out to the tick's streams); "
         "tick hand-over: how long that pipeline (or the bare server's sends) took. CPU: % "
-        "of one core over the streaming window.\n\n"
+        "of one core over the streaming window. The client process and the token source "
+        "run with the cyclic GC frozen during the window (bench/common.py "
+        "`load_generator_gc`): their own pauses are not the server's latency.\n\n"
         f"{level_table(results)}\n\n"
         "Resume: a finished stream with a backlog, resumed with `after: 0` on an open "
         "socket; time from sending `resume` to receiving the last replayed token.\n\n"
@@ -592,6 +605,7 @@ def main() -> int:
                             "errors": r.errors,
                             "events_per_s": r.events_per_s,
                             "lat_ms": r.lat_ms,
+                            "first_of_tick_ms": r.first_ms,
                         }
                         for r in results
                     ],

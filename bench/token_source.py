@@ -39,6 +39,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import load_generator_gc  # noqa: E402
 from gateway import schema  # noqa: E402
 from gateway.workerlog import Batch, WorkerLog  # noqa: E402
 
@@ -163,7 +164,21 @@ def stream_for(wlog: WorkerLog, args: argparse.Namespace) -> None:
     sids = [sid for sid, _ in streams]
     groups = split(sids, args.groups)
     flush_ms: list[float] = []
-    start = time.monotonic()
+    with load_generator_gc():  # a simulated worker: the load, not the system under test
+        start = time.monotonic()
+        tick_all(wlog, groups, args, start, flush_ms)
+    finish_streams(wlog, sids, args.events, args.stream_ttl)
+    emit({"ticks": args.events, "wall_s": time.monotonic() - start, "flush_ms": flush_ms})
+
+
+def tick_all(
+    wlog: WorkerLog,
+    groups: list[list[str]],
+    args: argparse.Namespace,
+    start: float,
+    flush_ms: list[float],
+) -> None:
+    """Append one token event to every stream per tick, group by group, at ``args.rate``."""
     for seq in range(1, args.events + 1):
         for g, group in enumerate(groups):
             # group g is a worker whose steps end g/len(groups) of a tick after group 0's
@@ -175,8 +190,6 @@ def stream_for(wlog: WorkerLog, args: argparse.Namespace) -> None:
             bad = [(sid, r) for sid, r in zip(group, res, strict=True) if r.status != 1]
             if bad:
                 raise SystemExit(f"append failed at seq {seq} for {len(bad)} streams: {bad[:3]}")
-    finish_streams(wlog, sids, args.events, args.stream_ttl)
-    emit({"ticks": args.events, "wall_s": time.monotonic() - start, "flush_ms": flush_ms})
 
 
 async def run_bare(args: argparse.Namespace) -> None:
