@@ -14,6 +14,7 @@ import uvicorn
 
 from gateway.app import Gateway, Settings, create_app
 from gateway.drain import drain
+from gateway.gcpolicy import freeze_startup_heap
 
 log = logging.getLogger("tokenrelay.server")
 
@@ -31,6 +32,11 @@ class GatewayServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, gw: Gateway) -> None:
         super().__init__(config)
         self.gw = gw
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:  # listening, the app started: what exists now lives as long as we do
+            freeze_startup_heap()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         try:
