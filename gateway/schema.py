@@ -351,6 +351,24 @@ end
 return #KEYS
 """
 
+# KEYS: (attach zset, meta hash) per stream.  ARGV: a metadata field to count,
+# then one attachment id per stream.  Removes each attachment; where its stream
+# exists and is not done, HINCRBYs the field (a disconnect).  Returns 1 for each
+# stream counted that way, else 0.
+DETACH_LUA = """
+local out = {}
+for i = 1, #ARGV - 1 do
+  local meta = KEYS[2 * i]
+  redis.call('ZREM', KEYS[2 * i - 1], ARGV[i + 1])
+  out[i] = 0
+  if redis.call('EXISTS', meta) == 1 and redis.call('HGET', meta, 'st') ~= 'done' then
+    redis.call('HINCRBY', meta, ARGV[1], 1)
+    out[i] = 1
+  end
+end
+return out
+"""
+
 # KEYS: attach zsets.  Returns the number of live attachments of each.
 ATTACHED_LUA = """
 local t = redis.call('TIME')

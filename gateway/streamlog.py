@@ -10,7 +10,6 @@ layout; gateway/tailer.py serves the live part.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -410,12 +409,8 @@ class StreamLog:
         A detach before the stream's end is a disconnect (counted for the
         metrics and the stream's summary line).
         """
-        if attach_id is None:
-            return
-        await self.attachments.detach(stream_id, attach_id)
-        with contextlib.suppress(Exception):  # best effort, like the detach itself
-            if await self._count_field(stream_id, DISCONNECTS_FIELD, only_unfinished=True):
-                self.disconnects += 1
+        if await self.attachments.detach(stream_id, attach_id):
+            self.disconnects += 1
 
     async def _count_field(self, stream_id: str, field: str, *, only_unfinished: bool) -> int:
         """HINCRBY ``field`` of a live stream's metadata; 0 when nothing was counted."""

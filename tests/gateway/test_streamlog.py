@@ -232,6 +232,19 @@ async def test_attachments(slog: StreamLog, wlog: WorkerLog) -> None:
     assert wlog.poll([sid])[sid][0] == 0
 
 
+async def test_a_burst_of_detaches_is_a_few_script_calls(slog: StreamLog, wlog: WorkerLog) -> None:
+    sids = [(await start_stream(slog, wlog))[0] for _ in range(6)]
+    write_done(wlog, sids[0], 1)  # leaving a finished stream is no disconnect
+    extra = {sid: [await slog.attach(sid) for _ in range(50)] for sid in sids}  # 300 in all
+    calls, before = slog.attachments.detach_calls, slog.disconnects
+    await asyncio.gather(*(slog.detach(sid, aid) for sid, ids in extra.items() for aid in ids))
+    assert slog.attachments.detach_calls - calls <= 2  # 300 detaches, chunks of 250
+    assert slog.disconnects - before == 250  # the five unfinished streams, 50 each
+    assert [wlog.poll([sid])[sid][0] for sid in sids] == [1] * 6  # the creators stay attached
+    metas = [await slog.redis.hgetall(slog.keys.meta(sid)) for sid in sids]
+    assert [int(m.get(b"dc", 0)) for m in metas] == [0] + [50] * 5
+
+
 async def test_gateway_finish_races_the_worker(slog: StreamLog, wlog: WorkerLog) -> None:
     sid, _ = await start_stream(slog, wlog)
     write_tokens(wlog, sid, 1, ["a"])
