@@ -168,6 +168,13 @@ class CausalLM(nn.Module):
         else:
             self.head_packed = cpu_linear.pack(self.lm_head)
             self.lm_head = cpu_linear.placeholder(self.lm_head)
+        # The checkpoint's tensors may be views of its memory-mapped file; copying what
+        # stays dense (embedding, norms, biases) lets that mapping go, else it keeps every
+        # weight the packed copies replaced resident.
+        with torch.no_grad():
+            for param in self.parameters():
+                if param.numel():
+                    param.data = param.data.clone()
 
     def init_rope(self, device: torch.device) -> None:
         """Build the rotary tables on ``device`` (after the weights are loaded)."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,7 @@ from engine.model_config import ModelConfig
 from engine.weights import load_model
 
 CPU = torch.device("cpu")
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(
     not cpu_linear.packing_available(CPU, torch.float32), reason="PyTorch built without oneDNN"
 )
@@ -66,3 +70,37 @@ def test_loaded_model_is_packed_and_env_turns_it_off(
         torch.testing.assert_close(
             packed.compute_logits(hidden), dense.compute_logits(hidden), rtol=1e-4, atol=1e-4
         )
+
+
+RSS_PROBE = """
+import gc, torch
+from engine.model_config import ModelConfig
+from engine.model_store import resolve_model
+from engine.weights import load_model
+path = resolve_model("default")
+model = load_model(path, ModelConfig.from_pretrained(path), torch.device("cpu"), torch.float32)
+gc.collect()
+status = open("/proc/self/status").read()
+print(int(status.split("VmRSS:")[1].split()[0]) // 1024)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
+def test_packed_weights_replace_the_dense_ones_in_memory(model_path: Path) -> None:
+    """Packed, a worker holds about one extra LM head (113 MiB), not a second model."""
+
+    def rss_mib(switch: str) -> int:
+        env = {**os.environ, cpu_linear.ENV_SWITCH: switch, "HF_HUB_OFFLINE": "1"}
+        out = subprocess.run(
+            [sys.executable, "-c", RSS_PROBE],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        )
+        return int(out.stdout.strip().splitlines()[-1])
+
+    dense, packed = rss_mib("0"), rss_mib("1")
+    assert packed < dense + 250, (dense, packed)  # 496 MiB more when the mapping was kept
