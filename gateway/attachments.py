@@ -128,11 +128,13 @@ class Attachments:
                 counted = list(await self._guard(self._detach_script(keys=keys, args=args)))
             except RedisUnavailable:
                 pass
-            except Exception:  # best effort: never leave a caller waiting
-                log.exception("detach failed", extra={"streams": len(batch)})
-            for i, (_, _, answer) in enumerate(batch):
-                if not answer.done():
-                    answer.set_result(i < len(counted) and int(counted[i]) == 1)
+            except Exception:  # best effort
+                sids = [sid for sid, _, _ in batch[:5]]
+                log.exception("detach failed", extra={"streams": len(batch), "stream_ids": sids})
+            finally:  # answered whatever happened, cancellation included: nobody waits forever
+                for i, (_, _, answer) in enumerate(batch):
+                    if not answer.done():
+                        answer.set_result(i < len(counted) and int(counted[i]) == 1)
 
     async def _refresh(self) -> None:
         """Refresh every attachment each ATTACH_REFRESH seconds, a chunk per call.

@@ -10,6 +10,7 @@ import asyncio
 import random
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -243,6 +244,17 @@ async def test_a_burst_of_detaches_is_a_few_script_calls(slog: StreamLog, wlog: 
     assert [wlog.poll([sid])[sid][0] for sid in sids] == [1] * 6  # the creators stay attached
     metas = [await slog.redis.hgetall(slog.keys.meta(sid)) for sid in sids]
     assert [int(m.get(b"dc", 0)) for m in metas] == [0] + [50] * 5
+
+
+async def test_detaches_without_redis_answer_false_and_never_hang(tmp_path: Path) -> None:
+    down = StreamLog(f"unix://{tmp_path}/no-redis.sock", prefix="x:", stream_ttl=60)
+    try:
+        detaches = (down.attachments.detach(schema.new_stream_id(), f"a{i}") for i in range(5))
+        got = await asyncio.wait_for(asyncio.gather(*detaches), 20)
+        assert got == [False] * 5
+    finally:
+        await down.attachments.close()
+        await down.redis.aclose()
 
 
 async def test_gateway_finish_races_the_worker(slog: StreamLog, wlog: WorkerLog) -> None:
