@@ -6,12 +6,14 @@ a pass over all the weights before any arithmetic, and for the small row counts
 of decoding (1 to 64 rows) it dominates. oneDNN can keep a weight in its blocked
 layout (``torch.ops.mkldnn._reorder_linear_weight``) and multiply against it
 directly (``torch.ops.mkldnn._linear_pointwise``, the op PyTorch's own compiler
-emits for frozen CPU linears). Measured on the default model's shapes (2-core
-AMD EPYC, fp32): about 1.5x at 1 row, 1.25x at 64, 1.3x at 1,024, and 2.9x for
-the 49,152-row tied LM head at 64 rows (docs/benchmarks.md).
+emits for frozen CPU linears). In a microbenchmark of the default model's
+shapes (2-core AMD EPYC, fp32, all 30 layers' weights so that they do not sit in
+cache): about 1.5x at 1 row, 1.25x at 64, 1.3x at 1,024, and 2.9x for the
+49,152-row tied LM head at 64 rows; the engine end to end, 1.24x
+(docs/benchmarks.md). Packing costs about 1 s at load (it reads every weight).
 
-The packed weight replaces the dense one, so memory does not grow (the tied
-embedding keeps its dense copy for the lookup). ``TOKENRELAY_PACKED_LINEAR=0``
+The packed weight replaces the dense one, so memory grows only by the tied LM
+head (the embedding keeps its dense copy for the lookup). ``TOKENRELAY_PACKED_LINEAR=0``
 turns this off; so do a non-CPU device, a dtype other than fp32, and a PyTorch
 build without oneDNN.
 """
