@@ -6,11 +6,9 @@ a pass over all the weights before any arithmetic, and for the small row counts
 of decoding (1 to 64 rows) it dominates. oneDNN can keep a weight in its blocked
 layout (``torch.ops.mkldnn._reorder_linear_weight``) and multiply against it
 directly (``torch.ops.mkldnn._linear_pointwise``, the op PyTorch's own compiler
-emits for frozen CPU linears). In a microbenchmark of the default model's
-shapes (2-core AMD EPYC, fp32, all 30 layers' weights so that they do not sit in
-cache): about 1.5x at 1 row, 1.25x at 64, 1.3x at 1,024, and 2.9x for the
-49,152-row tied LM head at 64 rows; the engine end to end, 1.24x
-(docs/benchmarks.md). Packing costs about 1 s at load (it reads every weight).
+emits for frozen CPU linears). The engine end to end: 1.24x on the default model
+(docs/benchmarks.md, "Engine"). Packing costs about 1 s at load (it reads every
+weight).
 
 The packed weight replaces the dense one, so memory grows only by the tied LM
 head (the embedding keeps its dense copy for the lookup). ``TOKENRELAY_PACKED_LINEAR=0``
@@ -21,10 +19,11 @@ build without oneDNN.
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 import torch.nn.functional as F
+
+from gateway.options import env_switch
 
 log = logging.getLogger("tokenrelay.engine")
 
@@ -36,7 +35,7 @@ ENV_SWITCH = "TOKENRELAY_PACKED_LINEAR"
 
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
     """True where :func:`pack` applies: fp32 on a CPU with oneDNN, not disabled by env."""
-    if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+    if not env_switch(ENV_SWITCH):
         return False
     if device.type != "cpu" or dtype != torch.float32:
         return False

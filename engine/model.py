@@ -66,10 +66,8 @@ class Attention(nn.Module):
 
     def pack(self) -> None:
         """Move the q/k/v and output projections to oneDNN's layout (frees the dense ones)."""
-        self.qkv_packed, self.o_packed = (
-            cpu_linear.pack(self.qkv_weight),
-            cpu_linear.pack(self.o_weight),
-        )
+        self.qkv_packed = cpu_linear.pack(self.qkv_weight)
+        self.o_packed = cpu_linear.pack(self.o_weight)
         self.qkv_weight = cpu_linear.placeholder(self.qkv_weight)
         self.o_weight = cpu_linear.placeholder(self.o_weight)
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import time
+
+from gateway.options import env_switch
 
 log = logging.getLogger("tokenrelay.server")
 
@@ -25,7 +26,7 @@ ENV_SWITCH = "TOKENRELAY_GC_FREEZE"
 
 def freeze_startup_heap() -> int:
     """Collect once, then freeze every surviving object; returns how many are frozen (0: off)."""
-    if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+    if not env_switch(ENV_SWITCH):
         return 0
     started = time.perf_counter()
     gc.collect()

@@ -11,6 +11,11 @@ import os
 from typing import Any
 
 
+def env_switch(name: str) -> bool:
+    """A feature switch read from the environment: on unless set to 0, false, no or off."""
+    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def env_name(flag: str) -> str:
     return "TOKENRELAY_" + flag.lstrip("-").replace("-", "_").upper()
 

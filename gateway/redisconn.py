@@ -10,7 +10,6 @@ goes away and one when it is back, however many calls fail in between.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
 import threading
 import time
@@ -86,12 +85,6 @@ def connect_sync(url: str, *, socket_timeout: float | None = 5.0) -> redis.Redis
 
 
 @functools.cache
-def _driver_info() -> Any:
-    from redis.driver_info import DriverInfo
-
-    return DriverInfo()  # looks redis-py's version up in the package metadata, once
-
-
 def _identity() -> dict[str, Any]:
     """The client name redis-py sends on connect (``CLIENT SETINFO``), resolved once.
 
@@ -100,9 +93,11 @@ def _identity() -> dict[str, Any]:
     connections that was most of the gateway's time. Older redis-py resolves it
     once at import and takes no argument for it.
     """
-    if importlib.util.find_spec("redis.driver_info") is None:
+    try:
+        from redis.driver_info import DriverInfo
+    except ImportError:
         return {}
-    return {"driver_info": _driver_info()}
+    return {"driver_info": DriverInfo()}
 
 
 class RedisHealth:

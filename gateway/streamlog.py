@@ -314,7 +314,7 @@ class StreamLog:
         last = after
         if resumed:
             self.resumes += 1
-            await self._count_field(stream_id, RESUMES_FIELD, only_unfinished=False)
+            await self._count_field(stream_id, RESUMES_FIELD)
         while True:
             page = await self.read(stream_id, last, REPLAY_PAGE)
             if page and last >= 0 and page[0].seq != last + 1:
@@ -412,11 +412,10 @@ class StreamLog:
         if await self.attachments.detach(stream_id, attach_id):
             self.disconnects += 1
 
-    async def _count_field(self, stream_id: str, field: str, *, only_unfinished: bool) -> int:
+    async def _count_field(self, stream_id: str, field: str) -> int:
         """HINCRBY ``field`` of a live stream's metadata; 0 when nothing was counted."""
         keys = [self.keys.meta(stream_id)]
-        args = [field, "1" if only_unfinished else "0"]
         try:
-            return int(await self._guard(self._count(keys=keys, args=args)))
+            return int(await self._guard(self._count(keys=keys, args=[field])))
         except RedisUnavailable:
             return 0

@@ -9,8 +9,9 @@
 - The stream summary: exactly one ``stream summary`` log line per finished
   stream, written by whoever wrote its ``done`` event (the engine worker, or a
   gateway that ended the stream itself). Gateways count the stream's resumes
-  and disconnects into its metadata hash (fields ``rs`` and ``dc``, with
-  :data:`COUNT_LUA`), so the line has them whichever gateways served it.
+  and disconnects into its metadata hash (fields ``rs`` with :data:`COUNT_LUA`,
+  ``dc`` with gateway/schema.py's ``DETACH_LUA``), so the line has them whichever
+  gateways served it.
 """
 
 from __future__ import annotations
@@ -31,12 +32,10 @@ BUCKETS: dict[str, tuple[float, ...]] = {
     "queue": (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
 }
 
-# KEYS: meta.  ARGV: field, only_unfinished (1/0).  HINCRBY on an existing
-# stream only (never creates a meta hash, so its expiry is kept); with
-# only_unfinished, not once the stream is done.
+# KEYS: meta.  ARGV: field.  HINCRBY on an existing stream only (never creates
+# a meta hash, so its expiry is kept).
 COUNT_LUA = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-if ARGV[2] == '1' and redis.call('HGET', KEYS[1], 'st') == 'done' then return 0 end
 return redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
 """
 
