@@ -1,20 +1,25 @@
 """Where an engine step's time goes on a CPU, and what OpenMP's wait policy costs on a shared one.
 
-Two measurements, one run, tables on stdout:
+Measurements, tables on stdout:
 
 * ``omp``: one stream (a 231-token chat prompt, 40 tokens, greedy) stepped by
-  ``LLMEngine`` in a child process with ``OMP_WAIT_POLICY=ACTIVE`` (spinning
-  threads, OpenMP's usual default) and one with ``PASSIVE`` (the project
-  default, engine/__init__.py), each while another process keeps one core
-  busy, as the gateway and Redis do beside a worker on a laptop. Reports the
-  prefill step and the median decode step, and ACTIVE / PASSIVE.
+  ``LLMEngine`` in child processes, one per OpenMP wait setting:
+  ``OMP_WAIT_POLICY=ACTIVE`` (spinning threads), ``PASSIVE`` (the project
+  default, engine/__init__.py) and ``PASSIVE`` with a short spin
+  (``GOMP_SPINCOUNT``); each on an idle CPU and again while another process
+  keeps one core busy, as the gateway and Redis do beside a worker on a
+  laptop. Reports the prefill step and the median decode step.
 * ``decode``: the bench/engine_throughput.py workload (64 chat prompts of 50
   to 400 tokens, 128 output tokens each), every step timed, split into
   prefill steps and decode steps; then ``torch.profiler`` over five decode
   steps at the full batch, the share of the top operators.
+* ``buckets`` (not part of ``both``): the same workload at its full decode
+  batch, stepped with each CPU decode-attention bucket size in turn
+  (``engine.attention.CPU_DECODE_BUCKET_ROWS``), median wall and CPU time.
 
     .venv/bin/python bench/engine_profile.py            # both
     .venv/bin/python bench/engine_profile.py omp        # one of them
+    .venv/bin/python bench/engine_profile.py buckets    # decode-attention bucket sizes
 """
 
 from __future__ import annotations
@@ -62,31 +67,55 @@ def _single_stream() -> dict[str, float]:
     return {"prompt": len(ids), "prefill_ms": times[0], "decode_ms": statistics.median(times[1:])}
 
 
+# (OMP_WAIT_POLICY, GOMP_SPINCOUNT or None): libgomp spins that many iterations (about
+# 100,000 a millisecond) before a waiting thread sleeps; PASSIVE alone means no spin.
+OMP_VARIANTS = [("ACTIVE", None), ("PASSIVE", None), ("PASSIVE", "10000"), ("PASSIVE", "100000")]
+
+
+def _omp_child(policy: str, spin: str | None) -> dict[str, float]:
+    env = dict(os.environ, OMP_WAIT_POLICY=policy)
+    env.pop("GOMP_SPINCOUNT", None)
+    if spin is not None:
+        env["GOMP_SPINCOUNT"] = spin
+    out = subprocess.run(
+        [sys.executable, __file__, "_single"], env=env, capture_output=True, text=True
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"child with {policy} / {spin} failed:\n{out.stderr[-2000:]}")
+    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
 def run_omp() -> None:
-    stop = multiprocessing.Event()
-    busy = multiprocessing.Process(target=_spin, args=(stop,), daemon=True)
-    busy.start()
-    rows = {}
-    try:
-        for policy in ("ACTIVE", "PASSIVE"):
-            env = dict(os.environ, OMP_WAIT_POLICY=policy)
-            out = subprocess.run(
-                [sys.executable, __file__, "_single"], env=env, capture_output=True, text=True
-            )
-            if out.returncode != 0:
-                raise SystemExit(f"child with {policy} failed:\n{out.stderr[-2000:]}")
-            rows[policy] = json.loads(out.stdout.strip().splitlines()[-1])
-    finally:
-        stop.set()
-        busy.join()
-    a, p = rows["ACTIVE"], rows["PASSIVE"]
-    print(f"\none stream, {p['prompt']}-token prompt, 40 tokens; one other core kept busy (ms)")
-    print("| OMP_WAIT_POLICY | prefill step | decode step (median) |")
-    print("|---|---:|---:|")
-    for name, r in rows.items():
-        print(f"| {name} | {r['prefill_ms']:.0f} | {r['decode_ms']:.0f} |")
-    ratio_pre, ratio_dec = a["prefill_ms"] / p["prefill_ms"], a["decode_ms"] / p["decode_ms"]
-    print(f"| ACTIVE / PASSIVE | {ratio_pre:.2f}x | {ratio_dec:.2f}x |")
+    """One stream's step times per OpenMP wait setting, on an idle CPU and beside a busy core."""
+    rows: dict[tuple[str, str | None], dict[str, dict[str, float]]] = {v: {} for v in OMP_VARIANTS}
+    for busy_core in (False, True):
+        stop = multiprocessing.Event()
+        busy = multiprocessing.Process(target=_spin, args=(stop,), daemon=True)
+        if busy_core:
+            busy.start()
+        try:
+            for variant in OMP_VARIANTS:
+                rows[variant]["busy" if busy_core else "idle"] = _omp_child(*variant)
+        finally:
+            stop.set()
+            if busy_core:
+                busy.join()
+    prompt = int(rows[("PASSIVE", None)]["idle"]["prompt"])
+    print(
+        f"\none stream, {prompt}-token prompt, 40 tokens; idle CPU, then one other core kept busy"
+    )
+    print(
+        "| OMP_WAIT_POLICY | GOMP_SPINCOUNT | prefill idle (ms) | decode idle (ms) "
+        "| prefill busy (ms) | decode busy (ms) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
+    for (policy, spin), r in rows.items():
+        i, b = r["idle"], r["busy"]
+        print(
+            f"| {policy} | {spin or '-'} | {i['prefill_ms']:.0f} | {i['decode_ms']:.0f} "
+            f"| {b['prefill_ms']:.0f} | {b['decode_ms']:.0f} |"
+        )
 
 
 def run_decode(num_prompts: int, output_len: int) -> None:
@@ -143,9 +172,55 @@ def run_decode(num_prompts: int, output_len: int) -> None:
         print(f"| `{e.key}` | {share:.0%} | {e.self_cpu_time_total / 5 / 1000:.0f} |")
 
 
+BUCKET_ROWS = (64, 16, 8, 4)
+
+
+def run_buckets(num_prompts: int, rounds: int = 12) -> None:
+    """Decode steps at the full batch with each CPU bucket size in turn (interleaved)."""
+    import engine.attention as attention
+    from bench.engine_throughput import make_prompts
+    from engine import EngineConfig, LLMEngine, SamplingParams
+
+    engine = LLMEngine(EngineConfig(model="default", device="cpu", max_num_seqs=num_prompts))
+    prompts = make_prompts(engine, num_prompts, 50, 400, 0)
+    params = SamplingParams(
+        max_tokens=16 + rounds * len(BUCKET_ROWS), temperature=0, ignore_eos=True
+    )
+    for i, q in enumerate(prompts):
+        engine.add_request(f"b{i}", q, params)
+    while engine.stats()["waiting"] or engine.stats()["running"] < num_prompts:
+        engine.step()
+    for _ in range(3):  # every sequence past its prefill
+        engine.step()
+    default = attention.CPU_DECODE_BUCKET_ROWS
+    wall: dict[int, list[float]] = {r: [] for r in BUCKET_ROWS}
+    cpu: dict[int, list[float]] = {r: [] for r in BUCKET_ROWS}
+    try:
+        for _ in range(rounds):
+            for rows in BUCKET_ROWS:
+                attention.CPU_DECODE_BUCKET_ROWS = rows
+                t, c = time.perf_counter(), time.process_time()
+                engine.step()
+                wall[rows].append(time.perf_counter() - t)
+                cpu[rows].append(time.process_time() - c)
+    finally:
+        attention.CPU_DECODE_BUCKET_ROWS = default
+    while engine.has_unfinished():
+        engine.step()
+    print(f"\ndecode steps at batch {num_prompts}, rows per attention bucket, {rounds} steps each")
+    print("| rows per bucket | buckets | wall ms (median) | CPU ms (median) | wall vs 8 |")
+    print("|---:|---:|---:|---:|---:|")
+    ref = statistics.median(wall[8])
+    for rows in BUCKET_ROWS:
+        w, c = statistics.median(wall[rows]) * 1000, statistics.median(cpu[rows]) * 1000
+        print(f"| {rows} | {-(-num_prompts // rows)} | {w:.0f} | {c:.0f} | {w / ref / 1000:.2f}x |")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("what", nargs="?", default="both", choices=["both", "omp", "decode", "_single"])
+    ap.add_argument(
+        "what", nargs="?", default="both", choices=["both", "omp", "decode", "buckets", "_single"]
+    )
     ap.add_argument("--num-prompts", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=128)
     args = ap.parse_args()
@@ -157,6 +232,8 @@ def main() -> int:
         run_omp()
     if args.what in ("both", "decode"):
         run_decode(args.num_prompts, args.output_len)
+    if args.what == "buckets":
+        run_buckets(args.num_prompts)
     print(f"\nload average at the end: {load_average()}")
     print(f"command: python bench/engine_profile.py {' '.join(sys.argv[1:])}".rstrip())
     return 0

@@ -6,11 +6,14 @@ Backends:
   ``block_table``) when ``flash_attn`` imports, the device is CUDA and the block
   size is a multiple of 256 (flash-attn 2's paged-KV requirement);
 * a PyTorch path everywhere else. Decode rows (one query token) are sorted by
-  context length into a few buckets; each bucket is one
+  context length into buckets; each bucket is one
   ``scaled_dot_product_attention`` call over its sequences' blocks gathered into
   a padded ``[B, Hkv, L, D]`` view (bucketing keeps the padding small when
-  lengths are ragged). Query heads that share a KV head are folded into the
-  query axis (``[B, Hkv, G, D]``), so GQA never copies K/V per query head.
+  lengths are ragged). On a CPU a bucket holds at most
+  ``CPU_DECODE_BUCKET_ROWS`` rows, so its gathered K/V (a few MB) is still in
+  cache when SDPA reads it; on a GPU there are at most ``DECODE_MAX_BUCKETS``.
+  Query heads that share a KV head are folded into the query axis
+  (``[B, Hkv, G, D]``), so GQA never copies K/V per query head.
   Prefill chunks (``q_len > 1``) run one call each: ``is_causal`` without a
   cached prefix, else a causal mask offset by the prefix length.
 
@@ -31,6 +34,10 @@ import torch.nn.functional as F
 FLASH_BLOCK_MULTIPLE = 256  # flash-attn 2 needs paged-KV block sizes divisible by this
 DECODE_BUCKET_MIN = 8  # at least this many rows per decode bucket
 DECODE_MAX_BUCKETS = 4
+# CPU: rows per decode bucket. 8 rows x ~500 tokens of K and V is ~5 MB, which stays in
+# cache between the gather and SDPA; one bucket of 64 rows went out to memory and back
+# (bench/engine_profile.py decode: attention + gather per step, see docs/benchmarks.md).
+CPU_DECODE_BUCKET_ROWS = 8
 
 
 def flash_attn_available() -> bool:
@@ -174,7 +181,10 @@ def _plan_decode(
     if not len(rows):
         return
     rows = rows[np.argsort(ctx[rows], kind="stable")]
-    buckets = max(1, min(DECODE_MAX_BUCKETS, len(rows) // DECODE_BUCKET_MIN))
+    if device.type == "cpu":
+        buckets = -(-len(rows) // CPU_DECODE_BUCKET_ROWS)
+    else:
+        buckets = max(1, min(DECODE_MAX_BUCKETS, len(rows) // DECODE_BUCKET_MIN))
     bs = meta.block_size
     for part in np.array_split(rows, buckets):
         d_ctx = ctx[part]

@@ -51,14 +51,14 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig) -> None:
         import torch
-        from transformers import AutoTokenizer
 
         from engine.detokenizer import IncrementalDetokenizer
         from engine.model_runner import ModelRunner
+        from engine.tokenizer import load_tokenizer
 
         self.config = config
         self._detokenizer_cls = IncrementalDetokenizer
-        self.tokenizer: Any = AutoTokenizer.from_pretrained(str(config.model_path))
+        self.tokenizer: Any = load_tokenizer(config.model_path)
         self.runner = ModelRunner(
             config.model_path,
             device=config.device,

@@ -9,6 +9,7 @@ goes away and one when it is back, however many calls fail in between.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import threading
@@ -82,6 +83,20 @@ def connect_sync(url: str, *, socket_timeout: float | None = 5.0) -> redis.Redis
         health_check_interval=0,
         **_identity(),
     )
+
+
+def raise_if_cancel_swallowed() -> None:
+    """Raise ``CancelledError`` if this task was cancelled during a call that swallowed it.
+
+    redis-py may catch the cancellation of a command in flight and return
+    normally (see :func:`connect_async`); the task's cancel request is still
+    counted (``Task.cancelling()``). Loops that must stop when cancelled call
+    this after their Redis calls. Not for cleanup that runs after a cancel (a
+    ``finally`` block), where the count is already set.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 @functools.cache

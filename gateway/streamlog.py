@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from gateway.attachments import Attachments
-from gateway.redisconn import RedisHealth, connect_async, is_outage
+from gateway.redisconn import RedisHealth, connect_async, is_outage, raise_if_cancel_swallowed
 from gateway.schema import (
     ACTIVE_TTL,
     APPEND_LUA,
@@ -317,6 +317,9 @@ class StreamLog:
             await self._count_field(stream_id, RESUMES_FIELD)
         while True:
             page = await self.read(stream_id, last, REPLAY_PAGE)
+            # a consumer cancelled during the read must not go on to subscribe and wait
+            # for the stream's end (its socket may be long gone)
+            raise_if_cancel_swallowed()
             if page and last >= 0 and page[0].seq != last + 1:
                 raise EventsTrimmed(f"events after seq {last} are no longer kept")
             for ev in page:

@@ -55,6 +55,7 @@ class Connection:
         self.owned: set[str] = set()
         self.principal = Principal(None)  # set by websocket_endpoint
         self.slot_of: dict[str, str] = {}  # stream id -> --max-streams-per-key bucket
+        self.attach_of: dict[str, str | None] = {}  # stream id -> attachment its tail holds
         self._tokens = RATE_BURST
         self._refilled = time.monotonic()
         self._violations = 0
@@ -80,9 +81,13 @@ class Connection:
                 )
                 await self._read_loop()
         finally:
-            for task in list(self.tails.values()):
+            tails = list(self.tails.values())
+            for task in tails:
                 task.cancel()
-            await asyncio.gather(*self.tails.values(), return_exceptions=True)
+            await asyncio.gather(*tails, return_exceptions=True)
+            # a tail cancelled before it first ran never reached its `finally`
+            for sid in list(self.slot_of.keys() | self.attach_of.keys()):
+                await self._release(sid)
             if self._closing:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(asyncio.shield(writer), 2.0)
@@ -234,6 +239,7 @@ class Connection:
         if old is not None:  # one tail per stream per socket
             old.cancel()
             await asyncio.gather(old, return_exceptions=True)
+            await self._release(sid)  # in case it was cancelled before it ran
         elif len(self.tails) >= self.gw.settings.max_streams_per_connection:
             limit = self.gw.settings.max_streams_per_connection
             raise p.ProtocolError(
@@ -291,12 +297,19 @@ class Connection:
     def _start_tail(
         self, sid: str, after: int, attach_id: str | None, started: tuple[str | None, str] | None
     ) -> None:
-        task = asyncio.create_task(self._tail(sid, after, attach_id, started), name=f"tail-{sid}")
+        self.attach_of[sid] = attach_id
+        task = asyncio.create_task(self._tail(sid, after, started), name=f"tail-{sid}")
         self.tails[sid] = task
 
-    async def _tail(
-        self, sid: str, after: int, attach_id: str | None, started: tuple[str | None, str] | None
-    ) -> None:
+    async def _release(self, sid: str) -> None:
+        """Give back a tail's per-key slot and remove its attachment (once per tail)."""
+        bucket = self.slot_of.pop(sid, None)
+        if bucket is not None:
+            self.gw.guard.close_stream(bucket)
+        if sid in self.attach_of:
+            await self.gw.log.detach(sid, self.attach_of.pop(sid))
+
+    async def _tail(self, sid: str, after: int, started: tuple[str | None, str] | None) -> None:
         rid = started[0] if started else None
         try:
             tail = self.gw.log.tail(sid, after, resumed=started is None)
@@ -338,10 +351,7 @@ class Connection:
         finally:
             if self.tails.get(sid) is asyncio.current_task():
                 del self.tails[sid]
-            bucket = self.slot_of.pop(sid, None)
-            if bucket is not None:
-                self.gw.guard.close_stream(bucket)
-            await self.gw.log.detach(sid, attach_id)
+            await self._release(sid)
 
 
 async def websocket_endpoint(ws: WebSocket) -> None:

@@ -86,10 +86,12 @@ def hf_greedy(
 ) -> list[list[int]]:
     """transformers' own greedy ``generate``: GREEDY_TOKENS ids per prompt, EOS not stopping.
 
-    ``eos_token_id=[]`` keeps generating through EOS (like our ``ignore_eos``)
-    without suppressing it the way ``min_new_tokens`` would. The result is kept
-    in pytest's cache, keyed by the weights file, the prompts and the torch and
-    transformers versions, so reruns skip ~1,000 reference decode steps.
+    One ``generate`` call over all prompts, left-padded with an attention mask
+    (about 25 s on 2 CPU cores, against 125 s for one call per prompt; both give
+    the same ids for these prompts). ``eos_token_id=[]`` keeps generating through
+    EOS (like our ``ignore_eos``) without suppressing it the way
+    ``min_new_tokens`` would. The result is kept in pytest's cache, keyed by the
+    weights file, the prompts and the torch and transformers versions.
     """
     import torch
     import transformers
@@ -102,6 +104,7 @@ def hf_greedy(
             [w.stat().st_mtime_ns for w in weights],
             greedy_prompts,
             GREEDY_TOKENS,
+            "one left-padded batch",
             torch.__version__,
             transformers.__version__,
         ]
@@ -117,14 +120,16 @@ def hf_greedy(
     config.do_sample = False
     config.max_new_tokens = GREEDY_TOKENS
     config.eos_token_id = []
-    out = []
+    config.pad_token_id = model.generation_config.pad_token_id or 0
+    width = max(map(len, greedy_prompts))
+    pads = [width - len(ids) for ids in greedy_prompts]
+    prompts = torch.tensor(
+        [[config.pad_token_id] * n + ids for n, ids in zip(pads, greedy_prompts, strict=True)]
+    )
+    mask = torch.tensor([[0] * n + [1] * (width - n) for n in pads])
     with torch.inference_mode():
-        for ids in greedy_prompts:
-            prompt = torch.tensor([ids])
-            gen = model.generate(
-                prompt, attention_mask=torch.ones_like(prompt), generation_config=config
-            )
-            out.append(gen[0, len(ids) :].tolist())
+        gen = model.generate(prompts, attention_mask=mask, generation_config=config)
+    out = [row[width:].tolist() for row in gen]
     if cache is not None:
         cache.set(key, out)
     return out

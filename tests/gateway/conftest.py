@@ -18,7 +18,7 @@ import pytest
 from gateway.redis_server import EmbeddedRedis
 from gateway.streamlog import StreamLog
 from gateway.workerlog import WorkerLog
-from tests.gateway.procs import Proc, start_gateway, start_worker, wait_ready
+from tests.gateway.procs import Proc, start_gateway, start_worker, stop_all, wait_ready
 
 
 @pytest.fixture
@@ -88,5 +88,4 @@ def stack(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory)
         wait_ready(b, gw_b, 60)
         yield Stack(redis_server, prefix, worker, wid, gw_a, a, gw_b, b)
     finally:
-        for proc in procs:
-            proc.stop()
+        stop_all(procs)

@@ -69,6 +69,16 @@ class Proc:
         return int(self.proc.returncode)
 
 
+def stop_all(procs: list[Proc], timeout: float = 15.0) -> None:
+    """SIGTERM every process at once, then wait for each: they drain in parallel."""
+    for proc in procs:
+        if proc.alive():
+            proc.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        proc.stop(max(0.1, deadline - time.monotonic()))
+
+
 def start_worker(redis_url: str, prefix: str, log_dir: Path, *extra: str) -> Proc:
     args = ["worker", "--redis-url", redis_url, "--redis-prefix", prefix, "--device", "cpu"]
     return Proc([*args, *extra], log_dir / f"worker-{time.monotonic_ns()}.log")

@@ -27,6 +27,7 @@ from tests.gateway.procs import (
     generate_frame,
     start_gateway,
     start_worker,
+    stop_all,
     wait_ready,
 )
 
@@ -55,8 +56,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         wait_ready(addr, gateway, 300)
         yield c
     finally:
-        for proc in [gateway, *c.extra, worker]:
-            proc.stop()
+        stop_all([gateway, *c.extra, worker])
         redis.cleanup()
 
 

@@ -22,6 +22,7 @@ from tests.gateway.procs import (
     generate_frame,
     start_gateway,
     start_worker,
+    stop_all,
     wait_ready,
 )
 
@@ -48,8 +49,7 @@ def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Faulty]:
         wait_ready(addr, gateway, 300)
         yield Faulty(redis, worker, gateway, addr, logs)
     finally:
-        gateway.stop()
-        worker.stop()
+        stop_all([gateway, worker])
         redis.cleanup()
 
 

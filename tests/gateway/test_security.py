@@ -21,7 +21,7 @@ from gateway.cors import OriginPolicy
 from gateway.redis_server import EmbeddedRedis
 from gateway.security import Authenticator, AuthError, key_id, load_keys
 from gateway.workerlog import WorkerLog
-from tests.gateway.procs import Client, Proc, start_gateway, wait_ready
+from tests.gateway.procs import Client, Proc, start_gateway, stop_all, wait_ready
 
 KEY_A = "sk-test-alpha-0123456789"
 KEY_B = "sk-test-bravo-0123456789"
@@ -104,8 +104,9 @@ def secured(
     keys.write_text(f"{KEY_A}\n{KEY_B}\n")
     wlog = WorkerLog(redis_server.url, "sec-worker", prefix=PREFIX)
     wlog.ensure_group()
+    # no engine worker here: a stream left queued never ends, so drain for at most 1 s
     flags = ["--api-keys-file", str(keys), "--allow-origin", "https://app.example.com",
-             "--rate-limit", "4", "--max-streams-per-key", "3"]  # fmt: skip
+             "--rate-limit", "4", "--max-streams-per-key", "3", "--drain-timeout", "1"]  # fmt: skip
     gw_a, a = start_gateway(redis_server.url, PREFIX, logs, *flags)
     gw_b, b = start_gateway(redis_server.url, PREFIX, logs, *flags)
     gw_o, o = start_gateway(redis_server.url, "secopen:", logs)
@@ -115,8 +116,7 @@ def secured(
         wlog.heartbeat({})
         yield Secured(redis_server, a, b, gw_a, gw_b, o)
     finally:
-        for proc in (gw_a, gw_b, gw_o):
-            proc.stop()
+        stop_all([gw_a, gw_b, gw_o])
         redis_server.client().delete(f"{PREFIX}requests")
         wlog.close()
     for proc in (gw_a, gw_b):
