@@ -86,8 +86,8 @@ class Connection:
                 task.cancel()
             await asyncio.gather(*tails, return_exceptions=True)
             # a tail cancelled before it first ran never reached its `finally`
-            for sid in list(self.slot_of.keys() | self.attach_of.keys()):
-                await self._release(sid)
+            left = self.slot_of.keys() | self.attach_of.keys()
+            await asyncio.gather(*(self._release(sid) for sid in left))
             if self._closing:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(asyncio.shield(writer), 2.0)
