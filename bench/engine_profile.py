@@ -16,10 +16,15 @@ Measurements, tables on stdout:
 * ``buckets`` (not part of ``both``): the same workload at its full decode
   batch, stepped with each CPU decode-attention bucket size in turn
   (``engine.attention.CPU_DECODE_BUCKET_ROWS``), median wall and CPU time.
+* ``start`` (not part of ``both``): seconds to a ready ``LLMEngine`` in a fresh
+  process (torch import included), and its tokenizer alone loaded by
+  engine/tokenizer.py against ``AutoTokenizer`` (the peer), three fresh
+  processes each.
 
     .venv/bin/python bench/engine_profile.py            # both
     .venv/bin/python bench/engine_profile.py omp        # one of them
     .venv/bin/python bench/engine_profile.py buckets    # decode-attention bucket sizes
+    .venv/bin/python bench/engine_profile.py start      # engine and tokenizer load times
 """
 
 from __future__ import annotations
@@ -216,10 +221,44 @@ def run_buckets(num_prompts: int, rounds: int = 12) -> None:
         print(f"| {rows} | {-(-num_prompts // rows)} | {w:.0f} | {c:.0f} | {w / ref / 1000:.2f}x |")
 
 
+START_CHILDREN = {
+    "engine": "from engine import EngineConfig, LLMEngine\n"
+    "LLMEngine(EngineConfig(model='default', device='cpu'))",
+    "tokenizer": "from engine.model_store import resolve_model\n"
+    "from engine.tokenizer import load_tokenizer\n"
+    "load_tokenizer(resolve_model('default'))",
+    "AutoTokenizer": "from engine.model_store import resolve_model\n"
+    "from transformers import AutoTokenizer\n"
+    "AutoTokenizer.from_pretrained(str(resolve_model('default')))",
+}
+
+
+def run_start(repeats: int = 3) -> None:
+    """Load times in fresh processes, interleaved: the engine, and its tokenizer two ways."""
+    seconds: dict[str, list[float]] = {name: [] for name in START_CHILDREN}
+    for _ in range(repeats):
+        for name, code in START_CHILDREN.items():
+            timed = f"import time\nt = time.perf_counter()\n{code}\nprint(time.perf_counter() - t)"
+            out = subprocess.run([sys.executable, "-c", timed], capture_output=True, text=True)
+            if out.returncode != 0:
+                raise SystemExit(f"{name} failed:\n{out.stderr[-2000:]}")
+            seconds[name].append(float(out.stdout.strip().splitlines()[-1]))
+    print(f"\nseconds in a fresh process, {repeats} runs each")
+    print("| load | runs (s) | median (s) |")
+    print("|---|---|---:|")
+    for name, xs in seconds.items():
+        print(f"| {name} | {' / '.join(f'{x:.2f}' for x in xs)} | {statistics.median(xs):.2f} |")
+    ratio = statistics.median(seconds["AutoTokenizer"]) / statistics.median(seconds["tokenizer"])
+    print(f"AutoTokenizer / engine/tokenizer.py: {ratio:.1f}x")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument(
-        "what", nargs="?", default="both", choices=["both", "omp", "decode", "buckets", "_single"]
+        "what",
+        nargs="?",
+        default="both",
+        choices=["both", "omp", "decode", "buckets", "start", "_single"],
     )
     ap.add_argument("--num-prompts", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=128)
@@ -234,6 +273,8 @@ def main() -> int:
         run_decode(args.num_prompts, args.output_len)
     if args.what == "buckets":
         run_buckets(args.num_prompts)
+    if args.what == "start":
+        run_start()
     print(f"\nload average at the end: {load_average()}")
     print(f"command: python bench/engine_profile.py {' '.join(sys.argv[1:])}".rstrip())
     return 0

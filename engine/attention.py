@@ -35,8 +35,8 @@ FLASH_BLOCK_MULTIPLE = 256  # flash-attn 2 needs paged-KV block sizes divisible 
 DECODE_BUCKET_MIN = 8  # at least this many rows per decode bucket
 DECODE_MAX_BUCKETS = 4
 # CPU: rows per decode bucket. 8 rows x ~500 tokens of K and V is ~5 MB, which stays in
-# cache between the gather and SDPA; one bucket of 64 rows went out to memory and back
-# (bench/engine_profile.py decode: attention + gather per step, see docs/benchmarks.md).
+# cache between the gather and SDPA; one bucket of 64 rows goes out to memory and back
+# (bench/engine_profile.py buckets; docs/benchmarks.md).
 CPU_DECODE_BUCKET_ROWS = 8
 
 

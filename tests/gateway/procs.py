@@ -58,13 +58,21 @@ class Proc:
             os.kill(self.proc.pid, sig)
 
     def stop(self, timeout: float = 15.0) -> int:
+        self.terminate()
+        return self.wait_stopped(timeout)
+
+    def terminate(self) -> None:
+        """SIGTERM once (a second one would make the gateway skip its drain)."""
         if self.alive():
             self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+
+    def wait_stopped(self, timeout: float) -> int:
+        """Wait for the exit; SIGKILL after ``timeout`` seconds."""
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
         self._log.close()
         return int(self.proc.returncode)
 
@@ -72,11 +80,10 @@ class Proc:
 def stop_all(procs: list[Proc], timeout: float = 15.0) -> None:
     """SIGTERM every process at once, then wait for each: they drain in parallel."""
     for proc in procs:
-        if proc.alive():
-            proc.proc.send_signal(signal.SIGTERM)
+        proc.terminate()
     deadline = time.monotonic() + timeout
     for proc in procs:
-        proc.stop(max(0.1, deadline - time.monotonic()))
+        proc.wait_stopped(max(0.1, deadline - time.monotonic()))
 
 
 def start_worker(redis_url: str, prefix: str, log_dir: Path, *extra: str) -> Proc:
