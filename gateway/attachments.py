@@ -24,6 +24,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from gateway.redisconn import queue_script
 from gateway.schema import ATTACH_LUA, ATTACH_REFRESH, ATTACH_TTL, DETACH_LUA, Keys
 from gateway.tailer import RedisUnavailable
 from gateway.telemetry import DISCONNECTS_FIELD
@@ -78,15 +79,18 @@ class Attachments:
     def new_id(self) -> str:
         return f"{self.owner}:{secrets.token_hex(4)}"
 
-    async def queue(self, pipe: Any, stream_id: str, attach_id: str) -> None:
+    def queue(self, pipe: Any, stream_id: str, attach_id: str) -> None:
         """Add the attachment to a pipeline (call :meth:`track` once it ran)."""
-        await self._call([(attach_id, stream_id)], client=pipe)
+        queue_script(pipe, ATTACH_LUA, *self._keys_args([(attach_id, stream_id)]))
 
-    def _call(self, items: list[tuple[str, str]], **kw: Any) -> Awaitable[Any]:
-        """One script call adding/refreshing ``(attach id, stream id)`` items."""
+    def _keys_args(self, items: list[tuple[str, str]]) -> tuple[list[str], list[Any]]:
         keys = [self.keys.attach(sid) for _, sid in items]
-        args: list[Any] = [int(ATTACH_TTL * 1000), *(aid for aid, _ in items)]
-        return self._script(keys=keys, args=args, **kw)  # type: ignore[no-any-return]
+        return keys, [int(ATTACH_TTL * 1000), *(aid for aid, _ in items)]
+
+    def _call(self, items: list[tuple[str, str]]) -> Awaitable[Any]:
+        """One script call adding/refreshing ``(attach id, stream id)`` items."""
+        keys, args = self._keys_args(items)
+        return self._script(keys=keys, args=args)  # type: ignore[no-any-return]
 
     def track(self, stream_id: str, attach_id: str) -> None:
         self.tracked[attach_id] = stream_id

@@ -43,6 +43,18 @@ def is_outage(exc: BaseException) -> bool:
     return False
 
 
+def queue_script(pipe: Any, script: str, keys: list[str], args: list[Any]) -> None:
+    """Queue a Lua ``script`` on a pipeline as ``EVAL`` (its text, not its SHA).
+
+    A pipeline holding a registered ``Script`` costs a round trip more: redis-py first
+    sends ``SCRIPT EXISTS`` on its own, in case a restarted Redis lost its script cache.
+    ``EVAL`` carries the text, so the pipeline stays one round trip and can never meet
+    ``NOSCRIPT``; Redis still compiles the script once and finds it again by its SHA.
+    An engine step's append is such a pipeline (bench/redis_append.py measures it).
+    """
+    pipe.eval(script, len(keys), *keys, *args)
+
+
 def _retry() -> Retry:
     return Retry(ConstantBackoff(0.05), retries=1)
 

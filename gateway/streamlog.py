@@ -239,7 +239,7 @@ class StreamLog:
         pipe.hset(self.keys.meta(sid), mapping=meta)
         pipe.expire(self.keys.meta(sid), int(ACTIVE_TTL))
         if attach_id:
-            await self.attachments.queue(pipe, sid, attach_id)
+            self.attachments.queue(pipe, sid, attach_id)
         request = {
             "sid": sid,
             "rid": request_id or "",

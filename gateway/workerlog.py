@@ -20,7 +20,7 @@ from typing import Any
 
 import redis
 
-from gateway.redisconn import connect_sync
+from gateway.redisconn import connect_sync, queue_script
 from gateway.schema import (
     APPEND_CHUNK,
     APPEND_LUA,
@@ -94,8 +94,6 @@ class WorkerLog:
         self.keys = Keys(prefix)
         self.worker_id = worker_id
         self.redis = connect_sync(url)
-        self._append = self.redis.register_script(APPEND_LUA)
-        self._attached = self.redis.register_script(ATTACHED_LUA)
         self._release = self.redis.register_script(RELEASE_LUA)
         self._control_cursor: str | None = None
 
@@ -187,7 +185,7 @@ class WorkerLog:
                 Append(b.stream_id, b.first_seq, b.events, b.meta, b.done_ttl) for b in chunk
             ]
             keys, args = append_call(self.keys, appends, maxlen=MAXLEN)
-            self._append(keys=keys, args=args, client=pipe)
+            queue_script(pipe, APPEND_LUA, keys, args)
         calls = (len(batches) + APPEND_CHUNK - 1) // APPEND_CHUNK
         acks = [b.ack_entry for b in batches if b.ack_entry]
         if acks:
@@ -243,7 +241,7 @@ class WorkerLog:
         if not stream_ids:
             return {}
         pipe = self.redis.pipeline(transaction=False)
-        self._attached(keys=[self.keys.attach(s) for s in stream_ids], client=pipe)
+        queue_script(pipe, ATTACHED_LUA, [self.keys.attach(s) for s in stream_ids], [])
         for sid in stream_ids:
             pipe.hget(self.keys.meta(sid), "cx")
         replies = pipe.execute()

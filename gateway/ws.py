@@ -2,10 +2,14 @@
 
 Per socket there is a reader loop (client frames, answered in order), one
 tail task per stream (replay + live events from the Redis log) and one writer
-task that owns the socket's send side. Everything the tails produce goes
-through a bounded send queue: when the client reads slowly, the queue fills,
-the tails stop pulling from Redis (the log is the buffer) and nothing else
-waits. docs/protocol.md is the reference for the frames.
+task. A frame is written by the task that produced it when nothing is queued
+and no write is in progress (the common case: no task switch between an event
+and its socket); otherwise it goes through a bounded send queue that the
+writer empties. When the client reads slowly, the socket stops being writable,
+the queue fills, the tails stop pulling from Redis (the log is the buffer) and
+nothing else waits. Writes take ``_send_lock`` (first come, first served), so
+each stream's frames leave in the order its tail produced them.
+docs/protocol.md is the reference for the frames.
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ class _Close:
         self.code, self.reason = code, reason
 
 
+_STOP = _Close(0)  # queued for the writer to end without writing anything
+
+
 class Connection:
     """One accepted WebSocket and the streams it carries."""
 
@@ -59,7 +66,9 @@ class Connection:
         self._tokens = RATE_BURST
         self._refilled = time.monotonic()
         self._violations = 0
-        self._closing = False
+        self._closing = False  # no new frames are taken (what is queued still goes)
+        self._dead = False  # a write failed: nothing more can be sent
+        self._send_lock = asyncio.Lock()  # one socket write at a time, in arrival order
 
     # --- lifecycle ---------------------------------------------------------------
 
@@ -109,30 +118,55 @@ class Connection:
         try:
             while True:
                 item = await self.queue.get()
-                if isinstance(item, _Close):
-                    await self.ws.close(item.code, item.reason)
+                if item is _STOP:
                     return
-                await self.ws.send_text(item)
-        except (WebSocketDisconnect, RuntimeError, OSError):
-            pass
-        except Exception as exc:  # e.g. uvicorn's ClientDisconnected
-            log.debug("websocket send failed: %r", exc)
+                async with self._send_lock:
+                    if not await self._write(item) or isinstance(item, _Close):
+                        return
         finally:
             # nobody sends any more: release whoever waits on a full queue
             self._closing = True
             while not self.queue.empty():
                 self.queue.get_nowait()
 
+    async def _write(self, item: str | _Close) -> bool:
+        """Write one frame, or the close; False once the socket is gone (hold the lock)."""
+        if self._dead:
+            return False
+        try:
+            if isinstance(item, _Close):
+                await self.ws.close(item.code, item.reason)
+            else:
+                await self.ws.send_text(item)
+            return True
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            pass
+        except Exception as exc:  # e.g. uvicorn's ClientDisconnected
+            log.debug("websocket send failed: %r", exc)
+        self._dead = self._closing = True
+        while not self.queue.empty():  # what is queued will never be sent
+            self.queue.get_nowait()
+        self.queue.put_nowait(_STOP)  # ends the writer if it waits for more
+        return False
+
     async def send(self, frame: dict[str, Any]) -> None:
-        """Queue a frame (waits while the send queue is full)."""
+        """Send a frame (waits while the send queue is full)."""
         if frame.get("type") == "error":
             self.gw.metrics.count_error(frame.get("code", "internal"), "ws")
-        if not self._closing:
-            await self.queue.put(p.encode(frame))
+        await self.send_encoded(p.encode(frame))
 
     async def send_encoded(self, text: str) -> None:
-        """Queue a frame already encoded with :mod:`gateway.protocol`."""
-        if not self._closing:
+        """Send a frame already encoded with :mod:`gateway.protocol`.
+
+        Written at once when nothing is queued or being written, else queued for
+        the writer (waits while the queue is full).
+        """
+        if self._closing:
+            return
+        if self.queue.empty() and not self._send_lock.locked():
+            async with self._send_lock:  # FIFO: behind a writer that already took a frame
+                await self._write(text)
+        else:
             await self.queue.put(text)
 
     async def _read_loop(self) -> None:

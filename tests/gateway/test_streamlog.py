@@ -437,3 +437,37 @@ async def test_each_request_goes_to_exactly_one_worker(
         assert sorted(seen) == sorted(created)  # all of them, none twice
     finally:
         other.close()
+
+
+async def test_script_pipelines_are_one_round_trip_and_survive_a_flushed_cache(
+    tmp_path: Path, prefix: str
+) -> None:
+    """A generate, an engine step's append and a poll send no ``SCRIPT`` command of their
+    own (redis-py adds a ``SCRIPT EXISTS`` round trip to pipelines holding registered
+    scripts), and still work when Redis lost its script cache (as after a restart)."""
+    own = EmbeddedRedis(tmp_path / "redis").start()
+    slog = StreamLog(own.url, prefix=prefix, stream_ttl=60, detach_timeout=30)
+    wlog = WorkerLog(own.url, "w-test", prefix=prefix)
+    try:
+        wlog.ensure_group()
+        wlog.heartbeat({"test": True})
+        await slog.start()
+        admin = own.client()
+        for flushed in (False, True):
+            if flushed:
+                admin.script_flush()
+            admin.config_resetstat()
+            sid, _ = await start_stream(slog, wlog)
+            write_tokens(wlog, sid, 1, ["a", "b"])
+            assert wlog.poll([sid]) == {sid: (1, False)}
+            stats = admin.info("commandstats")
+            assert "cmdstat_script" not in stats, stats
+            assert "cmdstat_evalsha" not in stats, stats
+            assert stats["cmdstat_eval"]["calls"] == 4  # attach, accepted, tokens, poll
+            assert stats["cmdstat_eval"]["failed_calls"] == 0
+            write_done(wlog, sid, 3)
+            assert [e.text for e in await collect(slog, sid, 0) if e.kind == "token"] == ["a", "b"]
+    finally:
+        await slog.close()
+        wlog.close()
+        own.stop()

@@ -1,0 +1,121 @@
+"""An engine step's append to the stream logs: one Redis round trip, against redis-py's way.
+
+Every engine step appends each running sequence's new events with
+:meth:`gateway.workerlog.WorkerLog.flush`: one pipeline of ``APPEND_LUA`` calls
+(gateway/schema.py). The pipeline queues the script as ``EVAL``
+(:func:`gateway.redisconn.queue_script`). The peer is what redis-py does with
+a registered ``Script`` in a pipeline, what the worker did before: the same
+calls as ``EVALSHA``, after a ``SCRIPT EXISTS`` round trip of their own.
+
+For each batch size (streams appended per step), the two alternate step by step
+on one embedded redis-server, each step appending one token event to every
+stream, as a decode step does. Reported: the step's wall time as the worker
+sees it (p50 / p90), and Redis' own time per step from ``INFO commandstats``.
+
+    .venv/bin/python bench/redis_append.py              # 1, 16, 64 and 256 streams
+    .venv/bin/python bench/redis_append.py --steps 500
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import load_average, machine
+from bench.token_source import create_streams, stamp_text
+from gateway import schema
+from gateway.redis_server import EmbeddedRedis
+from gateway.workerlog import MAXLEN, Batch, WorkerLog
+
+SIZES = (1, 16, 64, 256)
+
+
+def redis_usec(client: Any, commands: tuple[str, ...]) -> float:
+    stats = client.info("commandstats")
+    return float(sum(stats.get(f"cmdstat_{c}", {}).get("usec", 0) for c in commands))
+
+
+def peer_flush(wlog: WorkerLog, script: Any, batches: list[Batch]) -> None:
+    """The former flush: a registered Script in the pipeline (redis-py adds SCRIPT EXISTS)."""
+    pipe = wlog.redis.pipeline(transaction=False)
+    for at in range(0, len(batches), schema.APPEND_CHUNK):
+        appends = [
+            schema.Append(b.stream_id, b.first_seq, b.events, b.meta, b.done_ttl)
+            for b in batches[at : at + schema.APPEND_CHUNK]
+        ]
+        keys, args = schema.append_call(wlog.keys, appends, maxlen=MAXLEN)
+        script(keys=keys, args=args, client=pipe)
+    for raw in pipe.execute():
+        for answer in raw:
+            assert schema.decode_append(answer).status == 1
+
+
+def run(url: str, size: int, steps: int) -> dict[str, Any]:
+    wlog = WorkerLog(url, "bench-append")
+    script = wlog.redis.register_script(schema.APPEND_LUA)
+    admin = wlog.redis
+    sids = [sid for sid, _ in create_streams(wlog, size, stream_ttl=600)]
+    wall: dict[str, list[float]] = {"ours": [], "peer": []}
+    usec: dict[str, float] = {"ours": 0.0, "peer": 0.0}
+    seq = 1
+    for _ in range(steps):
+        for who in ("ours", "peer"):
+            batches = [Batch(s, seq, [schema.token_fields(stamp_text(time.time()))]) for s in sids]
+            before = redis_usec(admin, ("eval", "evalsha", "script"))
+            t = time.perf_counter()
+            if who == "ours":
+                assert all(r.status == 1 for r in wlog.flush(batches))
+            else:
+                peer_flush(wlog, script, batches)
+            wall[who].append(time.perf_counter() - t)
+            usec[who] += redis_usec(admin, ("eval", "evalsha", "script")) - before
+            seq += 1
+            time.sleep(0.002)  # steps are apart, as an engine's are
+    wlog.close()
+    return {"wall": wall, "usec": usec}
+
+
+def pct(xs: list[float], q: float) -> float:
+    return sorted(xs)[min(len(xs) - 1, int(len(xs) * q))] * 1000
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=300, help="steps per batch size and system")
+    ap.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
+    ns = ap.parse_args()
+    print(f"machine: {machine()}; load average at the start: {load_average()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        server = EmbeddedRedis(tmp).start()
+        try:
+            print(f"\n{ns.steps} steps per size, one token event per stream and step, alternating")
+            print(
+                "| streams per step | ours p50 / p90 (ms) | redis-py Script p50 / p90 (ms) "
+                "| peer / ours (p50) | Redis time per step, ours / peer (ms) |"
+            )
+            print("|---:|---:|---:|---:|---:|")
+            for size in ns.sizes:
+                r = run(server.url, size, ns.steps)
+                w, u = r["wall"], r["usec"]
+                ratio = statistics.median(w["peer"]) / statistics.median(w["ours"])
+                print(
+                    f"| {size} | {pct(w['ours'], 0.5):.2f} / {pct(w['ours'], 0.9):.2f} "
+                    f"| {pct(w['peer'], 0.5):.2f} / {pct(w['peer'], 0.9):.2f} | {ratio:.2f}x "
+                    f"| {u['ours'] / ns.steps / 1000:.2f} / {u['peer'] / ns.steps / 1000:.2f} |"
+                )
+        finally:
+            server.stop()
+    print(f"\nload average at the end: {load_average()}")
+    print("command: python bench/redis_append.py " + " ".join(sys.argv[1:]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
