@@ -44,7 +44,8 @@ def write_docs_section(section: str, text: str, path: Path = BENCHMARKS_MD) -> N
         new = old.rstrip("\n") + "\n\n" + text
     else:
         end = old.find("\n## ", start + len(section))
-        new = old[:start] + text + (old[end + 1 :] if end >= 0 else "")
+        rest = old[end + 1 :] if end >= 0 else ""
+        new = old[:start] + text.rstrip("\n") + ("\n\n" + rest if rest else "\n")
     path.write_text(new)
     print(f"updated {path}")
 

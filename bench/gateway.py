@@ -7,20 +7,21 @@ For each level of N concurrent streams (100 and 1,000 by default), in one run:
   bench/token_source.py, which creates N running streams in Redis the way an
   engine worker does and appends one token event to every stream per tick
   (one pipelined round trip per tick, like a worker step) at ``--rate`` tokens
-  per second per stream. N clients (one asyncio process, the ``websockets``
-  library) each ``resume`` their stream with ``after: 0`` before the first
-  token and read it to its ``done``.
-* bare: a bare ``websockets`` server in its own process (no Redis, no
-  Starlette) pushing the same frames at the same rate to the same N clients:
-  the ceiling.
+  per second per stream. N clients (one asyncio process on uvloop, the
+  ``websockets`` library) each ``resume`` their stream with ``after: 0``
+  before the first token and read it to its ``done``.
+* bare: a bare ``websockets`` server in its own process, on uvloop as the
+  gateway is (no Redis, no Starlette), pushing the same frames at the same
+  rate to the same N clients: the ceiling.
 
 Measured: delivered token events/s, the latency added between the token
 source's tick (its append to Redis, or its send for the bare server) and the
-client's receipt (p50 / p99; every event carries its tick's timestamp), CPU
-(% of one core, over the streaming window) and peak RSS of the server process
-(and of redis-server and the client process), and whether every event arrived
-once and in order. Then the resume time: from sending ``resume`` (``after: 0``)
-to the last replayed event of a finished stream with a ``--backlog``-event log.
+client's receipt (when the frame's bytes reached the client process; p50 /
+p99; every event carries its tick's timestamp), CPU (% of one core, over the
+streaming window) and peak RSS of the server process (and of redis-server and
+the client process), and whether every event arrived once and in order. Then
+the resume time: from sending ``resume`` (``after: 0``) to the last replayed
+event of a finished stream with a ``--backlog``-event log.
 
     .venv/bin/python bench/gateway.py                # 100 and 1,000 streams, 10 s each
     .venv/bin/python bench/gateway.py --quick        # 100 streams, 3 s
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -49,10 +51,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 from websockets.asyncio.client import ClientConnection, connect  # noqa: E402
+from websockets.frames import DATA_OPCODES, Frame  # noqa: E402
 
 from bench.common import load_generator_gc, machine, write_docs_section  # noqa: E402
 from bench.token_source import backlog_stream, parse_stamp  # noqa: E402
 from gateway.redis_server import EmbeddedRedis  # noqa: E402
+from gateway.server import loop_factory  # noqa: E402
 from gateway.workerlog import WorkerLog  # noqa: E402
 
 SECTION = "## Gateway"
@@ -210,28 +214,63 @@ class Tally:
     first_of_tick: dict[str, float] = field(default_factory=dict)  # tick stamp -> first latency
 
 
-async def open_client(url: str, sid: str, token: str, sem: asyncio.Semaphore) -> ClientConnection:
+class TimedConnection(ClientConnection):
+    """A client connection that notes when each message's bytes reached the process.
+
+    That moment is the client's receipt. With 1,000 sockets in one process, the
+    reader task that ``recv()`` returns to may run milliseconds later (it waits
+    its turn behind the other sockets' readers): the load generator's own
+    queueing, not the server's latency.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.arrivals: collections.deque[float] = collections.deque()  # one per message
+        self._chunk_at = 0.0
+
+    def data_received(self, data: bytes) -> None:
+        self._chunk_at = time.time()
+        super().data_received(data)
+
+    def process_event(self, event: Any) -> None:
+        if isinstance(event, Frame) and event.opcode in DATA_OPCODES and event.fin:
+            self.arrivals.append(self._chunk_at)
+        super().process_event(event)
+
+    async def recv_timed(self, timeout: float | None = None) -> tuple[str, float]:
+        """The next message and when its last byte arrived (Unix time)."""
+        msg = await asyncio.wait_for(self.recv(), timeout)
+        assert isinstance(msg, str), msg
+        return msg, self.arrivals.popleft()
+
+
+async def open_client(url: str, sid: str, token: str, sem: asyncio.Semaphore) -> TimedConnection:
     async with sem:
         ws = await connect(
-            url, max_size=None, compression=None, open_timeout=60, ping_interval=None
+            url,
+            max_size=None,
+            compression=None,
+            open_timeout=60,
+            ping_interval=None,
+            create_connection=TimedConnection,
         )
-        hello = json.loads(await asyncio.wait_for(ws.recv(), 30))
+        assert isinstance(ws, TimedConnection)
+        hello = json.loads((await ws.recv_timed(30))[0])
         assert hello["type"] == "hello", hello
         await ws.send(
             json.dumps({"type": "resume", "stream_id": sid, "resume_token": token, "after": 0})
         )
-        resumed = json.loads(await asyncio.wait_for(ws.recv(), 30))
+        resumed = json.loads((await ws.recv_timed(30))[0])
         assert resumed["type"] == "resumed", resumed
         return ws
 
 
-async def read_stream(ws: ClientConnection, tally: Tally) -> None:
+async def read_stream(ws: TimedConnection, tally: Tally) -> None:
     expected = 1
     lat = tally.latencies
     try:
         while True:
-            msg = await ws.recv()
-            now = time.time()
+            msg, now = await ws.recv_timed()
             f = json.loads(msg)
             kind = f["type"]
             if kind == "token":
@@ -297,7 +336,7 @@ async def run_level(
     else:
         child = Child(["bare", *common], logs / "bare.log")
     tally = Tally(events)
-    conns: list[ClientConnection] = []
+    conns: list[TimedConnection] = []
     readers: list[asyncio.Task[None]] = []
     try:
         ready = await child.line(120)
@@ -533,7 +572,8 @@ def main() -> int:
     args.seconds = args.seconds or (3.0 if args.quick else 10.0)
     args.resume_reps = args.resume_reps or (3 if args.quick else 7)
     load_before = os.getloadavg()[0]
-    out = asyncio.run(bench(args))
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:  # uvloop, as the gateway
+        out = runner.run(bench(args))
     load_after = os.getloadavg()[0]
     results: list[LevelResult] = out["results"]
     rs = [x * 1000 for x in out["resume_s"]]
@@ -572,8 +612,10 @@ def main() -> int:
         "load-test tool) appends one event to every stream of a worker per step in one "
         "pipelined round trip, as an engine worker does. *bare*: a bare `websockets` server "
         "process pushing the same frames at the same rate, no Redis, no Starlette: the "
-        "ceiling. Clients: one asyncio process with the `websockets` client, one socket "
-        "per stream, each resuming its stream (`after: 0`) before the first token. Events/s: "
+        "ceiling. The bare server, the gateway and the clients run on uvloop. Clients: one "
+        "asyncio process with the `websockets` client, one socket per stream, each resuming "
+        "its stream (`after: 0`) before the first token; an event's receipt is when its "
+        "bytes reached the client process, before its reader task ran. Events/s: "
         "token events delivered / (last receipt - start), offered rate in brackets. Added "
         "latency: from the tick's hand-over (just before the Redis pipeline, or before the "
         "bare server's sends) to the client's receipt, so it includes the Redis append; "

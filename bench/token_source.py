@@ -6,8 +6,9 @@ Two sources push the same token frames at the same fixed rate:
   does (:class:`gateway.workerlog.WorkerLog`, one pipelined round trip per
   tick for all streams, the Lua append of gateway/schema.py), so a real
   gateway process serves them to WebSocket clients. No model is involved.
-* ``bare``: a bare ``websockets`` server (no Redis, no Starlette) that sends the
-  same protocol-v1 frames to its clients directly: the ceiling.
+* ``bare``: a bare ``websockets`` server (no Redis, no Starlette; on uvloop, as
+  the gateway) that sends the same protocol-v1 frames to its clients directly:
+  the ceiling.
 
 Each token's text is ``t=<unix time>``, the moment its tick was handed over
 (to Redis, or to the sockets), so a client can compute the latency added
@@ -41,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import load_generator_gc  # noqa: E402
 from gateway import schema  # noqa: E402
+from gateway.server import loop_factory  # noqa: E402
 from gateway.workerlog import Batch, WorkerLog  # noqa: E402
 
 SOURCE_ID = "bench-source"
@@ -282,7 +284,8 @@ def main() -> int:
             ap.error("redis mode needs --redis-url")
         run_redis(args)
     else:
-        asyncio.run(run_bare(args))
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:  # uvloop, as the gateway
+            runner.run(run_bare(args))
     return 0
 
 

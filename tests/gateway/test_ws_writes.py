@@ -115,9 +115,7 @@ async def test_a_failed_write_stops_sending_and_releases_everyone() -> None:
     writer = asyncio.create_task(conn._write_loop())
     rng = random.Random(1)
     # more than the queue holds: producers would wait on it forever if nobody released them
-    await asyncio.wait_for(
-        asyncio.gather(*(produce(conn, f"s{k}", 100, rng) for k in range(4))), 5
-    )
+    await asyncio.wait_for(asyncio.gather(*(produce(conn, f"s{k}", 100, rng) for k in range(4))), 5)
     await asyncio.wait_for(writer, 5)  # the writer ends on its own
     assert len(sock.frames) == 10
     await conn.send_encoded("later")  # a no-op now
