@@ -2,13 +2,15 @@
 
 Per socket there is a reader loop (client frames, answered in order), one
 tail task per stream (replay + live events from the Redis log) and one writer
-task. A frame is written by the task that produced it when nothing is queued
-and no write is in progress (the common case: no task switch between an event
-and its socket); otherwise it goes through a bounded send queue that the
-writer empties. When the client reads slowly, the socket stops being writable,
-the queue fills, the tails stop pulling from Redis (the log is the buffer) and
-nothing else waits. Writes take ``_send_lock`` (first come, first served), so
-each stream's frames leave in the order its tail produced them.
+task. A tail writes its token frames itself when nothing is queued and no
+write is in progress (the common case: no task switch between an event and its
+socket); everything else, and every frame the reader loop answers with, goes
+through a bounded send queue that the writer empties, so the reader never
+waits for a slow client's socket. When the client reads slowly, the socket
+stops being writable, the queue fills, the tails stop pulling from Redis (the
+log is the buffer) and nothing else waits. Writes take ``_send_lock`` (first
+come, first served), so each stream's frames leave in the order its tail
+produced them.
 docs/protocol.md is the reference for the frames.
 """
 
@@ -150,16 +152,22 @@ class Connection:
         return False
 
     async def send(self, frame: dict[str, Any]) -> None:
-        """Send a frame (waits while the send queue is full)."""
+        """Queue a frame for the writer (waits while the send queue is full).
+
+        Never writes itself: the reader loop answers through here, and must go on
+        reading (a ``cancel``, say) while a client that reads slowly holds up writes.
+        """
         if frame.get("type") == "error":
             self.gw.metrics.count_error(frame.get("code", "internal"), "ws")
-        await self.send_encoded(p.encode(frame))
+        if not self._closing:
+            await self.queue.put(p.encode(frame))
 
     async def send_encoded(self, text: str) -> None:
-        """Send a frame already encoded with :mod:`gateway.protocol`.
+        """A stream tail's frame, already encoded with :mod:`gateway.protocol`.
 
         Written at once when nothing is queued or being written, else queued for
-        the writer (waits while the queue is full).
+        the writer (waits while the queue is full). Either way the tail waits
+        while the client does not read: its stream is left in the log meanwhile.
         """
         if self._closing:
             return

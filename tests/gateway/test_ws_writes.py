@@ -121,3 +121,47 @@ async def test_a_failed_write_stops_sending_and_releases_everyone() -> None:
     await conn.send_encoded("later")  # a no-op now
     assert len(sock.frames) == 10
     assert sock.closed is None
+
+
+async def test_answers_to_client_frames_never_wait_for_a_stalled_socket() -> None:
+    """The reader loop answers through the queue: a client that does not read can still
+    have its ``cancel`` (or ``ping``) handled while its socket is not writable."""
+    sock = ScriptedSocket()
+    stalled = asyncio.Event()
+
+    async def never_writable(text: str) -> None:
+        stalled.set()
+        await asyncio.Event().wait()  # the client stopped reading
+
+    sock.send_text = never_writable  # type: ignore[method-assign]
+    conn = connection(sock, queue=8)
+    gw: Any = conn.gw
+    gw.metrics = SimpleNamespace(count_error=lambda code, where: None)
+    writer = asyncio.create_task(conn._write_loop())
+    for _ in range(5):  # the reader's answers: queued at once, none written by the reader
+        await asyncio.wait_for(conn.send({"type": "pong"}), 1)
+    await asyncio.wait_for(stalled.wait(), 5)  # the writer is the one waiting
+    assert conn.queue.qsize() == 4
+    await asyncio.wait_for(conn.send_encoded("token"), 1)  # a tail's frame queues behind
+    assert conn.queue.qsize() == 5
+    writer.cancel()
+    await asyncio.gather(writer, return_exceptions=True)
+
+
+async def test_the_reader_never_writes_itself_even_when_idle() -> None:
+    sock = ScriptedSocket()
+    conn = connection(sock)
+    entered = []
+    inner = sock.send_text
+
+    async def record(text: str) -> None:
+        entered.append(asyncio.current_task())
+        await inner(text)
+
+    sock.send_text = record  # type: ignore[method-assign]
+    writer = asyncio.create_task(conn._write_loop())
+    await conn.send({"type": "pong"})
+    conn.close(1000)
+    await asyncio.wait_for(writer, 5)
+    assert entered == [writer]
+    assert sock.frames == ['{"type":"pong"}']
