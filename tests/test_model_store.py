@@ -15,6 +15,7 @@ from engine.model_store import (
     COMPLETE_MARKER,
     ModelNotFoundError,
     default_gguf_path,
+    gguf_parsed_once,
     list_cached,
     resolve_model,
 )
@@ -54,6 +55,24 @@ def test_converted_logits_match_the_gguf(default_dir: Path) -> None:
             ids = tok(prompt, return_tensors="pt").input_ids
             diff = (ref(ids).logits - ours(ids).logits).abs().max().item()
             assert diff < 1e-4, f"{prompt!r}: max abs logit diff {diff}"
+
+
+def test_gguf_parsed_once_hands_out_one_reader_and_restores_gguf() -> None:
+    """The conversion's speed-up (bench/model_prepare.py): one parse per file, one name map
+    per architecture, and the ``gguf`` module as it was afterwards, also after an error."""
+    import gguf
+
+    path = default_gguf_path()
+    before = (gguf.GGUFReader, gguf.get_tensor_name_map)
+    with pytest.raises(RuntimeError, match="inside"), gguf_parsed_once():
+        first = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(str(path)) is first
+        assert isinstance(first, before[0])
+        assert "general.architecture" in first.fields
+        arch = gguf.MODEL_ARCH.LLAMA
+        assert gguf.get_tensor_name_map(arch, 30) is gguf.get_tensor_name_map(arch, 30)
+        raise RuntimeError("inside")
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == before
 
 
 def test_second_prepare_is_a_noop(default_dir: Path) -> None:
