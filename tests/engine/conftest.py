@@ -115,24 +115,31 @@ def hf_greedy(
         cached = cache.get(key, None)
         if isinstance(cached, list) and len(cached) == len(greedy_prompts):
             return cached
-    model = request.getfixturevalue("hf_model")
-    config = copy.deepcopy(model.generation_config)
-    config.do_sample = False
-    config.max_new_tokens = GREEDY_TOKENS
-    config.eos_token_id = []
-    config.pad_token_id = model.generation_config.pad_token_id or 0
-    width = max(map(len, greedy_prompts))
-    pads = [width - len(ids) for ids in greedy_prompts]
-    prompts = torch.tensor(
-        [[config.pad_token_id] * n + ids for n, ids in zip(pads, greedy_prompts, strict=True)]
-    )
-    mask = torch.tensor([[0] * n + [1] * (width - n) for n in pads])
-    with torch.inference_mode():
-        gen = model.generate(prompts, attention_mask=mask, generation_config=config)
-    out = [row[width:].tolist() for row in gen]
+    out = hf_generate_greedy(request.getfixturevalue("hf_model"), greedy_prompts, GREEDY_TOKENS)
     if cache is not None:
         cache.set(key, out)
     return out
+
+
+def hf_generate_greedy(model: Any, prompts: list[list[int]], tokens: int) -> list[list[int]]:
+    """transformers' greedy ``generate`` of ``tokens`` ids per prompt, EOS not stopping:
+    one call over all prompts, left-padded with an attention mask."""
+    import torch
+
+    config = copy.deepcopy(model.generation_config)
+    config.do_sample = False
+    config.max_new_tokens = tokens
+    config.eos_token_id = []
+    config.pad_token_id = model.generation_config.pad_token_id or 0
+    width = max(map(len, prompts))
+    pads = [width - len(ids) for ids in prompts]
+    batch = torch.tensor(
+        [[config.pad_token_id] * n + ids for n, ids in zip(pads, prompts, strict=True)]
+    )
+    mask = torch.tensor([[0] * n + [1] * (width - n) for n in pads])
+    with torch.inference_mode():
+        gen = model.generate(batch, attention_mask=mask, generation_config=config)
+    return [row[width:].tolist() for row in gen]
 
 
 # --- torch side (model runner, model, detokenizer): E1's fixtures; keep when editing ---

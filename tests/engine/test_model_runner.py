@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import random
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from engine.batch import BatchItem
 from engine.kv_cache import block_bytes
 from engine.model_runner import ModelRunner
 from engine.params import SamplingParams
+from tests.engine.conftest import hf_generate_greedy
 
 GREEDY = SamplingParams(temperature=0, max_tokens=64)
 PROMPTS = [
@@ -68,17 +68,9 @@ def prompt_ids(default_tokenizer: Any) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def hf_reference(hf_model: Any, prompt_ids: list[list[int]]) -> list[list[int]]:
-    config = copy.deepcopy(hf_model.generation_config)
-    config.do_sample, config.max_new_tokens, config.eos_token_id = False, 32, []
-    refs = []
-    with torch.inference_mode():
-        for ids in prompt_ids:
-            prompt = torch.tensor([ids])
-            out = hf_model.generate(
-                prompt, attention_mask=torch.ones_like(prompt), generation_config=config
-            )
-            refs.append(out[0, len(ids) :].tolist())
-    return refs
+    # one left-padded batch: for these prompts the same ids as one call per prompt
+    # (checked when it replaced that), in half the time
+    return hf_generate_greedy(hf_model, prompt_ids, 32)
 
 
 def test_runner_attributes(model_runner: ModelRunner) -> None:
