@@ -164,7 +164,8 @@ def gguf_parsed_once() -> Iterator[None]:
     rebuilds gguf's tensor-name map at every level of the module tree while it
     matches weight names. Both give the same answer each time, and transformers
     only reads them, so the block hands out one of each. It takes the names from
-    the ``gguf`` module when it calls them, which is what is swapped here.
+    the ``gguf`` module when it calls them, which is what is swapped here, for the
+    whole process: only the conversion (under its file lock) runs inside the block.
     """
     import gguf
 
