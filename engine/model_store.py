@@ -171,21 +171,33 @@ def gguf_parsed_once() -> Iterator[None]:
 
     reader_cls: Any = gguf.GGUFReader
     name_map: Any = gguf.get_tensor_name_map
-    readers: dict[tuple[str, str], Any] = {}
 
-    def reader(path: Any, mode: str = "r") -> Any:
-        key = (os.fspath(path), mode)
-        if key not in readers:
-            readers[key] = reader_cls(path, mode)
-        return readers[key]
-
-    gguf.GGUFReader = reader  # type: ignore[misc,assignment]
-    gguf.get_tensor_name_map = functools.cache(name_map)
+    gguf.GGUFReader = _once_per_arguments(reader_cls)  # type: ignore[misc]
+    gguf.get_tensor_name_map = _once_per_arguments(name_map)
     try:
         yield
     finally:
         gguf.GGUFReader = reader_cls  # type: ignore[misc]
         gguf.get_tensor_name_map = name_map
+
+
+def _once_per_arguments(fn: Any) -> Any:
+    """``fn`` called once per distinct (hashable) arguments; other calls go straight through."""
+    made: dict[Any, Any] = {}
+
+    @functools.wraps(fn)
+    def once(*args: Any, **kwargs: Any) -> Any:
+        try:
+            key = (tuple(os.fspath(a) if isinstance(a, os.PathLike) else a for a in args),
+                   tuple(sorted(kwargs.items())))  # fmt: skip
+            hash(key)
+        except TypeError:  # unhashable arguments: nothing to share
+            return fn(*args, **kwargs)
+        if key not in made:
+            made[key] = fn(*args, **kwargs)
+        return made[key]
+
+    return once
 
 
 def _dequantize(gguf: Path, out: Path) -> None:
