@@ -7,25 +7,15 @@ process and through the bare ``websockets`` server, then a short resume.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.benchrun import run_bench
 
 
 def test_gateway_bench_tiny_run(tmp_path: Path) -> None:
     out = tmp_path / "result.json"
     args = ["--levels", "5", "--seconds", "2", "--rate", "20", "--backlog", "300"]
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "gateway.py"), *args, "--resume-reps", "2",
-         "--json", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_bench("gateway.py", *args, "--resume-reps", "2", "--json", str(out), timeout=180)
     result = json.loads(out.read_text())
     levels = {lvl["server"]: lvl for lvl in result["levels"]}
     assert set(levels) == {"bare", "gateway"}

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchrun import run_bench
+
 SECONDS = float(os.environ.get("TOKENRELAY_SOAK_SECONDS", "180"))
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(int(SECONDS) + 600)]
@@ -23,14 +22,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(int(SECONDS) + 600)]
 def test_soak_smoke(tmp_path: Path) -> None:
     out = tmp_path / "soak.json"
     args = ["--seconds", str(SECONDS), "--clients", "4", "--json", str(out)]
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "soak.py"), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=SECONDS + 540,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    run_bench("soak.py", *args, timeout=SECONDS + 540)
     result = json.loads(out.read_text())
     assert result["problems"] == [] and result["lost"] == 0
     assert result["leaked_blocks"] == 0 and result["blocks_total"] > 0
