@@ -59,6 +59,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=2, help="runs of each, alternating")
     ns = ap.parse_args()
+    if ns.runs < 1:
+        ap.error("--runs must be at least 1")
     print(f"machine: {machine()}; load average at the start: {load_average()}")
     seconds: dict[str, list[float]] = {"ours": [], "peer": []}
     identical = True

@@ -25,14 +25,15 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import load_average, machine
 from bench.token_source import create_streams, stamp_text
-from gateway import schema
+from gateway import schema, workerlog
 from gateway.redis_server import EmbeddedRedis
-from gateway.workerlog import MAXLEN, Batch, WorkerLog
+from gateway.workerlog import Batch, WorkerLog
 
 SIZES = (1, 16, 64, 256)
 
@@ -43,18 +44,14 @@ def redis_usec(client: Any, commands: tuple[str, ...]) -> float:
 
 
 def peer_flush(wlog: WorkerLog, script: Any, batches: list[Batch]) -> None:
-    """The former flush: a registered Script in the pipeline (redis-py adds SCRIPT EXISTS)."""
-    pipe = wlog.redis.pipeline(transaction=False)
-    for at in range(0, len(batches), schema.APPEND_CHUNK):
-        appends = [
-            schema.Append(b.stream_id, b.first_seq, b.events, b.meta, b.done_ttl)
-            for b in batches[at : at + schema.APPEND_CHUNK]
-        ]
-        keys, args = schema.append_call(wlog.keys, appends, maxlen=MAXLEN)
+    """The former flush: ``WorkerLog.flush`` queueing a registered Script (so redis-py
+    adds its SCRIPT EXISTS round trip) instead of ``EVAL``; nothing else differs."""
+
+    def registered(pipe: Any, _text: str, keys: list[str], args: list[Any]) -> None:
         script(keys=keys, args=args, client=pipe)
-    for raw in pipe.execute():
-        for answer in raw:
-            assert schema.decode_append(answer).status == 1
+
+    with mock.patch.object(workerlog, "queue_script", registered):
+        assert all(r.status == 1 for r in wlog.flush(batches))
 
 
 def run(url: str, size: int, steps: int) -> dict[str, Any]:
@@ -91,6 +88,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=300, help="steps per batch size and system")
     ap.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     ns = ap.parse_args()
+    if ns.steps < 1 or min(ns.sizes) < 1:
+        ap.error("--steps and --sizes must be at least 1")
     print(f"machine: {machine()}; load average at the start: {load_average()}")
     with tempfile.TemporaryDirectory() as tmp:
         server = EmbeddedRedis(tmp).start()

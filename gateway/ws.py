@@ -112,8 +112,7 @@ class Connection:
             return
         self._closing = True
         if self.queue.full():  # drop what a slow client has not read; it will resume
-            while not self.queue.empty():
-                self.queue.get_nowait()
+            self._drop_queued()
         self.queue.put_nowait(_Close(code, reason))
 
     async def _write_loop(self) -> None:
@@ -128,8 +127,7 @@ class Connection:
         finally:
             # nobody sends any more: release whoever waits on a full queue
             self._closing = True
-            while not self.queue.empty():
-                self.queue.get_nowait()
+            self._drop_queued()
 
     async def _write(self, item: str | _Close) -> bool:
         """Write one frame, or the close; False once the socket is gone (hold the lock)."""
@@ -146,10 +144,14 @@ class Connection:
         except Exception as exc:  # e.g. uvicorn's ClientDisconnected
             log.debug("websocket send failed: %r", exc)
         self._dead = self._closing = True
-        while not self.queue.empty():  # what is queued will never be sent
-            self.queue.get_nowait()
+        self._drop_queued()  # what is queued will never be sent
         self.queue.put_nowait(_STOP)  # ends the writer if it waits for more
         return False
+
+    def _drop_queued(self) -> None:
+        """Empty the send queue (which also wakes producers waiting for room)."""
+        while not self.queue.empty():
+            self.queue.get_nowait()
 
     async def send(self, frame: dict[str, Any]) -> None:
         """Queue a frame for the writer (waits while the send queue is full).
