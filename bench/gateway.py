@@ -7,9 +7,10 @@ For each level of N concurrent streams (100 and 1,000 by default), in one run:
   bench/token_source.py, which creates N running streams in Redis the way an
   engine worker does and appends one token event to every stream per tick
   (one pipelined round trip per tick, like a worker step) at ``--rate`` tokens
-  per second per stream. N clients (one asyncio process on uvloop, the
-  ``websockets`` library) each ``resume`` their stream with ``after: 0``
-  before the first token and read it to its ``done``.
+  per second per stream. N clients (one asyncio process on uvloop; each a
+  bench/ws_client.py ``LightClient``: ``websockets``' sans-I/O protocol, every
+  frame handled as its bytes arrive) each ``resume`` their stream with
+  ``after: 0`` before the first token and read it to its ``done``.
 * bare: a bare ``websockets`` server in its own process, on uvloop as the
   gateway is (no Redis, no Starlette), pushing the same frames at the same
   rate to the same N clients: the ceiling.
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import contextlib
 import json
 import os
@@ -50,11 +50,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
-from websockets.asyncio.client import ClientConnection, connect  # noqa: E402
-from websockets.frames import DATA_OPCODES, Frame  # noqa: E402
+from websockets.asyncio.client import connect  # noqa: E402
 
 from bench.common import load_generator_gc, machine, write_docs_section  # noqa: E402
 from bench.token_source import backlog_stream, parse_stamp  # noqa: E402
+from bench.ws_client import LightClient  # noqa: E402
 from gateway.redis_server import EmbeddedRedis  # noqa: E402
 from gateway.server import loop_factory  # noqa: E402
 from gateway.workerlog import WorkerLog  # noqa: E402
@@ -75,6 +75,19 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of stat
 
 
+def runq_seconds(pid: int) -> float:
+    """Time the threads of ``pid`` spent runnable but waiting for a CPU (seconds).
+
+    The second field of each thread's ``schedstat``: the run-queue delay, which is
+    what CPU contention between the processes of the benchmark adds to latency.
+    """
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            total += int((task / "schedstat").read_text().split()[1])
+    return total / 1e9
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -83,11 +96,12 @@ def rss_mib(pid: int) -> float:
 
 
 class Watch:
-    """CPU over a window and peak RSS (sampled) of a few processes."""
+    """CPU and run-queue wait over a window, and peak RSS (sampled), of a few processes."""
 
     def __init__(self, pids: dict[str, int]) -> None:
         self.pids = pids
         self.cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
+        self.runq0 = {k: runq_seconds(p) for k, p in pids.items()}
         self.peak = {k: rss_mib(p) for k, p in pids.items()}
         self.t0 = time.monotonic()
 
@@ -105,6 +119,11 @@ class Watch:
     def cpu_pct(self) -> dict[str, float]:
         wall = time.monotonic() - self.t0
         return {k: (cpu_seconds(p) - self.cpu0[k]) / wall * 100 for k, p in self.pids.items()}
+
+    def runq_ms_per_s(self) -> dict[str, float]:
+        """Milliseconds per second of the window each process waited for a CPU."""
+        wall = time.monotonic() - self.t0
+        return {k: (runq_seconds(p) - self.runq0[k]) / wall * 1000 for k, p in self.pids.items()}
 
 
 def pct(values: list[float], p: float) -> float:
@@ -214,82 +233,60 @@ class Tally:
     first_of_tick: dict[str, float] = field(default_factory=dict)  # tick stamp -> first latency
 
 
-class TimedConnection(ClientConnection):
-    """A client connection that notes when each message's bytes reached the process.
-
-    That moment is the client's receipt. With 1,000 sockets in one process, the
-    reader task that ``recv()`` returns to may run milliseconds later (it waits
-    its turn behind the other sockets' readers): the load generator's own
-    queueing, not the server's latency.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.arrivals: collections.deque[float] = collections.deque()  # one per message
-        self._chunk_at = 0.0
-
-    def data_received(self, data: bytes) -> None:
-        self._chunk_at = time.time()
-        super().data_received(data)
-
-    def process_event(self, event: Any) -> None:
-        if isinstance(event, Frame) and event.opcode in DATA_OPCODES and event.fin:
-            self.arrivals.append(self._chunk_at)
-        super().process_event(event)
-
-    async def recv_timed(self, timeout: float | None = None) -> tuple[str, float]:
-        """The next message and when its last byte arrived (Unix time)."""
-        msg = await asyncio.wait_for(self.recv(), timeout)
-        assert isinstance(msg, str), msg
-        return msg, self.arrivals.popleft()
-
-
-async def open_client(url: str, sid: str, token: str, sem: asyncio.Semaphore) -> TimedConnection:
+async def open_client(url: str, sid: str, token: str, sem: asyncio.Semaphore) -> LightClient:
     async with sem:
-        ws = await connect(
-            url,
-            max_size=None,
-            compression=None,
-            open_timeout=60,
-            ping_interval=None,
-            create_connection=TimedConnection,
-        )
-        assert isinstance(ws, TimedConnection)
-        hello = json.loads((await ws.recv_timed(30))[0])
+        ws = await LightClient.open(url, 60)
+        hello = json.loads((await ws.recv(30))[0])
         assert hello["type"] == "hello", hello
-        await ws.send(
-            json.dumps({"type": "resume", "stream_id": sid, "resume_token": token, "after": 0})
-        )
-        resumed = json.loads((await ws.recv_timed(30))[0])
+        ws.send(json.dumps({"type": "resume", "stream_id": sid, "resume_token": token, "after": 0}))
+        resumed = json.loads((await ws.recv(30))[0])
         assert resumed["type"] == "resumed", resumed
         return ws
 
 
-async def read_stream(ws: TimedConnection, tally: Tally) -> None:
-    expected = 1
-    lat = tally.latencies
-    try:
-        while True:
-            msg, now = await ws.recv_timed()
+class StreamCheck:
+    """One stream's frames as they arrive: in order, once each, then ``done``; tallied."""
+
+    def __init__(self, tally: Tally) -> None:
+        self.tally = tally
+        self.expected = 1
+        self.finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def on_text(self, msg: str, now: float) -> None:
+        tally = self.tally
+        try:
             f = json.loads(msg)
             kind = f["type"]
             if kind == "token":
-                if f["seq"] != expected:
-                    tally.errors.append(f"seq {f['seq']} where {expected} was due")
-                expected = f["seq"] + 1
+                if f["seq"] != self.expected:
+                    tally.errors.append(f"seq {f['seq']} where {self.expected} was due")
+                self.expected = f["seq"] + 1
                 text = f["text"]
-                lat.append(now - parse_stamp(text))
-                tally.first_of_tick.setdefault(text, lat[-1])  # every tick has its own stamp
+                lat = now - parse_stamp(text)
+                tally.latencies.append(lat)
+                tally.first_of_tick.setdefault(text, lat)  # every tick has its own stamp
                 tally.received += 1
                 tally.last_receipt = now
             elif kind == "done":
-                if f["seq"] != tally.events + 1 or expected != tally.events + 1:
-                    tally.errors.append(f"done at seq {f['seq']} after {expected - 1} tokens")
+                if f["seq"] != tally.events + 1 or self.expected != tally.events + 1:
+                    tally.errors.append(f"done at seq {f['seq']} after {self.expected - 1} tokens")
                 tally.done += 1
                 tally.last_receipt = now
-                return
+                if not self.finished.done():
+                    self.finished.set_result(None)
             else:
                 tally.errors.append(f"unexpected frame {msg[:200]}")
+        except Exception as exc:  # a malformed frame is a finding, not a crash of the client
+            tally.errors.append(f"bad frame {msg[:200]!r}: {exc!r}")
+
+
+async def read_stream(ws: LightClient, tally: Tally) -> None:
+    check = StreamCheck(tally)
+    ws.stream(check.on_text)
+    try:
+        await asyncio.wait({check.finished, ws.closed}, return_when=asyncio.FIRST_COMPLETED)
+        if not check.finished.done():
+            tally.errors.append(f"socket closed after {check.expected - 1} tokens, before done")
     finally:
         await ws.close()
 
@@ -307,6 +304,7 @@ class LevelResult:
     lat_ms: tuple[float, float, float]  # p50, p99, max
     first_ms: tuple[float, float]  # latency of each tick's first delivered event: p50, p99
     cpu: dict[str, float]
+    runq: dict[str, float]  # ms per s of the window spent waiting for a CPU
     rss: dict[str, float]
     source_ms: tuple[float, float]  # tick hand-over p50, p99
 
@@ -336,7 +334,7 @@ async def run_level(
     else:
         child = Child(["bare", *common], logs / "bare.log")
     tally = Tally(events)
-    conns: list[TimedConnection] = []
+    conns: list[LightClient] = []
     readers: list[asyncio.Task[None]] = []
     try:
         ready = await child.line(120)
@@ -344,6 +342,7 @@ async def run_level(
             url = f"ws://127.0.0.1:{gw_port}/v1/ws"
             targets = [(s, t) for s, t in ready["streams"]]
             pids = {"server": gw_pid, "redis": redis.proc.pid if redis.proc else 0}
+            pids["source"] = child.proc.pid
         else:
             url = f"ws://127.0.0.1:{ready['port']}/"
             targets = [(f"bare{i:018d}", "x") for i in range(n)]
@@ -369,6 +368,7 @@ async def run_level(
             if pending:
                 tally.errors.append(f"{len(pending)} clients did not finish in {budget:.0f} s")
             cpu = watch.cpu_pct()
+            runq = watch.runq_ms_per_s()
             stop.set()
             await sampler
     finally:
@@ -394,6 +394,7 @@ async def run_level(
         lat_ms=(pct(lat, 50), pct(lat, 99), max(lat, default=float("nan"))),
         first_ms=(pct(first, 50), pct(first, 99)),
         cpu=cpu,
+        runq=runq,
         rss=watch.peak,
         source_ms=(pct(flush, 50), pct(flush, 99)),
     )
@@ -439,9 +440,9 @@ def level_table(results: list[LevelResult]) -> str:
     rows = [
         "| streams | server | events/s (offered) | vs bare | added latency p50 / p99 / max (ms) "
         "| first of tick p50 / p99 (ms) | server CPU % | server peak RSS (MiB) | redis CPU % "
-        "| client CPU % "
+        "| client CPU % | waiting for a CPU, ms/s: server / redis / source / client "
         "| tick hand-over p50 / p99 (ms) | all delivered in order |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     bare = {r.streams: r for r in results if r.server == "bare"}
     for r in results:
@@ -450,13 +451,16 @@ def level_table(results: list[LevelResult]) -> str:
         ok = "yes" if not r.errors and r.delivered == r.expected else (
             f"no: {r.delivered}/{r.expected}, {len(r.errors)} errors")  # fmt: skip
         redis_cpu = f"{r.cpu['redis']:.0f}" if "redis" in r.cpu else "-"
+        who = ("server", "redis", "source", "client")
+        wait = " / ".join(f"{r.runq[k]:.0f}" if k in r.runq else "-" for k in who)
         rows.append(
             f"| {r.streams:,} | {r.server} | {r.events_per_s:,.0f} ({r.streams * r.rate:,.0f}) "
             f"| {ratio if r.server == 'gateway' else '1.00x'} "
             f"| {r.lat_ms[0]:.1f} / {r.lat_ms[1]:.1f} / {r.lat_ms[2]:.1f} "
             f"| {r.first_ms[0]:.1f} / {r.first_ms[1]:.1f} "
             f"| {r.cpu['server']:.0f} | {r.rss['server']:.0f} | {redis_cpu} "
-            f"| {r.cpu['client']:.0f} | {r.source_ms[0]:.1f} / {r.source_ms[1]:.1f} | {ok} |"
+            f"| {r.cpu['client']:.0f} | {wait} "
+            f"| {r.source_ms[0]:.1f} / {r.source_ms[1]:.1f} | {ok} |"
         )
     return "\n".join(rows)
 
@@ -613,16 +617,20 @@ def main() -> int:
         "pipelined round trip, as an engine worker does. *bare*: a bare `websockets` server "
         "process pushing the same frames at the same rate, no Redis, no Starlette: the "
         "ceiling. The bare server, the gateway and the clients run on uvloop. Clients: one "
-        "asyncio process with the `websockets` client, one socket per stream, each resuming "
-        "its stream (`after: 0`) before the first token; an event's receipt is when its "
-        "bytes reached the client process, before its reader task ran. Events/s: "
+        "asyncio process, one socket per stream (bench/ws_client.py: `websockets`' sans-I/O "
+        "protocol, each frame handled as its bytes arrive, no task per message), each "
+        "resuming its stream (`after: 0`) before the first token; an event's receipt is "
+        "when its bytes reached the client process. Events/s: "
         "token events delivered / (last receipt - start), offered rate in brackets. Added "
         "latency: from the tick's hand-over (just before the Redis pipeline, or before the "
         "bare server's sends) to the client's receipt, so it includes the Redis append; "
         "first of tick: the added latency of the first event of each tick to reach any "
         "client (the fixed part of the path, before the fan-out to the tick's streams); "
         "tick hand-over: how long that pipeline (or the bare server's sends) took. CPU: % "
-        "of one core over the streaming window. The client process and the token source "
+        "of one core over the streaming window. Waiting for a CPU: the time the process's "
+        "threads were runnable but not running (the run-queue delay of `/proc/PID/task/*/"
+        "schedstat`), in ms per second of the window: what the processes sharing the "
+        "machine's cores cost each other. The client process and the token source "
         "run with the cyclic GC frozen during the window (bench/common.py "
         "`load_generator_gc`): their own pauses are not the server's latency.\n\n"
         f"{level_table(results)}\n\n"
@@ -648,6 +656,8 @@ def main() -> int:
                             "events_per_s": r.events_per_s,
                             "lat_ms": r.lat_ms,
                             "first_of_tick_ms": r.first_ms,
+                            "cpu_pct": r.cpu,
+                            "runq_ms_per_s": r.runq,
                         }
                         for r in results
                     ],

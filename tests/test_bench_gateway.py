@@ -27,3 +27,7 @@ def test_gateway_bench_tiny_run(tmp_path: Path) -> None:
     assert len(result["resume_ms"]) == 2
     assert result["resume_errors"] == []
     assert "## Gateway" in proc.stdout
+    # the run-queue wait of every process sharing the machine is reported
+    assert set(levels["gateway"]["runq_ms_per_s"]) == {"server", "redis", "source", "client"}
+    assert set(levels["bare"]["runq_ms_per_s"]) == {"server", "client"}
+    assert all(v >= 0 for lvl in levels.values() for v in lvl["runq_ms_per_s"].values())
