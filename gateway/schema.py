@@ -28,8 +28,9 @@ import hmac
 import json
 import re
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 GROUP = "workers"
 DEFAULT_PREFIX = "tr:"
@@ -169,9 +170,11 @@ def done_fields(
 
 
 # KEYS: per stream: its log, meta and attach keys (3 per stream).
-# ARGV: channel ('' = publish nothing), maxlen, n_streams, then per stream:
-#   stream_id, first_seq, done_ttl_s, n_events, per event: n_field_values,
-#   f1, v1, ...; then n_meta_values, m1, v1, ...
+# ARGV: channel ('' = publish nothing), maxlen, then one JSON array with an entry
+#   per stream (in KEYS order): [stream_id, first_seq, done_ttl_s, events, meta],
+#   events a list of flat [f1, v1, ...] lists, meta a flat [m1, v1, ...] list.
+#   One JSON argument, not a dozen per stream: cheaper to build and send, and
+#   cjson decodes it in C (bench/redis_append.py).
 # For each stream: appends its events with ids first_seq.. only if the log
 # ends at first_seq-1 and the stream is not done. A done event (k=d) marks the
 # meta done (st, last, fr) and sets the TTL of the stream, its meta and its
@@ -186,26 +189,20 @@ def done_fields(
 APPEND_LUA = """
 local channel = ARGV[1]
 local maxlen = ARGV[2]
-local nstreams = tonumber(ARGV[3])
-local i = 4
+local streams = cjson.decode(ARGV[3])
+local call = redis.call
 local answers = {}
 local published = {}
-for s = 1, nstreams do
+for s = 1, #streams do
+  local one = streams[s]
   local klog, kmeta = KEYS[3 * s - 2], KEYS[3 * s - 1]
-  local sid = ARGV[i]
-  local first = tonumber(ARGV[i + 1])
-  local n = tonumber(ARGV[i + 3])
-  local ev_at = i + 4
-  local j = ev_at
-  for _ = 1, n do j = j + tonumber(ARGV[j]) + 1 end
-  local meta_at = j
-  i = meta_at + tonumber(ARGV[meta_at]) + 1
-  local st = redis.call('HGET', kmeta, 'st')
+  local first, evs = one[2], one[4]
+  local st = call('HGET', kmeta, 'st')
   if not st then
     answers[s] = {-1}
   else
     local last = -1
-    local top = redis.call('XREVRANGE', klog, '+', '-', 'COUNT', 1)
+    local top = call('XREVRANGE', klog, '+', '-', 'COUNT', 1)
     if #top > 0 then last = tonumber(string.match(top[1][1], '^(%d+)')) end
     local code = 1
     if st == 'done' then
@@ -223,41 +220,37 @@ for s = 1, nstreams do
     else
       local seq = first
       local reason = nil
-      local evs = {}
-      j = ev_at
-      for e = 1, n do
-        local nf = tonumber(ARGV[j])
-        redis.call('XADD', klog, 'MAXLEN', '~', maxlen, seq .. '-1', unpack(ARGV, j + 1, j + nf))
-        evs[e] = {unpack(ARGV, j + 1, j + nf)}
-        if ARGV[j + 1] == 'k' and ARGV[j + 2] == 'd' then
+      for e = 1, #evs do
+        local ev = evs[e]
+        call('XADD', klog, 'MAXLEN', '~', maxlen, seq .. '-1', unpack(ev))
+        if ev[1] == 'k' and ev[2] == 'd' then
           reason = ''
-          for x = 1, nf, 2 do
-            if ARGV[j + x] == 'r' then reason = ARGV[j + x + 1] end
+          for x = 1, #ev, 2 do
+            if ev[x] == 'r' then reason = ev[x + 1] end
           end
         end
-        j = j + nf + 1
         seq = seq + 1
       end
-      local nm = tonumber(ARGV[meta_at])
-      if nm > 0 then
-        redis.call('HSET', kmeta, unpack(ARGV, meta_at + 1, meta_at + nm))
+      local meta = one[5]
+      if #meta > 0 then
+        call('HSET', kmeta, unpack(meta))
       end
       if reason then
-        local ttl = tonumber(ARGV[ev_at - 2])
-        redis.call('HSET', kmeta, 'st', 'done', 'last', seq - 1, 'fr', reason)
-        redis.call('EXPIRE', klog, ttl)
-        redis.call('EXPIRE', kmeta, ttl)
-        redis.call('EXPIRE', KEYS[3 * s], ttl)
+        local ttl = one[3]
+        call('HSET', kmeta, 'st', 'done', 'last', seq - 1, 'fr', reason)
+        call('EXPIRE', klog, ttl)
+        call('EXPIRE', kmeta, ttl)
+        call('EXPIRE', KEYS[3 * s], ttl)
       end
-      if n > 0 then published[#published + 1] = {sid, first, evs} end
+      if #evs > 0 then published[#published + 1] = {one[1], first, evs} end
       answers[s] = {1, seq - 1}
     end
   end
 end
 if channel ~= '' and #published > 0 then
-  local t = redis.call('TIME')
+  local t = call('TIME')
   local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  redis.call('PUBLISH', channel, cjson.encode({ms, published}))
+  call('PUBLISH', channel, cjson.encode({ms, published}))
 end
 return answers
 """
@@ -276,20 +269,39 @@ class Append:
     done_ttl: float = 3600.0
 
 
-def append_call(keys: Keys, appends: list[Append], *, maxlen: int) -> tuple[list[str], list[str]]:
+class Appendable(Protocol):
+    """What :func:`append_call` reads of an append (:class:`Append`, a worker's batch)."""
+
+    @property
+    def stream_id(self) -> str: ...
+    @property
+    def first_seq(self) -> int: ...
+    @property
+    def events(self) -> list[list[str]]: ...
+    @property
+    def meta(self) -> dict[str, str] | None: ...
+    @property
+    def done_ttl(self) -> float: ...
+
+
+# the APPEND_LUA argument: compact, and UTF-8 as is (cjson decodes both)
+_encode_streams = json.JSONEncoder(
+    ensure_ascii=False, separators=(",", ":"), check_circular=False
+).encode
+
+
+def append_call(
+    keys: Keys, appends: Sequence[Appendable], *, maxlen: int
+) -> tuple[list[str], list[str]]:
     """``(KEYS, ARGV)`` of one :data:`APPEND_LUA` call for ``appends``."""
     key_list: list[str] = []
-    argv = [keys.events, str(maxlen), str(len(appends))]
+    rows: list[list[Any]] = []
     for a in appends:
-        key_list += [keys.stream(a.stream_id), keys.meta(a.stream_id), keys.attach(a.stream_id)]
-        argv += [a.stream_id, str(a.first_seq), str(max(1, round(a.done_ttl))), str(len(a.events))]
-        for fields in a.events:
-            argv.append(str(len(fields)))
-            argv.extend(fields)
-        pairs = [x for kv in (a.meta or {}).items() for x in kv]
-        argv.append(str(len(pairs)))
-        argv.extend(pairs)
-    return key_list, argv
+        sid = a.stream_id
+        key_list += (keys.stream(sid), keys.meta(sid), keys.attach(sid))
+        pairs = [x for kv in a.meta.items() for x in kv] if a.meta else []
+        rows.append([sid, a.first_seq, max(1, round(a.done_ttl)), a.events, pairs])
+    return key_list, [keys.events, str(maxlen), _encode_streams(rows)]
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,6 @@ from gateway.schema import (
     GROUP,
     HEARTBEAT_TTL,
     WORKER_DEAD_GRACE,
-    Append,
     AppendResult,
     Keys,
     append_call,
@@ -180,11 +179,7 @@ class WorkerLog:
             return []
         pipe = self.redis.pipeline(transaction=False)
         for at in range(0, len(batches), APPEND_CHUNK):
-            chunk = batches[at : at + APPEND_CHUNK]
-            appends = [
-                Append(b.stream_id, b.first_seq, b.events, b.meta, b.done_ttl) for b in chunk
-            ]
-            keys, args = append_call(self.keys, appends, maxlen=MAXLEN)
+            keys, args = append_call(self.keys, batches[at : at + APPEND_CHUNK], maxlen=MAXLEN)
             queue_script(pipe, APPEND_LUA, keys, args)
         calls = (len(batches) + APPEND_CHUNK - 1) // APPEND_CHUNK
         acks = [b.ack_entry for b in batches if b.ack_entry]

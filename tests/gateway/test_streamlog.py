@@ -471,3 +471,57 @@ async def test_script_pipelines_are_one_round_trip_and_survive_a_flushed_cache(
         await slog.close()
         wlog.close()
         own.stop()
+
+
+AWKWARD_TEXTS = [
+    "héllo",
+    "日本語のテキスト",
+    "🙂👍🏽",  # astral-plane characters (surrogate pairs in JSON's \u escapes)
+    'quote " and backslash \\ and /slash',
+    "tab\tnewline\ncarriage\r",
+    "nul \x00 bell \x07 del \x7f",
+    "\u2028\u2029 line separators",
+    "",
+    " " * 3,
+    "x" * 5000,
+    "[1, 2]",  # text that is itself JSON
+    "-1",
+]
+
+
+async def test_any_text_and_metadata_round_trip_through_the_append(
+    redis_server: EmbeddedRedis, slog: StreamLog, wlog: WorkerLog
+) -> None:
+    """An append's events and metadata reach the log, the metadata hash and the published
+    message exactly as given, whatever their characters (APPEND_LUA takes them as one
+    JSON argument that cjson decodes)."""
+    sid, _ = await start_stream(slog, wlog)
+    other, _ = await start_stream(slog, wlog)
+    pubsub = redis_server.client().pubsub()
+    pubsub.subscribe(slog.keys.events)
+    assert pubsub.get_message(timeout=5)["type"] == "subscribe"  # type: ignore[index]
+    meta = {"x-é": "🙂", "empty": "", "q": '"\\'}
+    res = wlog.flush(
+        [
+            Batch(sid, 1, [schema.token_fields(t) for t in AWKWARD_TEXTS], meta),
+            Batch(other, 1, [], {"only": "meta"}),  # metadata alone: written, nothing published
+        ]
+    )
+    assert [(r.status, r.last_seq) for r in res] == [(1, len(AWKWARD_TEXTS)), (1, 0)]
+    stored = await slog.redis.hgetall(slog.keys.meta(sid))
+    for k, v in meta.items():
+        assert stored[k.encode()].decode() == v
+    assert (await slog.redis.hget(slog.keys.meta(other), "only")) == b"meta"
+    msg = pubsub.get_message(timeout=5)
+    assert msg is not None and msg["type"] == "message"
+    _, published = schema.decode_published(msg["data"])
+    assert [(s, first) for s, first, _ in published] == [(sid, 1)]
+    assert [e.text for e in published[0][2]] == AWKWARD_TEXTS
+    pubsub.close()
+    write_done(wlog, sid, len(AWKWARD_TEXTS) + 1, ttl=77)  # ends it, with its TTL
+    tokens = [e for e in await collect(slog, sid, 0) if e.kind == "token"]
+    assert [e.text for e in tokens] == AWKWARD_TEXTS
+    assert [e.seq for e in tokens] == list(range(1, len(AWKWARD_TEXTS) + 1))
+    info = await slog.info(sid)
+    assert info is not None and info.status == "done" and info.finish_reason == "stop"
+    assert 0 < await slog.redis.ttl(slog.keys.stream(sid)) <= 77
