@@ -9,11 +9,14 @@ calls as ``EVALSHA``, after a ``SCRIPT EXISTS`` round trip of their own.
 
 For each batch size (streams appended per step), the two alternate step by step
 on one embedded redis-server, each step appending one token event to every
-stream, as a decode step does. Reported: the step's wall time as the worker
-sees it (p50 / p90), and Redis' own time per step from ``INFO commandstats``.
+stream, as a decode step does (``--events``: that many per stream, as an append
+that carried several steps' tokens would). Reported: the step's wall time as the
+worker sees it (p50 / p90), and Redis' own time per step and per token event from
+``INFO commandstats``.
 
     .venv/bin/python bench/redis_append.py              # 1, 16, 64 and 256 streams
     .venv/bin/python bench/redis_append.py --steps 500
+    .venv/bin/python bench/redis_append.py --sizes 256 --events 1 2 4 8
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ def peer_flush(wlog: WorkerLog, script: Any, batches: list[Batch]) -> None:
         assert all(r.status == 1 for r in wlog.flush(batches))
 
 
-def run(url: str, size: int, steps: int) -> dict[str, Any]:
+def run(url: str, size: int, steps: int, events: int = 1) -> dict[str, Any]:
     wlog = WorkerLog(url, "bench-append")
     script = wlog.redis.register_script(schema.APPEND_LUA)
     admin = wlog.redis
@@ -64,7 +67,8 @@ def run(url: str, size: int, steps: int) -> dict[str, Any]:
     seq = 1
     for _ in range(steps):
         for who in ("ours", "peer"):
-            batches = [Batch(s, seq, [schema.token_fields(stamp_text(time.time()))]) for s in sids]
+            fields = [schema.token_fields(stamp_text(time.time())) for _ in range(events)]
+            batches = [Batch(s, seq, fields) for s in sids]
             before = redis_usec(admin, ("eval", "evalsha", "script"))
             t = time.perf_counter()
             if who == "ours":
@@ -73,7 +77,7 @@ def run(url: str, size: int, steps: int) -> dict[str, Any]:
                 peer_flush(wlog, script, batches)
             wall[who].append(time.perf_counter() - t)
             usec[who] += redis_usec(admin, ("eval", "evalsha", "script")) - before
-            seq += 1
+            seq += events
             time.sleep(0.002)  # steps are apart, as an engine's are
     wlog.close()
     return {"wall": wall, "usec": usec}
@@ -87,28 +91,37 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=300, help="steps per batch size and system")
     ap.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
+    ap.add_argument(
+        "--events", type=int, nargs="+", default=[1], help="token events per stream per step"
+    )
     ns = ap.parse_args()
-    if ns.steps < 1 or min(ns.sizes) < 1:
-        ap.error("--steps and --sizes must be at least 1")
+    if ns.steps < 1 or min(ns.sizes) < 1 or min(ns.events) < 1:
+        ap.error("--steps, --sizes and --events must be at least 1")
     print(f"machine: {machine()}; load average at the start: {load_average()}")
     with tempfile.TemporaryDirectory() as tmp:
         server = EmbeddedRedis(tmp).start()
         try:
-            print(f"\n{ns.steps} steps per size, one token event per stream and step, alternating")
+            print(f"\n{ns.steps} steps per row, alternating")
             print(
-                "| streams per step | ours p50 / p90 (ms) | redis-py Script p50 / p90 (ms) "
-                "| peer / ours (p50) | Redis time per step, ours / peer (ms) |"
+                "| streams per step | events per stream | ours p50 / p90 (ms) "
+                "| redis-py Script p50 / p90 (ms) | peer / ours (p50) "
+                "| Redis time per step, ours / peer (ms) | Redis time per token event, ours (us) |"
             )
-            print("|---:|---:|---:|---:|---:|")
+            print("|---:|---:|---:|---:|---:|---:|---:|")
             for size in ns.sizes:
-                r = run(server.url, size, ns.steps)
-                w, u = r["wall"], r["usec"]
-                ratio = statistics.median(w["peer"]) / statistics.median(w["ours"])
-                print(
-                    f"| {size} | {pct(w['ours'], 0.5):.2f} / {pct(w['ours'], 0.9):.2f} "
-                    f"| {pct(w['peer'], 0.5):.2f} / {pct(w['peer'], 0.9):.2f} | {ratio:.2f}x "
-                    f"| {u['ours'] / ns.steps / 1000:.2f} / {u['peer'] / ns.steps / 1000:.2f} |"
-                )
+                for events in ns.events:
+                    r = run(server.url, size, ns.steps, events)
+                    w, u = r["wall"], r["usec"]
+                    ratio = statistics.median(w["peer"]) / statistics.median(w["ours"])
+                    per_token = u["ours"] / (ns.steps * size * events)
+                    print(
+                        f"| {size} | {events} "
+                        f"| {pct(w['ours'], 0.5):.2f} / {pct(w['ours'], 0.9):.2f} "
+                        f"| {pct(w['peer'], 0.5):.2f} / {pct(w['peer'], 0.9):.2f} "
+                        f"| {ratio:.2f}x "
+                        f"| {u['ours'] / ns.steps / 1000:.2f} / {u['peer'] / ns.steps / 1000:.2f} "
+                        f"| {per_token:.1f} |"
+                    )
         finally:
             server.stop()
     print(f"\nload average at the end: {load_average()}")

@@ -3,10 +3,14 @@
 bench/gateway.py holds 1,000 client sockets in one process on the same two cores
 as the server under test, so every microsecond its clients spend per message is
 taken from the server. ``websockets.asyncio`` wakes one reader task per message
-(a future, a queue, a task switch); this client instead handles each frame in
-``data_received``, with :class:`websockets.client.ClientProtocol` doing the
-handshake, the framing, masking, pongs and the closing handshake. The receipt
-time of a frame is when its bytes reached the process, as before.
+(a future, a queue, a task switch); this client instead hands each frame to a
+callback, with :class:`websockets.client.ClientProtocol` doing the handshake, the
+framing, masking, pongs and the closing handshake. The receipt time of a frame is
+when its bytes reached the process: ``data_received`` only notes the time and
+keeps the bytes, and the parsing runs in a callback scheduled after it, so that
+the sockets that became readable together are all timestamped before any of them
+is processed (processing them in ``data_received`` would add each one's parsing
+to the receipt times of the sockets after it).
 
 Until :meth:`LightClient.stream` is called, text frames queue up for
 :meth:`LightClient.recv` (the handshake's ``hello`` and ``resumed``); after it,
@@ -40,6 +44,7 @@ class LightClient(asyncio.Protocol):
         self._inbox: asyncio.Queue[tuple[str, float]] = asyncio.Queue()
         self._on_text: OnText | None = None
         self._parts: list[bytes] = []  # a fragmented message's frames so far
+        self._received: list[tuple[bytes, float]] = []  # (bytes, receipt time), not parsed yet
 
     @classmethod
     async def open(cls, url: str, timeout: float = 60.0) -> LightClient:
@@ -60,19 +65,12 @@ class LightClient(asyncio.Protocol):
         self._flush()
 
     def data_received(self, data: bytes) -> None:
-        now = time.time()
-        self.proto.receive_data(data)
-        for event in self.proto.events_received():
-            if isinstance(event, Frame):
-                self._frame(event, now)
-            elif isinstance(event, Response) and not self.opened.done():
-                if self.proto.handshake_exc is not None:
-                    self.opened.set_exception(self.proto.handshake_exc)
-                else:
-                    self.opened.set_result(None)
-        self._flush()  # pongs and the closing handshake's answer
+        if not self._received:
+            asyncio.get_running_loop().call_soon(self._parse)
+        self._received.append((data, time.time()))
 
     def eof_received(self) -> bool | None:
+        self._parse()  # what came before the end first
         self.proto.receive_eof()
         self._flush()
         return None
@@ -112,6 +110,20 @@ class LightClient(asyncio.Protocol):
             self._transport.close()
 
     # --- internals ------------------------------------------------------------------
+
+    def _parse(self) -> None:
+        received, self._received = self._received, []
+        for data, at in received:
+            self.proto.receive_data(data)
+            for event in self.proto.events_received():
+                if isinstance(event, Frame):
+                    self._frame(event, at)
+                elif isinstance(event, Response) and not self.opened.done():
+                    if self.proto.handshake_exc is not None:
+                        self.opened.set_exception(self.proto.handshake_exc)
+                    else:
+                        self.opened.set_result(None)
+        self._flush()  # pongs and the closing handshake's answer
 
     def _frame(self, frame: Frame, now: float) -> None:
         if frame.opcode is Opcode.TEXT or (frame.opcode is Opcode.CONT and self._parts):
