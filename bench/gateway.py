@@ -9,7 +9,7 @@ For each level of N concurrent streams (100 and 1,000 by default), in one run:
   (one pipelined round trip per tick, like a worker step) at ``--rate`` tokens
   per second per stream. N clients (one asyncio process on uvloop; each a
   bench/ws_client.py ``LightClient``: ``websockets``' sans-I/O protocol, every
-  frame handled as its bytes arrive) each ``resume`` their stream with
+  frame handled in a callback, no task per message) each ``resume`` their stream with
   ``after: 0`` before the first token and read it to its ``done``.
 * bare: a bare ``websockets`` server in its own process, on uvloop as the
   gateway is (no Redis, no Starlette), pushing the same frames at the same
@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,14 +117,18 @@ class Watch:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.25)
 
-    def cpu_pct(self) -> dict[str, float]:
+    def _per_second(
+        self, read: Callable[[int], float], start: dict[str, float]
+    ) -> dict[str, float]:
         wall = time.monotonic() - self.t0
-        return {k: (cpu_seconds(p) - self.cpu0[k]) / wall * 100 for k, p in self.pids.items()}
+        return {k: (read(p) - start[k]) / wall for k, p in self.pids.items()}
+
+    def cpu_pct(self) -> dict[str, float]:
+        return {k: v * 100 for k, v in self._per_second(cpu_seconds, self.cpu0).items()}
 
     def runq_ms_per_s(self) -> dict[str, float]:
         """Milliseconds per second of the window each process waited for a CPU."""
-        wall = time.monotonic() - self.t0
-        return {k: (runq_seconds(p) - self.runq0[k]) / wall * 1000 for k, p in self.pids.items()}
+        return {k: v * 1000 for k, v in self._per_second(runq_seconds, self.runq0).items()}
 
 
 def pct(values: list[float], p: float) -> float:
@@ -618,7 +623,7 @@ def main() -> int:
         "process pushing the same frames at the same rate, no Redis, no Starlette: the "
         "ceiling. The bare server, the gateway and the clients run on uvloop. Clients: one "
         "asyncio process, one socket per stream (bench/ws_client.py: `websockets`' sans-I/O "
-        "protocol, each frame handled as its bytes arrive, no task per message), each "
+        "protocol, each frame handled in a callback, no task per message), each "
         "resuming its stream (`after: 0`) before the first token; an event's receipt is "
         "when its bytes reached the client process. Events/s: "
         "token events delivered / (last receipt - start), offered rate in brackets. Added "

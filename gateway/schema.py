@@ -30,7 +30,7 @@ import re
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 GROUP = "workers"
 DEFAULT_PREFIX = "tr:"
@@ -269,21 +269,6 @@ class Append:
     done_ttl: float = 3600.0
 
 
-class Appendable(Protocol):
-    """What :func:`append_call` reads of an append (:class:`Append`, a worker's batch)."""
-
-    @property
-    def stream_id(self) -> str: ...
-    @property
-    def first_seq(self) -> int: ...
-    @property
-    def events(self) -> list[list[str]]: ...
-    @property
-    def meta(self) -> dict[str, str] | None: ...
-    @property
-    def done_ttl(self) -> float: ...
-
-
 # the APPEND_LUA argument: compact, and UTF-8 as is (cjson decodes both)
 _encode_streams = json.JSONEncoder(
     ensure_ascii=False, separators=(",", ":"), check_circular=False
@@ -291,7 +276,7 @@ _encode_streams = json.JSONEncoder(
 
 
 def append_call(
-    keys: Keys, appends: Sequence[Appendable], *, maxlen: int
+    keys: Keys, appends: Sequence[Append], *, maxlen: int
 ) -> tuple[list[str], list[str]]:
     """``(KEYS, ARGV)`` of one :data:`APPEND_LUA` call for ``appends``."""
     key_list: list[str] = []

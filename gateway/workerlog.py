@@ -15,7 +15,7 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -29,6 +29,7 @@ from gateway.schema import (
     GROUP,
     HEARTBEAT_TTL,
     WORKER_DEAD_GRACE,
+    Append,
     AppendResult,
     Keys,
     append_call,
@@ -74,15 +75,10 @@ class Request:
     meta: dict[str, str] | None  # the stream's metadata (None: unknown or expired)
 
 
-@dataclass
-class Batch:
-    """Events of one stream to append (seq ``first_seq`` onwards)."""
+@dataclass(frozen=True)
+class Batch(Append):
+    """A worker's :class:`Append`, with the request it finishes (if any)."""
 
-    stream_id: str
-    first_seq: int
-    events: list[list[str]]
-    meta: dict[str, str] = field(default_factory=dict)
-    done_ttl: float = 3600.0
     ack_entry: str | None = None  # acknowledge (and drop) this request once written
 
 
