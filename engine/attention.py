@@ -5,6 +5,9 @@ Backends:
 * flash-attn (``flash_attn_varlen_func`` / ``flash_attn_with_kvcache`` with a
   ``block_table``) when ``flash_attn`` imports, the device is CUDA and the block
   size is a multiple of 256 (flash-attn 2's paged-KV requirement);
+* on a CPU in fp32, decode rows (one query token) go to the compiled kernel of
+  :mod:`engine.cpu_kernels`, which reads K and V out of the blocks in place, when it
+  built;
 * a PyTorch path everywhere else. Decode rows (one query token) are sorted by
   context length into buckets; each bucket is one
   ``scaled_dot_product_attention`` call over its sequences' blocks gathered into
@@ -26,10 +29,14 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from engine.cpu_kernels import PagedDecode
 
 FLASH_BLOCK_MULTIPLE = 256  # flash-attn 2 needs paged-KV block sizes divisible by this
 DECODE_BUCKET_MIN = 8  # at least this many rows per decode bucket
@@ -99,6 +106,10 @@ class AttentionMetadata:
     block_size: int
     use_flash: bool = False
     decode: list[DecodePlan] = field(default_factory=list)
+    # the compiled CPU decode kernel and its rows: q/out row and sequence of each, int64
+    decode_kernel: PagedDecode | None = None
+    kernel_rows: torch.Tensor | None = None
+    kernel_seqs: torch.Tensor | None = None
     prefills: list[PrefillPlan] = field(default_factory=list)
     scratch: AttentionScratch = field(default_factory=AttentionScratch)
 
@@ -117,11 +128,13 @@ def build_metadata(
     dtype: torch.dtype,
     use_flash: bool = False,
     scratch: AttentionScratch | None = None,
+    decode_kernel: PagedDecode | None = None,
 ) -> AttentionMetadata:
     """Build the step's metadata from per-sequence query lengths, offsets and block tables.
 
     Shapes: ``B = len(q_lens)``; ``T = sum(q_lens)``. Raises ``ValueError`` when a
-    block table is too short for ``start_pos + q_len`` tokens.
+    block table is too short for ``start_pos + q_len`` tokens. ``decode_kernel``
+    (fp32 on a CPU only) takes the decode rows instead of the torch buckets.
     """
     num_seqs = len(q_lens)
     q = np.asarray(q_lens, dtype=np.int64)
@@ -161,6 +174,8 @@ def build_metadata(
         use_flash=use_flash,
         scratch=scratch or AttentionScratch(),
     )
+    if decode_kernel is not None and device.type == "cpu" and dtype == torch.float32:
+        meta.decode_kernel = decode_kernel
     if not use_flash:
         _plan_decode(meta, q, ctx, cu_q, bt_np, device, dtype)
         _plan_prefill(meta, q, starts, ctx, cu_q, bt_np, device, dtype)
@@ -179,6 +194,10 @@ def _plan_decode(
     """Bucket single-token rows by context length (sorted, equal-sized buckets)."""
     rows = np.nonzero(q == 1)[0]
     if not len(rows):
+        return
+    if meta.decode_kernel is not None:  # one call for every decode row, in place
+        meta.kernel_rows = torch.from_numpy(cu_q[rows])
+        meta.kernel_seqs = torch.from_numpy(rows.astype(np.int64))
         return
     rows = rows[np.argsort(ctx[rows], kind="stable")]
     if device.type == "cpu":
@@ -306,6 +325,19 @@ def _torch_attention(
     if len(meta.decode) == 1 and meta.decode[0].identity:
         return _decode(q, k_cache, v_cache, meta.decode[0], meta, scale)
     out = q.new_empty(q.shape)
+    if meta.decode_kernel is not None and meta.kernel_rows is not None:
+        assert meta.kernel_seqs is not None
+        meta.decode_kernel(
+            q,
+            out,
+            k_cache,
+            v_cache,
+            meta.block_tables,
+            meta.context_lens,
+            meta.kernel_rows,
+            meta.kernel_seqs,
+            scale,
+        )
     for plan in meta.decode:
         qd = q.index_select(0, plan.token_idx)
         out.index_copy_(0, plan.token_idx, _decode(qd, k_cache, v_cache, plan, meta, scale))

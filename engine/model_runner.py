@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from engine import cpu_kernels
 from engine.attention import (
     FLASH_BLOCK_MULTIPLE,
     AttentionScratch,
@@ -135,6 +136,11 @@ class ModelRunner:
         )
         self.sampler = Sampler(seed)
         self.scratch = AttentionScratch()  # decode gather buffers, kept across steps
+        self.decode_kernel = (
+            cpu_kernels.paged_decode()
+            if self.device.type == "cpu" and self.dtype == torch.float32
+            else None
+        )
         log.info(
             "model runner ready",
             extra={
@@ -143,7 +149,9 @@ class ModelRunner:
                 "dtype": str(self.dtype),
                 "load_s": round(self.load_seconds, 3),
                 "num_blocks": self.num_blocks,
-                "attention": "flash-attn" if self.use_flash else "torch",
+                "attention": "flash-attn"
+                if self.use_flash
+                else ("cpu-kernel" if self.decode_kernel is not None else "torch"),
                 "threads": torch.get_num_threads(),
             },
         )
@@ -162,6 +170,7 @@ class ModelRunner:
             dtype=self.dtype,
             use_flash=self.use_flash,
             scratch=self.scratch,
+            decode_kernel=self.decode_kernel,
         )
         input_ids = torch.tensor(
             list(chain.from_iterable(it.token_ids for it in items)), dtype=torch.int64

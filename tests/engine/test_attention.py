@@ -8,8 +8,20 @@ import pytest
 import torch
 
 from engine.attention import build_metadata, flash_attn_available, paged_attention, store_kv
+from engine.cpu_kernels import PagedDecode, paged_decode
 
 BLOCK = 4
+
+
+@pytest.fixture(params=["torch", "cpu-kernel"])
+def decode_kernel(request: pytest.FixtureRequest) -> PagedDecode | None:
+    """Each CPU case runs twice: torch's decode buckets, and the compiled kernel."""
+    if request.param == "torch":
+        return None
+    kernel = paged_decode()
+    if kernel is None:
+        pytest.skip("the CPU kernel did not build here (no C compiler?)")
+    return kernel
 
 
 def dense_reference(
@@ -37,6 +49,7 @@ def run_case(
     dtype: torch.dtype = torch.float32,
     block_size: int = BLOCK,
     use_flash: bool = False,
+    decode_kernel: PagedDecode | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``seqs`` = [(cached prefix length, new tokens)]; returns (paged output, reference)."""
     gen = torch.Generator().manual_seed(seed)
@@ -81,6 +94,7 @@ def run_case(
         device=torch.device(device),
         dtype=dtype,
         use_flash=use_flash,
+        decode_kernel=decode_kernel,
     )
     qs = [torch.randn(n, heads, head_dim, generator=gen) for _, n in seqs]
     q = torch.cat(qs).to(device, dtype)
@@ -112,15 +126,17 @@ def run_case(
 )
 @pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (6, 2), (9, 3), (8, 1)])
 def test_torch_paged_attention_matches_dense(
-    seqs: list[tuple[int, int]], heads: int, kv_heads: int
+    seqs: list[tuple[int, int]], heads: int, kv_heads: int, decode_kernel: PagedDecode | None
 ) -> None:
-    out, ref = run_case(seqs, heads, kv_heads, head_dim=16, seed=len(seqs) * 31 + heads)
+    out, ref = run_case(
+        seqs, heads, kv_heads, head_dim=16, seed=len(seqs) * 31 + heads, decode_kernel=decode_kernel
+    )
     assert out.shape == ref.shape
     assert (out - ref).abs().max().item() < 1e-5
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_torch_paged_attention_random_shapes(seed: int) -> None:
+def test_torch_paged_attention_random_shapes(seed: int, decode_kernel: PagedDecode | None) -> None:
     rnd = random.Random(seed)
     kv_heads = rnd.choice([1, 2, 3])
     heads = kv_heads * rnd.choice([1, 2, 3, 4])
@@ -128,7 +144,15 @@ def test_torch_paged_attention_random_shapes(seed: int) -> None:
         (rnd.choice([0, rnd.randrange(1, 50)]), rnd.choice([1, 1, rnd.randrange(1, 20)]))
         for _ in range(rnd.randrange(1, 7))
     ]
-    out, ref = run_case(seqs, heads, kv_heads, head_dim=rnd.choice([8, 32]), seed=seed)
+    out, ref = run_case(
+        seqs,
+        heads,
+        kv_heads,
+        head_dim=rnd.choice([8, 20, 32, 64, 128]),
+        seed=seed,
+        block_size=rnd.choice([BLOCK, 16]),
+        decode_kernel=decode_kernel,
+    )
     assert (out - ref).abs().max().item() < 1e-5
 
 

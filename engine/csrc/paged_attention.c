@@ -1,0 +1,196 @@
+/* Paged decode attention for CPUs, fp32: one query token per sequence, K and V read
+ * straight out of the block pool (no gather), each KV head's rows read once from memory
+ * for all the query heads that share it (GQA).
+ *
+ * Layouts (all contiguous, row-major):
+ *   q               [T, H, D] with rows `q_row_stride` floats apart (a view of the fused
+ *                   q/k/v projection); only the rows listed in `rows` are read
+ *   out             [T, H, D] contiguous; only the rows listed in `rows` are written
+ *   k_cache/v_cache [num_blocks, block_size, Hkv, D]
+ *   block_tables    [B, bt_stride] int32 block ids of each sequence, in order
+ *   rows[i]         the q/out row of decode sequence i; seqs[i] its row in block_tables
+ *   ctx_lens[s]     tokens of sequence s in the cache, this step's included
+ *
+ * Work is split over (sequence, run of `heads_per_task` KV heads) with OpenMP. A task
+ * covering all KV heads reads each block as one contiguous run of memory; splitting heads
+ * only pays when there are fewer sequences than threads. The OpenMP runtime is the one
+ * PyTorch already loaded (same soname), so torch.set_num_threads applies here too.
+ *
+ * Per block (block_size tokens, a few KB, in L1 once touched): scores for every query
+ * row, then after an exact softmax (max-subtracted) the weighted sum of V. With AVX2 and
+ * D a multiple of 64 the inner loops are written with intrinsics; any other shape takes
+ * the portable loops. Both give the same result up to float rounding order.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define TR_AVX2 1
+#endif
+
+/* Ask for one token's rows of the next block while this block is read: a sequence's
+ * blocks are scattered over the pool, so the hardware prefetchers cannot guess them. */
+static inline void prefetch_row(const float *p, int64_t floats) {
+    for (int64_t f = 0; f < floats; f += 16) __builtin_prefetch(p + f, 0, 3);
+}
+
+typedef struct {
+    int64_t D, G, hp, h0, tok_stride, L;
+    float scale;
+} task_shape;
+
+/* scores[r, t0 + o] = scale * q_r . k_o for the `end` tokens of one block. */
+static void block_scores(const task_shape *s, const float *qh, const float *kb, int64_t end,
+                         int64_t t0, float *scores) {
+    const int64_t D = s->D, G = s->G;
+    for (int64_t h = 0; h < s->hp; h++) {
+        const float *kh = kb + (s->h0 + h) * D;
+        for (int64_t g = 0; g < G; g++) {
+            const int64_t r = h * G + g;
+            const float *qr = qh + r * D;
+            float *out = scores + r * s->L + t0;
+            int64_t o = 0;
+#ifdef TR_AVX2
+            if (D % 8 == 0) {
+                for (; o + 8 <= end; o += 8) { /* 8 tokens at once, one sum per lane */
+                    __m256 a[8];
+                    for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
+                    for (int64_t c = 0; c < D; c += 8) {
+                        const __m256 qc = _mm256_loadu_ps(qr + c);
+                        for (int j = 0; j < 8; j++)
+                            a[j] = _mm256_fmadd_ps(
+                                qc, _mm256_loadu_ps(kh + (o + j) * s->tok_stride + c), a[j]);
+                    }
+                    const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]),
+                                                     _mm256_hadd_ps(a[2], a[3]));
+                    const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]),
+                                                     _mm256_hadd_ps(a[6], a[7]));
+                    const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                                                     _mm256_permute2f128_ps(u0, u1, 0x31));
+                    _mm256_storeu_ps(out + o, _mm256_mul_ps(sum, _mm256_set1_ps(s->scale)));
+                }
+            }
+#endif
+            for (; o < end; o++) {
+                const float *kt = kh + o * s->tok_stride;
+                float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+                for (int64_t d = 0; d < D; d++) acc += qr[d] * kt[d];
+                out[o] = acc * s->scale;
+            }
+        }
+    }
+}
+
+/* acc[r] += sum_o p[r, t0 + o] * v_o for the `end` tokens of one block. */
+static void block_values(const task_shape *s, const float *vb, int64_t end, int64_t t0,
+                         const float *probs, float *acc) {
+    const int64_t D = s->D, G = s->G;
+    for (int64_t h = 0; h < s->hp; h++) {
+        const float *vh = vb + (s->h0 + h) * D;
+        for (int64_t g = 0; g < G; g++) {
+            const int64_t r = h * G + g;
+            const float *p = probs + r * s->L + t0;
+            float *ar = acc + r * D;
+#ifdef TR_AVX2
+            if (D % 64 == 0) {
+                for (int64_t c = 0; c < D; c += 64) { /* 64 floats of acc held in registers */
+                    __m256 a[8];
+                    for (int k = 0; k < 8; k++) a[k] = _mm256_loadu_ps(ar + c + 8 * k);
+                    for (int64_t o = 0; o < end; o++) {
+                        const __m256 po = _mm256_broadcast_ss(p + o);
+                        const float *vt = vh + o * s->tok_stride + c;
+                        for (int k = 0; k < 8; k++)
+                            a[k] = _mm256_fmadd_ps(po, _mm256_loadu_ps(vt + 8 * k), a[k]);
+                    }
+                    for (int k = 0; k < 8; k++) _mm256_storeu_ps(ar + c + 8 * k, a[k]);
+                }
+                continue;
+            }
+#endif
+            for (int64_t o = 0; o < end; o++) {
+                const float *vt = vh + o * s->tok_stride;
+                const float po = p[o];
+#pragma omp simd
+                for (int64_t d = 0; d < D; d++) ar[d] += po * vt[d];
+            }
+        }
+    }
+}
+
+int tr_paged_decode_f32(const float *q, int64_t q_row_stride, float *out, const float *k_cache,
+                        const float *v_cache, const int32_t *block_tables,
+                        int64_t bt_stride, const int32_t *ctx_lens, const int64_t *rows,
+                        const int64_t *seqs, int64_t n, int64_t num_heads,
+                        int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
+                        int64_t heads_per_task, float scale) {
+    const int64_t G = num_heads / num_kv_heads; /* query heads per KV head */
+    const int64_t D = head_dim;
+    const int64_t row_stride = num_heads * D;    /* out */
+    const int64_t tok_stride = num_kv_heads * D; /* one token's K (or V) in the pool */
+    const int64_t block_stride = block_size * tok_stride;
+    const int64_t hp = heads_per_task;
+    const int64_t parts = num_kv_heads / hp;
+    const int64_t R = hp * G; /* query rows per task */
+    int failed = 0;
+#pragma omp parallel
+    {
+        float *scores = NULL; /* [R, L] */
+        int64_t cap = 0;
+        float *acc = (float *)malloc(sizeof(float) * R * D); /* [R, D] */
+        if (acc == NULL) failed = 1;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < n * parts; task++) {
+            if (failed) continue;
+            const int64_t i = task / parts, h0 = (task % parts) * hp;
+            const int64_t seq = seqs[i];
+            const int64_t L = ctx_lens[seq];
+            const int32_t *bt = block_tables + seq * bt_stride;
+            const int64_t nb = (L + block_size - 1) / block_size;
+            const float *qh = q + rows[i] * q_row_stride + h0 * G * D; /* [R, D] */
+            const task_shape s = {D, G, hp, h0, tok_stride, L, scale};
+            if (L > cap) {
+                float *grown = (float *)realloc(scores, sizeof(float) * R * L);
+                if (grown == NULL) { failed = 1; continue; }
+                scores = grown;
+                cap = L;
+            }
+            for (int64_t b = 0; b < nb; b++) {
+                const int64_t t0 = b * block_size;
+                const int64_t end = L - t0 < block_size ? L - t0 : block_size;
+                const float *next = b + 1 < nb ? k_cache + (int64_t)bt[b + 1] * block_stride
+                                               : v_cache + (int64_t)bt[0] * block_stride;
+                for (int64_t o = 0; o < block_size; o++)
+                    prefetch_row(next + o * tok_stride + h0 * D, hp * D);
+                block_scores(&s, qh, k_cache + (int64_t)bt[b] * block_stride, end, t0, scores);
+            }
+            for (int64_t r = 0; r < R; r++) { /* softmax over t, per query row */
+                float *sr = scores + r * L;
+                float m = -INFINITY, sum = 0.0f;
+                for (int64_t t = 0; t < L; t++) m = sr[t] > m ? sr[t] : m;
+                for (int64_t t = 0; t < L; t++) {
+                    sr[t] = expf(sr[t] - m);
+                    sum += sr[t];
+                }
+                const float inv = 1.0f / sum;
+                for (int64_t t = 0; t < L; t++) sr[t] *= inv;
+            }
+            memset(acc, 0, sizeof(float) * R * D);
+            for (int64_t b = 0; b < nb; b++) {
+                const int64_t t0 = b * block_size;
+                const int64_t end = L - t0 < block_size ? L - t0 : block_size;
+                if (b + 1 < nb)
+                    for (int64_t o = 0; o < block_size; o++)
+                        prefetch_row(v_cache + (int64_t)bt[b + 1] * block_stride
+                                         + o * tok_stride + h0 * D, hp * D);
+                block_values(&s, v_cache + (int64_t)bt[b] * block_stride, end, t0, scores, acc);
+            }
+            memcpy(out + rows[i] * row_stride + h0 * G * D, acc, sizeof(float) * R * D);
+        }
+        free(scores);
+        free(acc);
+    }
+    return failed ? -1 : 0;
+}
