@@ -36,6 +36,55 @@ static inline void prefetch_row(const float *p, int64_t floats) {
     for (int64_t f = 0; f < floats; f += 16) __builtin_prefetch(p + f, 0, 3);
 }
 
+#ifdef TR_AVX2
+/* e^x for x <= 0, 8 lanes: x = n ln2 + r with |r| <= ln2 / 2, e^r by its degree-7 Taylor
+ * polynomial (Cephes' coefficients), 2^n through the exponent bits. Within 2 ulp of
+ * expf; lanes below -87.3 (underflow) give 0. */
+static inline __m256 exp_nonpositive(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.3f);
+    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(x, lo);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i bits = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(bits)));
+}
+#endif
+
+/* s[t] = e^(s[t] - max s) in place; returns the sum. */
+static float exp_shifted(float *s, int64_t n) {
+    float m = -INFINITY, sum = 0.0f;
+    for (int64_t t = 0; t < n; t++) m = s[t] > m ? s[t] : m;
+    int64_t t = 0;
+#ifdef TR_AVX2
+    const __m256 mv = _mm256_set1_ps(m);
+    __m256 acc = _mm256_setzero_ps();
+    for (; t + 8 <= n; t += 8) {
+        const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + t), mv));
+        _mm256_storeu_ps(s + t, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, acc);
+    for (int k = 0; k < 8; k++) sum += lanes[k];
+#endif
+    for (; t < n; t++) {
+        s[t] = expf(s[t] - m);
+        sum += s[t];
+    }
+    return sum;
+}
+
 typedef struct {
     int64_t D, G, hp, h0, tok_stride, L;
     float scale;
@@ -139,7 +188,8 @@ int tr_paged_decode_f32(const float *q, int64_t q_row_stride, float *out, const 
     {
         float *scores = NULL; /* [R, L] */
         int64_t cap = 0;
-        float *acc = (float *)malloc(sizeof(float) * R * D); /* [R, D] */
+        float *acc = (float *)malloc(sizeof(float) * R * (D + 1)); /* [R, D] */
+        float *inv_sum = acc + R * D;                               /* [R] */
         if (acc == NULL) failed = 1;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < n * parts; task++) {
@@ -166,17 +216,8 @@ int tr_paged_decode_f32(const float *q, int64_t q_row_stride, float *out, const 
                     prefetch_row(next + o * tok_stride + h0 * D, hp * D);
                 block_scores(&s, qh, k_cache + (int64_t)bt[b] * block_stride, end, t0, scores);
             }
-            for (int64_t r = 0; r < R; r++) { /* softmax over t, per query row */
-                float *sr = scores + r * L;
-                float m = -INFINITY, sum = 0.0f;
-                for (int64_t t = 0; t < L; t++) m = sr[t] > m ? sr[t] : m;
-                for (int64_t t = 0; t < L; t++) {
-                    sr[t] = expf(sr[t] - m);
-                    sum += sr[t];
-                }
-                const float inv = 1.0f / sum;
-                for (int64_t t = 0; t < L; t++) sr[t] *= inv;
-            }
+            for (int64_t r = 0; r < R; r++) /* softmax over t, per query row */
+                inv_sum[r] = 1.0f / exp_shifted(scores + r * L, L);
             memset(acc, 0, sizeof(float) * R * D);
             for (int64_t b = 0; b < nb; b++) {
                 const int64_t t0 = b * block_size;
@@ -187,7 +228,9 @@ int tr_paged_decode_f32(const float *q, int64_t q_row_stride, float *out, const 
                                          + o * tok_stride + h0 * D, hp * D);
                 block_values(&s, v_cache + (int64_t)bt[b] * block_stride, end, t0, scores, acc);
             }
-            memcpy(out + rows[i] * row_stride + h0 * G * D, acc, sizeof(float) * R * D);
+            float *o = out + rows[i] * row_stride + h0 * G * D;
+            for (int64_t r = 0; r < R; r++)
+                for (int64_t d = 0; d < D; d++) o[r * D + d] = acc[r * D + d] * inv_sum[r];
         }
         free(scores);
         free(acc);
