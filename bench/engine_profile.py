@@ -13,9 +13,11 @@ Measurements, tables on stdout:
   to 400 tokens, 128 output tokens each), every step timed, split into
   prefill steps and decode steps; then ``torch.profiler`` over five decode
   steps at the full batch, the share of the top operators.
-* ``buckets`` (not part of ``both``): the same workload at its full decode
-  batch, stepped with each CPU decode-attention bucket size in turn
-  (``engine.attention.CPU_DECODE_BUCKET_ROWS``), median wall and CPU time.
+* ``attention`` (not part of ``both``): the same workload at its full decode
+  batch, stepped in turn with the compiled decode kernel
+  (engine/csrc/paged_attention.c) and with the torch path at several bucket
+  sizes (``engine.attention.CPU_DECODE_BUCKET_ROWS``; 8 is its default), median
+  wall and CPU time per step.
 * ``start`` (not part of ``both``): seconds to a ready ``LLMEngine`` in a fresh
   process (torch import included), and its tokenizer alone loaded by
   engine/tokenizer.py against ``AutoTokenizer`` (the peer), three fresh
@@ -23,7 +25,7 @@ Measurements, tables on stdout:
 
     .venv/bin/python bench/engine_profile.py            # both
     .venv/bin/python bench/engine_profile.py omp        # one of them
-    .venv/bin/python bench/engine_profile.py buckets    # decode-attention bucket sizes
+    .venv/bin/python bench/engine_profile.py attention  # C kernel against torch buckets
     .venv/bin/python bench/engine_profile.py start      # engine and tokenizer load times
 """
 
@@ -177,20 +179,23 @@ def run_decode(num_prompts: int, output_len: int) -> None:
         print(f"| `{e.key}` | {share:.0%} | {e.self_cpu_time_total / 5 / 1000:.0f} |")
 
 
-BUCKET_ROWS = (64, 16, 8, 4)
+TORCH_BUCKET_ROWS = (8, 16, 64)
 
 
-def run_buckets(num_prompts: int, rounds: int = 12) -> None:
-    """Decode steps at the full batch with each CPU bucket size in turn (interleaved)."""
+def run_attention(num_prompts: int, rounds: int = 12) -> None:
+    """Decode steps at the full batch: the C kernel and torch buckets of each size, interleaved."""
     import engine.attention as attention
     from bench.engine_throughput import make_prompts
     from engine import EngineConfig, LLMEngine, SamplingParams
 
     engine = LLMEngine(EngineConfig(model="default", device="cpu", max_num_seqs=num_prompts))
+    kernel = engine.runner.decode_kernel
+    if kernel is None:
+        raise SystemExit("the CPU decode kernel did not build here: see the worker's log line")
+    variants: list[tuple[str, int | None]] = [("C kernel", None)]
+    variants += [(f"torch, buckets of {r}", r) for r in TORCH_BUCKET_ROWS]
     prompts = make_prompts(engine, num_prompts, 50, 400, 0)
-    params = SamplingParams(
-        max_tokens=16 + rounds * len(BUCKET_ROWS), temperature=0, ignore_eos=True
-    )
+    params = SamplingParams(max_tokens=16 + rounds * len(variants), temperature=0, ignore_eos=True)
     for i, q in enumerate(prompts):
         engine.add_request(f"b{i}", q, params)
     while engine.stats()["waiting"] or engine.stats()["running"] < num_prompts:
@@ -198,27 +203,29 @@ def run_buckets(num_prompts: int, rounds: int = 12) -> None:
     for _ in range(3):  # every sequence past its prefill
         engine.step()
     default = attention.CPU_DECODE_BUCKET_ROWS
-    wall: dict[int, list[float]] = {r: [] for r in BUCKET_ROWS}
-    cpu: dict[int, list[float]] = {r: [] for r in BUCKET_ROWS}
+    wall: dict[str, list[float]] = {name: [] for name, _ in variants}
+    cpu: dict[str, list[float]] = {name: [] for name, _ in variants}
     try:
         for _ in range(rounds):
-            for rows in BUCKET_ROWS:
-                attention.CPU_DECODE_BUCKET_ROWS = rows
+            for name, rows in variants:
+                engine.runner.decode_kernel = kernel if rows is None else None
+                attention.CPU_DECODE_BUCKET_ROWS = rows or default
                 t, c = time.perf_counter(), time.process_time()
                 engine.step()
-                wall[rows].append(time.perf_counter() - t)
-                cpu[rows].append(time.process_time() - c)
+                wall[name].append(time.perf_counter() - t)
+                cpu[name].append(time.process_time() - c)
     finally:
         attention.CPU_DECODE_BUCKET_ROWS = default
+        engine.runner.decode_kernel = kernel
     while engine.has_unfinished():
         engine.step()
-    print(f"\ndecode steps at batch {num_prompts}, rows per attention bucket, {rounds} steps each")
-    print("| rows per bucket | buckets | wall ms (median) | CPU ms (median) | wall vs 8 |")
-    print("|---:|---:|---:|---:|---:|")
-    ref = statistics.median(wall[8])
-    for rows in BUCKET_ROWS:
-        w, c = statistics.median(wall[rows]) * 1000, statistics.median(cpu[rows]) * 1000
-        print(f"| {rows} | {-(-num_prompts // rows)} | {w:.0f} | {c:.0f} | {w / ref / 1000:.2f}x |")
+    print(f"\ndecode steps at batch {num_prompts}, {rounds} steps each, interleaved")
+    print("| decode attention | wall ms (median) | CPU ms (median) | wall vs the C kernel |")
+    print("|---|---:|---:|---:|")
+    ref = statistics.median(wall["C kernel"])
+    for name, _ in variants:
+        w, c = statistics.median(wall[name]), statistics.median(cpu[name])
+        print(f"| {name} | {w * 1000:.0f} | {c * 1000:.0f} | {w / ref:.2f}x |")
 
 
 START_CHILDREN = {
@@ -258,7 +265,7 @@ def main() -> int:
         "what",
         nargs="?",
         default="both",
-        choices=["both", "omp", "decode", "buckets", "start", "_single"],
+        choices=["both", "omp", "decode", "attention", "start", "_single"],
     )
     ap.add_argument("--num-prompts", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=128)
@@ -271,8 +278,8 @@ def main() -> int:
         run_omp()
     if args.what in ("both", "decode"):
         run_decode(args.num_prompts, args.output_len)
-    if args.what == "buckets":
-        run_buckets(args.num_prompts)
+    if args.what == "attention":
+        run_attention(args.num_prompts)
     if args.what == "start":
         run_start()
     print(f"\nload average at the end: {load_average()}")
