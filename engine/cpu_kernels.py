@@ -116,6 +116,29 @@ class PagedDecode:
         fn.argtypes += [_i64] * 6 + [_f32]
         self._fn = fn
 
+    @staticmethod
+    def _check_bounds(
+        q: torch.Tensor,
+        out: torch.Tensor,
+        tables: torch.Tensor,
+        lens: torch.Tensor,
+        rows: torch.Tensor,
+        seqs: torch.Tensor,
+        num_blocks: int,
+        block_size: int,
+    ) -> None:
+        """The C side checks no bounds: every index it follows must be valid here."""
+        lo, hi = (int(x) for x in tables.aminmax())
+        if not 0 <= lo <= hi < num_blocks:
+            raise ValueError(f"paged decode kernel: a block id outside the pool of {num_blocks}")
+        lo, hi = (int(x) for x in lens.aminmax())
+        if not 1 <= lo <= hi <= tables.shape[1] * block_size:
+            raise ValueError("paged decode kernel: a context length outside its block table")
+        if int(rows.max()) >= min(q.shape[0], out.shape[0]) or int(rows.min()) < 0:
+            raise ValueError("paged decode kernel: a row outside q or out")
+        if int(seqs.max()) >= min(tables.shape[0], lens.shape[0]) or int(seqs.min()) < 0:
+            raise ValueError("paged decode kernel: a sequence outside the block tables")
+
     def __call__(
         self,
         q: torch.Tensor,
@@ -154,9 +177,8 @@ class PagedDecode:
         tables, lens = block_tables.contiguous(), context_lens.contiguous()
         rows, seqs = rows.contiguous(), seqs.contiguous()
         n = int(rows.shape[0])
-        # The C side checks no bounds: block ids must lie inside the pool.
-        if n and not 0 <= int(tables.min()) <= int(tables.max()) < num_blocks:
-            raise ValueError(f"paged decode kernel: a block id outside the pool of {num_blocks}")
+        if n:
+            self._check_bounds(q, out, tables, lens, rows, seqs, num_blocks, block_size)
         whole = n >= SEQS_PER_THREAD_FOR_WHOLE_HEADS * torch.get_num_threads()
         rc = self._fn(
             q.data_ptr(),

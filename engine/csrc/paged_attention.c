@@ -201,6 +201,10 @@ int tr_paged_decode_f32(const float *q, int64_t q_row_stride, float *out, const 
             const int64_t nb = (L + block_size - 1) / block_size;
             const float *qh = q + rows[i] * q_row_stride + h0 * G * D; /* [R, D] */
             const task_shape s = {D, G, hp, h0, tok_stride, L, scale};
+            if (L <= 0) { /* nothing to attend to (the caller never asks): zeros, not NaN */
+                memset(out + rows[i] * row_stride + h0 * G * D, 0, sizeof(float) * R * D);
+                continue;
+            }
             if (L > cap) {
                 float *grown = (float *)realloc(scores, sizeof(float) * R * L);
                 if (grown == NULL) { failed = 1; continue; }

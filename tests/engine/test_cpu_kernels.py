@@ -72,6 +72,25 @@ def test_block_ids_outside_the_pool_are_refused(kernel: PagedDecode) -> None:
             kernel(q, torch.zeros(1, 2, 8), k_cache, k_cache, torch.tensor([[bad]]).int(), *args)
 
 
+def test_lengths_rows_and_sequences_outside_their_tables_are_refused(kernel: PagedDecode) -> None:
+    k_cache = torch.zeros(4, 16, 1, 8)
+    q, out = torch.zeros(2, 2, 8), torch.zeros(2, 2, 8)
+    tables = torch.tensor([[1, 2], [3, 0]], dtype=torch.int32)
+    lens = torch.tensor([20, 5], dtype=torch.int32)
+    one = torch.tensor([1])
+    cases = [
+        (torch.tensor([33, 5], dtype=torch.int32), one, one, "context length"),  # > 2 blocks
+        (torch.tensor([0, 5], dtype=torch.int32), one, one, "context length"),
+        (lens, torch.tensor([2]), one, "row"),
+        (lens, one, torch.tensor([2]), "sequence"),
+        (lens, one, torch.tensor([-1]), "sequence"),
+    ]
+    for bad_lens, rows, seqs, what in cases:
+        with pytest.raises(ValueError, match=what):
+            kernel(q, out, k_cache, k_cache, tables, bad_lens, rows, seqs, 1.0)
+    kernel(q, out, k_cache, k_cache, tables, lens, one, one, 1.0)  # the good call passes
+
+
 def test_wrong_dtypes_are_refused(kernel: PagedDecode) -> None:
     k_cache = torch.zeros(4, 16, 1, 8)
     tables, lens = torch.zeros(1, 1, dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
