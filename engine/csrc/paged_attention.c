@@ -2,7 +2,7 @@
  * straight out of the block pool (no gather), each KV head's rows read once from memory
  * for all the query heads that share it (GQA).
  *
- * Layouts (all contiguous, row-major):
+ * Layouts (row-major):
  *   q               [T, H, D] with rows `q_row_stride` floats apart (a view of the fused
  *                   q/k/v projection); only the rows listed in `rows` are read
  *   out             [T, H, D] contiguous; only the rows listed in `rows` are written
@@ -17,9 +17,10 @@
  * PyTorch already loaded (same soname), so torch.set_num_threads applies here too.
  *
  * Per block (block_size tokens, a few KB, in L1 once touched): scores for every query
- * row, then after an exact softmax (max-subtracted) the weighted sum of V. With AVX2 and
- * D a multiple of 64 the inner loops are written with intrinsics; any other shape takes
- * the portable loops. Both give the same result up to float rounding order.
+ * row, then after an exact softmax (max-subtracted) the weighted sum of V. With AVX2 the
+ * inner loops are written with intrinsics (scores for D a multiple of 8, values for D a
+ * multiple of 64); other shapes take the portable loops. Both give the same result up to
+ * float rounding order.
  */
 #include <math.h>
 #include <stdint.h>
@@ -188,12 +189,20 @@ int tr_paged_decode_f32(const float *q, int64_t q_row_stride, float *out, const 
     {
         float *scores = NULL; /* [R, L] */
         int64_t cap = 0;
-        float *acc = (float *)malloc(sizeof(float) * R * (D + 1)); /* [R, D] */
-        float *inv_sum = acc + R * D;                               /* [R] */
-        if (acc == NULL) failed = 1;
+        float *acc = (float *)malloc(sizeof(float) * R * (D + 1)); /* [R, D] then [R] */
+        float *inv_sum = NULL;
+        if (acc == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        } else {
+            inv_sum = acc + R * D;
+        }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < n * parts; task++) {
-            if (failed) continue;
+            int stop;
+#pragma omp atomic read
+            stop = failed;
+            if (stop || acc == NULL) continue;
             const int64_t i = task / parts, h0 = (task % parts) * hp;
             const int64_t seq = seqs[i];
             const int64_t L = ctx_lens[seq];
@@ -207,7 +216,11 @@ int tr_paged_decode_f32(const float *q, int64_t q_row_stride, float *out, const 
             }
             if (L > cap) {
                 float *grown = (float *)realloc(scores, sizeof(float) * R * L);
-                if (grown == NULL) { failed = 1; continue; }
+                if (grown == NULL) {
+#pragma omp atomic write
+                    failed = 1;
+                    continue;
+                }
                 scores = grown;
                 cap = L;
             }
