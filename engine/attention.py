@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from engine.cpu_kernels import PagedDecode
+    from engine.cpu_kernels import DecodeBatch, PagedDecode
 
 FLASH_BLOCK_MULTIPLE = 256  # flash-attn 2 needs paged-KV block sizes divisible by this
 DECODE_BUCKET_MIN = 8  # at least this many rows per decode bucket
@@ -106,10 +106,9 @@ class AttentionMetadata:
     block_size: int
     use_flash: bool = False
     decode: list[DecodePlan] = field(default_factory=list)
-    # the compiled CPU decode kernel and its rows: q/out row and sequence of each, int64
+    # the compiled CPU decode kernel, and this step's decode rows checked for it
     decode_kernel: PagedDecode | None = None
-    kernel_rows: torch.Tensor | None = None
-    kernel_seqs: torch.Tensor | None = None
+    kernel_batch: DecodeBatch | None = None
     prefills: list[PrefillPlan] = field(default_factory=list)
     scratch: AttentionScratch = field(default_factory=AttentionScratch)
 
@@ -134,7 +133,7 @@ def build_metadata(
 
     Shapes: ``B = len(q_lens)``; ``T = sum(q_lens)``. Raises ``ValueError`` when a
     block table is too short for ``start_pos + q_len`` tokens. ``decode_kernel``
-    (fp32 on a CPU only) takes the decode rows instead of the torch buckets.
+    (for fp32 on a CPU) takes the decode rows instead of the torch buckets.
     """
     num_seqs = len(q_lens)
     q = np.asarray(q_lens, dtype=np.int64)
@@ -173,9 +172,8 @@ def build_metadata(
         block_size=block_size,
         use_flash=use_flash,
         scratch=scratch or AttentionScratch(),
+        decode_kernel=decode_kernel,
     )
-    if decode_kernel is not None and device.type == "cpu" and dtype == torch.float32:
-        meta.decode_kernel = decode_kernel
     if not use_flash:
         _plan_decode(meta, q, ctx, cu_q, bt_np, device, dtype)
         _plan_prefill(meta, q, starts, ctx, cu_q, bt_np, device, dtype)
@@ -195,9 +193,14 @@ def _plan_decode(
     rows = np.nonzero(q == 1)[0]
     if not len(rows):
         return
-    if meta.decode_kernel is not None:  # one call for every decode row, in place
-        meta.kernel_rows = torch.from_numpy(cu_q[rows])
-        meta.kernel_seqs = torch.from_numpy(rows.astype(np.int64))
+    if meta.decode_kernel is not None:  # one call per layer for every decode row, in place
+        meta.kernel_batch = meta.decode_kernel.plan(
+            meta.block_tables,
+            meta.context_lens,
+            torch.from_numpy(cu_q[rows]),
+            torch.from_numpy(rows.astype(np.int64)),
+            meta.block_size,
+        )
         return
     rows = rows[np.argsort(ctx[rows], kind="stable")]
     if device.type == "cpu":
@@ -325,19 +328,8 @@ def _torch_attention(
     if len(meta.decode) == 1 and meta.decode[0].identity:
         return _decode(q, k_cache, v_cache, meta.decode[0], meta, scale)
     out = q.new_empty(q.shape)
-    if meta.decode_kernel is not None and meta.kernel_rows is not None:
-        assert meta.kernel_seqs is not None
-        meta.decode_kernel(
-            q,
-            out,
-            k_cache,
-            v_cache,
-            meta.block_tables,
-            meta.context_lens,
-            meta.kernel_rows,
-            meta.kernel_seqs,
-            scale,
-        )
+    if meta.decode_kernel is not None and meta.kernel_batch is not None:
+        meta.decode_kernel(q, out, k_cache, v_cache, meta.kernel_batch, scale)
     for plan in meta.decode:
         qd = q.index_select(0, plan.token_idx)
         out.index_copy_(0, plan.token_idx, _decode(qd, k_cache, v_cache, plan, meta, scale))

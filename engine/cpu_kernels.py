@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -105,6 +106,22 @@ def build(source: Path = SOURCE, cache_dir: Path | None = None) -> Path:
     return target
 
 
+@dataclass(frozen=True)
+class DecodeBatch:
+    """One step's decode rows for :class:`PagedDecode`, checked once (contiguous copies).
+
+    It holds the tensors whose memory the C side reads, so none is freed before a call.
+    """
+
+    block_tables: torch.Tensor  # [B, max_blocks] int32
+    context_lens: torch.Tensor  # [B] int32
+    rows: torch.Tensor  # [n] int64 q/out row of each decode row
+    seqs: torch.Tensor  # [n] int64 its sequence (row of block_tables)
+    block_size: int
+    max_block: int  # largest block id in the tables (-1: no rows)
+    max_row: int  # largest q/out row (-1: no rows)
+
+
 class PagedDecode:
     """Decode attention over the paged KV pool, one query token per sequence (fp32, CPU)."""
 
@@ -117,27 +134,41 @@ class PagedDecode:
         self._fn = fn
 
     @staticmethod
-    def _check_bounds(
-        q: torch.Tensor,
-        out: torch.Tensor,
-        tables: torch.Tensor,
-        lens: torch.Tensor,
+    def plan(
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
         rows: torch.Tensor,
         seqs: torch.Tensor,
-        num_blocks: int,
         block_size: int,
-    ) -> None:
-        """The C side checks no bounds: every index it follows must be valid here."""
-        lo, hi = (int(x) for x in tables.aminmax())
-        if not 0 <= lo <= hi < num_blocks:
-            raise ValueError(f"paged decode kernel: a block id outside the pool of {num_blocks}")
-        lo, hi = (int(x) for x in lens.aminmax())
-        if not 1 <= lo <= hi <= tables.shape[1] * block_size:
-            raise ValueError("paged decode kernel: a context length outside its block table")
-        if int(rows.max()) >= min(q.shape[0], out.shape[0]) or int(rows.min()) < 0:
-            raise ValueError("paged decode kernel: a row outside q or out")
-        if int(seqs.max()) >= min(tables.shape[0], lens.shape[0]) or int(seqs.min()) < 0:
-            raise ValueError("paged decode kernel: a sequence outside the block tables")
+    ) -> DecodeBatch:
+        """Check one step's decode rows once, for every layer's call.
+
+        ``block_tables`` ``[B, max_blocks]`` int32, ``context_lens`` ``[B]`` int32,
+        ``rows`` / ``seqs`` ``[n]`` int64: the q/out row and the sequence of each decode
+        row. The C side checks no bounds, so every index it follows is checked here (the
+        pool's size and q's rows at each call).
+        """
+        if block_tables.dtype != torch.int32 or context_lens.dtype != torch.int32:
+            raise ValueError("paged decode kernel: block tables and lengths must be int32")
+        if rows.dtype != torch.int64 or seqs.dtype != torch.int64:
+            raise ValueError("paged decode kernel: rows and seqs must be int64")
+        tables, lens = block_tables.contiguous(), context_lens.contiguous()
+        rows, seqs = rows.contiguous(), seqs.contiguous()
+        max_block = max_row = -1
+        if rows.numel():
+            lo, max_block = (int(x) for x in tables.aminmax())
+            if lo < 0:
+                raise ValueError("paged decode kernel: a block id outside the pool")
+            lo, hi = (int(x) for x in lens.aminmax())
+            if not 1 <= lo <= hi <= tables.shape[1] * block_size:
+                raise ValueError("paged decode kernel: a context length outside its block table")
+            lo, hi = (int(x) for x in seqs.aminmax())
+            if lo < 0 or hi >= min(tables.shape[0], lens.shape[0]):
+                raise ValueError("paged decode kernel: a sequence outside the block tables")
+            lo, max_row = (int(x) for x in rows.aminmax())
+            if lo < 0:
+                raise ValueError("paged decode kernel: a row outside q or out")
+        return DecodeBatch(tables, lens, rows, seqs, block_size, max_block, max_row)
 
     def __call__(
         self,
@@ -145,18 +176,14 @@ class PagedDecode:
         out: torch.Tensor,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
-        block_tables: torch.Tensor,
-        context_lens: torch.Tensor,
-        rows: torch.Tensor,
-        seqs: torch.Tensor,
+        batch: DecodeBatch,
         scale: float,
     ) -> None:
         """Write ``out[rows]`` ``[n, H, D]`` = attention of ``q[rows]`` over each sequence.
 
         ``q`` ``[T, H, D]`` (rows may be strided; heads and dims contiguous), ``out``
-        ``[T, H, D]`` contiguous, caches ``[num_blocks, block_size, Hkv, D]``,
-        ``block_tables`` ``[B, max_blocks]`` int32, ``context_lens`` ``[B]`` int32,
-        ``rows`` / ``seqs`` ``[n]`` int64: the q/out row and the sequence of each decode row.
+        ``[T, H, D]`` contiguous, caches ``[num_blocks, block_size, Hkv, D]``; ``batch``
+        from :meth:`plan`.
         """
         _, num_heads, head_dim = q.shape
         num_blocks, block_size, num_kv_heads, _ = k_cache.shape
@@ -167,18 +194,15 @@ class PagedDecode:
             raise ValueError("paged decode kernel: q's heads and dims must be contiguous")
         if not (out.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()):
             raise ValueError("paged decode kernel: out and the caches must be contiguous")
-        if block_tables.dtype != torch.int32 or context_lens.dtype != torch.int32:
-            raise ValueError("paged decode kernel: block tables and lengths must be int32")
-        if rows.dtype != torch.int64 or seqs.dtype != torch.int64:
-            raise ValueError("paged decode kernel: rows and seqs must be int64")
         if num_heads % num_kv_heads:
             raise ValueError("paged decode kernel: query heads must be a multiple of KV heads")
-        # Held in locals: a temporary's memory must outlive the call that reads it.
-        tables, lens = block_tables.contiguous(), context_lens.contiguous()
-        rows, seqs = rows.contiguous(), seqs.contiguous()
-        n = int(rows.shape[0])
-        if n:
-            self._check_bounds(q, out, tables, lens, rows, seqs, num_blocks, block_size)
+        if block_size != batch.block_size:
+            raise ValueError("paged decode kernel: the batch was planned for another block size")
+        if batch.max_block >= num_blocks:
+            raise ValueError(f"paged decode kernel: a block id outside the pool of {num_blocks}")
+        if batch.max_row >= min(q.shape[0], out.shape[0]):
+            raise ValueError("paged decode kernel: a row outside q or out")
+        n = int(batch.rows.shape[0])
         whole = n >= SEQS_PER_THREAD_FOR_WHOLE_HEADS * torch.get_num_threads()
         rc = self._fn(
             q.data_ptr(),
@@ -186,11 +210,11 @@ class PagedDecode:
             out.data_ptr(),
             k_cache.data_ptr(),
             v_cache.data_ptr(),
-            tables.data_ptr(),
-            tables.shape[1],
-            lens.data_ptr(),
-            rows.data_ptr(),
-            seqs.data_ptr(),
+            batch.block_tables.data_ptr(),
+            batch.block_tables.shape[1],
+            batch.context_lens.data_ptr(),
+            batch.rows.data_ptr(),
+            batch.seqs.data_ptr(),
             n,
             num_heads,
             num_kv_heads,

@@ -23,6 +23,23 @@ def kernel() -> PagedDecode:
     return k
 
 
+def attend(
+    kernel: PagedDecode,
+    q: torch.Tensor,
+    out: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    tables: torch.Tensor,
+    lens: torch.Tensor,
+    rows: torch.Tensor,
+    seqs: torch.Tensor,
+    scale: float,
+) -> None:
+    """Plan the rows (as attention.py does once a step), then one layer's call."""
+    plan = kernel.plan(tables, lens, rows, seqs, k_cache.shape[1])
+    kernel(q, out, k_cache, v_cache, plan, scale)
+
+
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """One query token ``[H, D]`` over ``k``/``v`` ``[L, Hkv, D]``, in float64."""
     groups = q.shape[0] // k.shape[1]
@@ -53,7 +70,18 @@ def test_strided_q_and_a_subset_of_rows(kernel: PagedDecode) -> None:
     out = torch.full((len(lens) + 1, heads, dim), 123.0)
     rows = torch.tensor([5, 0, 3, 1], dtype=torch.int64)  # row 2 and 4 left alone
     seqs = torch.tensor([4, 0, 2, 1], dtype=torch.int64)
-    kernel(q, out, k_cache, v_cache, bt, torch.tensor(lens, dtype=torch.int32), rows, seqs, 0.125)
+    attend(
+        kernel,
+        q,
+        out,
+        k_cache,
+        v_cache,
+        bt,
+        torch.tensor(lens, dtype=torch.int32),
+        rows,
+        seqs,
+        0.125,
+    )
     for row, seq in zip(rows.tolist(), seqs.tolist(), strict=True):
         idx = torch.tensor(tables[seq])
         n = lens[seq]
@@ -69,7 +97,15 @@ def test_block_ids_outside_the_pool_are_refused(kernel: PagedDecode) -> None:
     args = (torch.tensor([16], dtype=torch.int32), torch.tensor([0]), torch.tensor([0]), 1.0)
     for bad in (4, -1):
         with pytest.raises(ValueError, match="block id"):
-            kernel(q, torch.zeros(1, 2, 8), k_cache, k_cache, torch.tensor([[bad]]).int(), *args)
+            attend(
+                kernel,
+                q,
+                torch.zeros(1, 2, 8),
+                k_cache,
+                k_cache,
+                torch.tensor([[bad]]).int(),
+                *args,
+            )
 
 
 def test_lengths_rows_and_sequences_outside_their_tables_are_refused(kernel: PagedDecode) -> None:
@@ -87,20 +123,18 @@ def test_lengths_rows_and_sequences_outside_their_tables_are_refused(kernel: Pag
     ]
     for bad_lens, rows, seqs, what in cases:
         with pytest.raises(ValueError, match=what):
-            kernel(q, out, k_cache, k_cache, tables, bad_lens, rows, seqs, 1.0)
-    kernel(q, out, k_cache, k_cache, tables, lens, one, one, 1.0)  # the good call passes
+            attend(kernel, q, out, k_cache, k_cache, tables, bad_lens, rows, seqs, 1.0)
+    attend(kernel, q, out, k_cache, k_cache, tables, lens, one, one, 1.0)  # the good call passes
 
 
 def test_wrong_dtypes_are_refused(kernel: PagedDecode) -> None:
     k_cache = torch.zeros(4, 16, 1, 8)
     tables, lens = torch.zeros(1, 1, dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
-    rows = torch.tensor([0])
+    rows, q, out = torch.tensor([0]), torch.zeros(1, 2, 8), torch.zeros(1, 2, 8)
     with pytest.raises(ValueError, match="fp32"):
-        kernel(torch.zeros(1, 2, 8).double(), torch.zeros(1, 2, 8), k_cache, k_cache, tables,
-               lens, rows, rows, 1.0)  # fmt: skip
+        attend(kernel, q.double(), out, k_cache, k_cache, tables, lens, rows, rows, 1.0)
     with pytest.raises(ValueError, match="int32"):
-        kernel(torch.zeros(1, 2, 8), torch.zeros(1, 2, 8), k_cache, k_cache, tables.long(),
-               lens, rows, rows, 1.0)  # fmt: skip
+        attend(kernel, q, out, k_cache, k_cache, tables.long(), lens, rows, rows, 1.0)
 
 
 def test_build_is_cached_by_content(tmp_path: Path) -> None:
