@@ -50,7 +50,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads
 
 import httpx  # noqa: E402
 
-from gateway.sse import SSEParser  # noqa: E402
+from gateway.http.sse import SSEParser  # noqa: E402
 
 TOPICS = (
     "rivers", "volcanoes", "bread", "chess", "owls", "trains", "glaciers", "jazz", "bees",
@@ -129,7 +129,7 @@ class EngineRunner:
 
     def batch(self, first: int, n: int, max_tokens: int) -> Level:
         """``n`` requests added at once (prompts ``first``..), stepped to the end."""
-        from engine.params import SamplingParams
+        from core.wire.params import SamplingParams
 
         engine = self.engine
         p = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
@@ -166,7 +166,7 @@ class Server:
     def __init__(self, args: argparse.Namespace) -> None:
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="tokenrelay-bench-"))
-        cmd = [sys.executable, "-m", "gateway.cli", "serve", "--port", str(self.port),
+        cmd = [sys.executable, "-m", "core.cli", "serve", "--port", str(self.port),
                "--device", args.device, "--model", args.model, "--data-dir", str(self.dir),
                "--max-num-seqs", "64", "--log-level", "warning"]  # fmt: skip
         self.log = open(self.dir / "serve.log", "wb")  # noqa: SIM115

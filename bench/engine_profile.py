@@ -15,12 +15,12 @@ Measurements, tables on stdout:
   steps at the full batch, the share of the top operators.
 * ``attention`` (not part of ``both``): the same workload at its full decode
   batch, stepped in turn with the compiled decode kernel
-  (engine/csrc/paged_attention.c) and with the torch path at several bucket
-  sizes (``engine.attention.CPU_DECODE_BUCKET_ROWS``; 8 is its default), median
+  (engine/kernels/csrc/paged_attention.c) and with the torch path at several bucket
+  sizes (``engine.runner.attention.CPU_DECODE_BUCKET_ROWS``; 8 is its default), median
   wall and CPU time per step.
 * ``start`` (not part of ``both``): seconds to a ready ``LLMEngine`` in a fresh
   process (torch import included), and its tokenizer alone loaded by
-  engine/tokenizer.py against ``AutoTokenizer`` (the peer), three fresh
+  engine/text/tokenizer.py against ``AutoTokenizer`` (the peer), three fresh
   processes each.
 
     .venv/bin/python bench/engine_profile.py            # both
@@ -184,7 +184,7 @@ TORCH_BUCKET_ROWS = (8, 16, 64)
 
 def run_attention(num_prompts: int, rounds: int = 12) -> None:
     """Decode steps at the full batch: the C kernel and torch buckets of each size, interleaved."""
-    import engine.attention as attention
+    import engine.runner.attention as attention
     from bench.engine_throughput import make_prompts
     from engine import EngineConfig, LLMEngine, SamplingParams
 
@@ -231,10 +231,10 @@ def run_attention(num_prompts: int, rounds: int = 12) -> None:
 START_CHILDREN = {
     "engine": "from engine import EngineConfig, LLMEngine\n"
     "LLMEngine(EngineConfig(model='default', device='cpu'))",
-    "tokenizer": "from engine.model_store import resolve_model\n"
-    "from engine.tokenizer import load_tokenizer\n"
+    "tokenizer": "from engine.models.store import resolve_model\n"
+    "from engine.text.tokenizer import load_tokenizer\n"
     "load_tokenizer(resolve_model('default'))",
-    "AutoTokenizer": "from engine.model_store import resolve_model\n"
+    "AutoTokenizer": "from engine.models.store import resolve_model\n"
     "from transformers import AutoTokenizer\n"
     "AutoTokenizer.from_pretrained(str(resolve_model('default')))",
 }
@@ -256,7 +256,7 @@ def run_start(repeats: int = 3) -> None:
     for name, xs in seconds.items():
         print(f"| {name} | {' / '.join(f'{x:.2f}' for x in xs)} | {statistics.median(xs):.2f} |")
     ratio = statistics.median(seconds["AutoTokenizer"]) / statistics.median(seconds["tokenizer"])
-    print(f"AutoTokenizer / engine/tokenizer.py: {ratio:.1f}x")
+    print(f"AutoTokenizer / engine/text/tokenizer.py: {ratio:.1f}x")
 
 
 def main() -> int:

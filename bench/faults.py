@@ -40,9 +40,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.netproxy import TcpProxy  # noqa: E402
-from gateway.redis_server import EmbeddedRedis  # noqa: E402
-from gateway.workerlog import WorkerLog  # noqa: E402
+from core.redis.embedded import EmbeddedRedis  # noqa: E402
 from tests.gateway.procs import Client, start_gateway, start_worker, wait_ready  # noqa: E402
+from worker.store import WorkerStore  # noqa: E402
 
 PREFIX = "flt:"
 TOPICS = ["rivers", "owls", "bread", "Mars", "chess", "tea", "glass", "maps"]
@@ -322,7 +322,7 @@ async def case_takeover(stack: Stack, n: int) -> Row:
     """Requests read by a consumer that died before starting them are claimed and run."""
     row = Row("takeover (dead consumer's requests)", 1, 0, 0, 0)
     live = next(iter(stack.workers.values()))
-    ghost = WorkerLog(stack.redis.url, "ghost", prefix=PREFIX)
+    ghost = WorkerStore(stack.redis.url, "ghost", prefix=PREFIX)
     gots = [Got(i) for i in range(n)]
     live.signal(signal.SIGSTOP)  # so that the ghost, not the live worker, reads them
     try:

@@ -3,7 +3,7 @@
 For each level of N concurrent streams (100 and 1,000 by default), in one run:
 
 * gateway: an embedded redis-server, a real ``tokenrelay gateway`` process
-  (``python -m gateway.cli gateway``) and the load-test token source of
+  (``python -m core.cli gateway``) and the load-test token source of
   bench/token_source.py, which creates N running streams in Redis the way an
   engine worker does and appends one token event to every stream per tick
   (one pipelined round trip per tick, like a worker step) at ``--rate`` tokens
@@ -56,9 +56,9 @@ from websockets.asyncio.client import connect  # noqa: E402
 from bench.common import load_generator_gc, machine, write_docs_section  # noqa: E402
 from bench.token_source import backlog_stream, parse_stamp  # noqa: E402
 from bench.ws_client import LightClient  # noqa: E402
-from gateway.redis_server import EmbeddedRedis  # noqa: E402
+from core.redis.embedded import EmbeddedRedis  # noqa: E402
 from gateway.server import loop_factory  # noqa: E402
-from gateway.workerlog import WorkerLog  # noqa: E402
+from worker.store import WorkerStore  # noqa: E402
 
 SECTION = "## Gateway"
 PREFIX = "bench:"
@@ -189,7 +189,7 @@ class Child:
 
 def start_gateway(redis_url: str, port: int, log: Path) -> subprocess.Popen[bytes]:
     args = [
-        sys.executable, "-m", "gateway.cli", "gateway",
+        sys.executable, "-m", "core.cli", "gateway",
         "--redis-url", redis_url, "--redis-prefix", PREFIX,
         "--host", "127.0.0.1", "--port", str(port),
         "--stream-ttl", "600", "--detach-timeout", "600",
@@ -409,7 +409,7 @@ async def measure_resume(
     redis: EmbeddedRedis, gw_port: int, backlog: int, reps: int
 ) -> tuple[list[float], list[str]]:
     """Seconds from sending ``resume`` to the last replayed event, ``reps`` times."""
-    wlog = WorkerLog(redis.url, "bench-backlog", prefix=PREFIX)
+    wlog = WorkerStore(redis.url, "bench-backlog", prefix=PREFIX)
     try:
         sid, token = backlog_stream(wlog, backlog, 600.0)
     finally:

@@ -207,8 +207,8 @@ def build_checkpoint(
 
 def check_loadable(folder: Path, shape: dict[str, Any]) -> None:
     """Our config parser and model store accept the folder, with the intended shapes."""
-    from engine.model_config import ModelConfig
-    from engine.model_store import resolve_model
+    from engine.models.config import ModelConfig
+    from engine.models.store import resolve_model
 
     resolve_model(str(folder))
     cfg = ModelConfig.from_pretrained(folder)
@@ -238,7 +238,7 @@ def our_logits(
     """Feed ``ids`` through our paged cache in ``chunks``; fp32 logits of every position."""
     import torch
 
-    from engine.attention import build_metadata
+    from engine.runner.attention import build_metadata
 
     device = cache.data.device
     out, pos = [], 0
@@ -256,9 +256,9 @@ def our_logits(
 def check_logits(folder: Path, hf: Any, device: Any, dtype: Any, seed: int) -> list[dict[str, Any]]:
     import torch
 
-    from engine.kv_cache import KVCache
-    from engine.model_config import ModelConfig
-    from engine.weights import load_model
+    from engine.models.config import ModelConfig
+    from engine.models.weights import load_model
+    from engine.runner.kv_cache import KVCache
 
     cfg = ModelConfig.from_pretrained(folder)
     model = load_model(folder, cfg, device, dtype)
@@ -661,7 +661,7 @@ def main(argv: list[str] | None = None) -> int:
         save_json(rep, args.json)  # a run killed later still leaves what it measured
         return time.monotonic()
 
-    from engine.model_runner import resolve_device, resolve_dtype
+    from engine.runner.model_runner import resolve_device, resolve_dtype
 
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)

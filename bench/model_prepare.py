@@ -2,7 +2,7 @@
 
 ``tokenrelay model prepare`` (and the first ``make run`` on a fresh machine)
 dequantizes the default model's GGUF file once through transformers
-(engine/model_store.py). *ours* wraps that in ``gguf_parsed_once``: the file is
+(engine/models/store.py). *ours* wraps that in ``gguf_parsed_once``: the file is
 parsed once and gguf's tensor-name maps built once. The peer is the same
 conversion as transformers does it on its own, which parses the file for the
 config, the tokenizer and the weights, and rebuilds the name map per module.
@@ -32,7 +32,7 @@ CHILD = """
 import contextlib, sys, time
 from pathlib import Path
 t = time.perf_counter()
-import engine.model_store as ms
+import engine.models.store as ms
 if sys.argv[2] == "peer":
     ms.gguf_parsed_once = contextlib.nullcontext
 ms._dequantize(ms.default_gguf_path(), Path(sys.argv[1]))

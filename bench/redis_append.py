@@ -1,9 +1,9 @@
 """An engine step's append to the stream logs: one Redis round trip, against redis-py's way.
 
 Every engine step appends each running sequence's new events with
-:meth:`gateway.workerlog.WorkerLog.flush`: one pipeline of ``APPEND_LUA`` calls
-(gateway/schema.py). The pipeline queues the script as ``EVAL``
-(:func:`gateway.redisconn.queue_script`). The peer is what redis-py does with
+:meth:`worker.store.WorkerStore.flush`: one pipeline of ``APPEND_LUA`` calls
+(core/wire/scripts.py). The pipeline queues the script as ``EVAL``
+(:func:`core.redis.connection.queue_script`). The peer is what redis-py does with
 a registered ``Script`` in a pipeline, what the worker did before: the same
 calls as ``EVALSHA``, after a ``SCRIPT EXISTS`` round trip of their own.
 
@@ -34,9 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import load_average, machine
 from bench.token_source import create_streams, stamp_text
-from gateway import schema, workerlog
-from gateway.redis_server import EmbeddedRedis
-from gateway.workerlog import Batch, WorkerLog
+from core.redis.embedded import EmbeddedRedis
+from core.wire.events import token_fields
+from core.wire.scripts import APPEND_LUA
+from worker import store as workerlog
+from worker.store import Batch, WorkerStore
 
 SIZES = (1, 16, 64, 256)
 
@@ -46,8 +48,8 @@ def redis_usec(client: Any, commands: tuple[str, ...]) -> float:
     return float(sum(stats.get(f"cmdstat_{c}", {}).get("usec", 0) for c in commands))
 
 
-def peer_flush(wlog: WorkerLog, script: Any, batches: list[Batch]) -> None:
-    """The former flush: ``WorkerLog.flush`` queueing a registered Script (so redis-py
+def peer_flush(wlog: WorkerStore, script: Any, batches: list[Batch]) -> None:
+    """The former flush: ``WorkerStore.flush`` queueing a registered Script (so redis-py
     adds its SCRIPT EXISTS round trip) instead of ``EVAL``; nothing else differs."""
 
     def registered(pipe: Any, _text: str, keys: list[str], args: list[Any]) -> None:
@@ -58,8 +60,8 @@ def peer_flush(wlog: WorkerLog, script: Any, batches: list[Batch]) -> None:
 
 
 def run(url: str, size: int, steps: int, events: int = 1) -> dict[str, Any]:
-    wlog = WorkerLog(url, "bench-append")
-    script = wlog.redis.register_script(schema.APPEND_LUA)
+    wlog = WorkerStore(url, "bench-append")
+    script = wlog.redis.register_script(APPEND_LUA)
     admin = wlog.redis
     sids = [sid for sid, _ in create_streams(wlog, size, stream_ttl=600)]
     wall: dict[str, list[float]] = {"ours": [], "peer": []}
@@ -67,7 +69,7 @@ def run(url: str, size: int, steps: int, events: int = 1) -> dict[str, Any]:
     seq = 1
     for _ in range(steps):
         for who in ("ours", "peer"):
-            fields = [schema.token_fields(stamp_text(time.time())) for _ in range(events)]
+            fields = [token_fields(stamp_text(time.time())) for _ in range(events)]
             batches = [Batch(s, seq, fields) for s in sids]
             before = redis_usec(admin, ("eval", "evalsha", "script"))
             t = time.perf_counter()

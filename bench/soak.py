@@ -40,7 +40,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gateway.redis_server import EmbeddedRedis  # noqa: E402
+from core.redis.embedded import EmbeddedRedis  # noqa: E402
 from tests.gateway.procs import Client, start_gateway, start_worker, wait_ready  # noqa: E402
 
 PREFIX = "soak:"

@@ -3,8 +3,8 @@
 Two sources push the same token frames at the same fixed rate:
 
 * ``redis``: writes token events straight to Redis the way an engine worker
-  does (:class:`gateway.workerlog.WorkerLog`, one pipelined round trip per
-  tick for all streams, the Lua append of gateway/schema.py), so a real
+  does (:class:`worker.store.WorkerStore`, one pipelined round trip per
+  tick for all streams, the Lua append of core/wire/scripts.py), so a real
   gateway process serves them to WebSocket clients. No model is involved.
 * ``bare``: a bare ``websockets`` server (no Redis, no Starlette; on uvloop, as
   the gateway) that sends the same protocol-v1 frames to its clients directly:
@@ -41,9 +41,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import load_generator_gc  # noqa: E402
-from gateway import schema  # noqa: E402
+from core.wire.events import accepted_fields, done_fields, token_fields  # noqa: E402
+from core.wire.ids import hash_token, new_resume_token, new_stream_id  # noqa: E402
+from core.wire.keys import ACTIVE_TTL, HEARTBEAT_INTERVAL  # noqa: E402
 from gateway.server import loop_factory  # noqa: E402
-from gateway.workerlog import Batch, WorkerLog  # noqa: E402
+from worker.store import Batch, WorkerStore  # noqa: E402
 
 SOURCE_ID = "bench-source"
 
@@ -57,7 +59,7 @@ def parse_stamp(text: str) -> float:
 
 
 def frame(obj: dict[str, Any]) -> str:
-    """Compact JSON, as gateway/protocol.py encodes frames."""
+    """Compact JSON, as gateway/ws/protocol.py encodes frames."""
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -73,17 +75,17 @@ def wait_go() -> None:
 
 
 def create_streams(
-    wlog: WorkerLog, n: int, *, stream_ttl: float, chunk: int = 500
+    wlog: WorkerStore, n: int, *, stream_ttl: float, chunk: int = 500
 ) -> list[tuple[str, str]]:
     """``n`` running streams: the gateway's metadata, then the worker's seq-0 marker."""
     out: list[tuple[str, str]] = []
     for start in range(0, n, chunk):
         count = min(chunk, n - start)
-        ids = [(schema.new_stream_id(), schema.new_resume_token()) for _ in range(count)]
+        ids = [(new_stream_id(), new_resume_token()) for _ in range(count)]
         pipe = wlog.redis.pipeline(transaction=False)
         for sid, token in ids:
             meta = {
-                "tok": schema.hash_token(token),
+                "tok": hash_token(token),
                 "st": "queued",
                 "rid": "",
                 "ts": str(int(time.time() * 1000)),
@@ -91,32 +93,30 @@ def create_streams(
                 "ttl": str(stream_ttl),
             }
             pipe.hset(wlog.keys.meta(sid), mapping=meta)  # type: ignore[arg-type]
-            pipe.expire(wlog.keys.meta(sid), int(schema.ACTIVE_TTL))
+            pipe.expire(wlog.keys.meta(sid), int(ACTIVE_TTL))
         pipe.execute()
         running = {"st": "running", "w": SOURCE_ID, "pt": "1"}
-        batches = [
-            Batch(sid, 0, [schema.accepted_fields(1, SOURCE_ID)], dict(running)) for sid, _ in ids
-        ]
+        batches = [Batch(sid, 0, [accepted_fields(1, SOURCE_ID)], dict(running)) for sid, _ in ids]
         for res in wlog.flush(batches):
             assert res.status == 1, res
         out.extend(ids)
     return out
 
 
-def finish_streams(wlog: WorkerLog, sids: list[str], last_token: int, stream_ttl: float) -> None:
-    done = schema.done_fields("length", 1, last_token)
+def finish_streams(wlog: WorkerStore, sids: list[str], last_token: int, stream_ttl: float) -> None:
+    done = done_fields("length", 1, last_token)
     batches = [Batch(sid, last_token + 1, [done], {"fr": "length"}, stream_ttl) for sid in sids]
     for res in wlog.flush(batches):
         assert res.status == 1, res
 
 
-def backlog_stream(wlog: WorkerLog, events: int, stream_ttl: float) -> tuple[str, str]:
+def backlog_stream(wlog: WorkerStore, events: int, stream_ttl: float) -> tuple[str, str]:
     """A finished stream with ``events`` token events (for the resume measurement)."""
     sid, token = create_streams(wlog, 1, stream_ttl=stream_ttl)[0]
     seq = 1
     while seq <= events:
         k = min(500, events - seq + 1)
-        fields = [schema.token_fields(stamp_text(time.time()))] * k
+        fields = [token_fields(stamp_text(time.time()))] * k
         assert wlog.flush([Batch(sid, seq, fields)])[0].status == 1
         seq += k
     finish_streams(wlog, [sid], events, stream_ttl)
@@ -136,17 +136,17 @@ def split(items: list[Any], groups: int) -> list[list[Any]]:
 
 def heartbeat(url: str, prefix: str, stop: threading.Event) -> None:
     """Keep the source's worker heartbeat alive (else gateways end its streams as orphaned)."""
-    beat = WorkerLog(url, SOURCE_ID, prefix=prefix)
+    beat = WorkerStore(url, SOURCE_ID, prefix=prefix)
     try:
         while not stop.is_set():
             beat.heartbeat({"bench": True})
-            stop.wait(schema.HEARTBEAT_INTERVAL)
+            stop.wait(HEARTBEAT_INTERVAL)
     finally:
         beat.close()
 
 
 def run_redis(args: argparse.Namespace) -> None:
-    wlog = WorkerLog(args.redis_url, SOURCE_ID, prefix=args.prefix)
+    wlog = WorkerStore(args.redis_url, SOURCE_ID, prefix=args.prefix)
     wlog.heartbeat({"bench": True})
     stop = threading.Event()
     beater = threading.Thread(target=heartbeat, args=(args.redis_url, args.prefix, stop))
@@ -159,7 +159,7 @@ def run_redis(args: argparse.Namespace) -> None:
         wlog.close()
 
 
-def stream_for(wlog: WorkerLog, args: argparse.Namespace) -> None:
+def stream_for(wlog: WorkerStore, args: argparse.Namespace) -> None:
     streams = create_streams(wlog, args.streams, stream_ttl=args.stream_ttl)
     emit({"streams": streams, "pid": os.getpid()})
     wait_go()
@@ -174,7 +174,7 @@ def stream_for(wlog: WorkerLog, args: argparse.Namespace) -> None:
 
 
 def tick_all(
-    wlog: WorkerLog,
+    wlog: WorkerStore,
     groups: list[list[str]],
     args: argparse.Namespace,
     start: float,
@@ -186,7 +186,7 @@ def tick_all(
             # group g is a worker whose steps end g/len(groups) of a tick after group 0's
             pace(start, (seq - 1) * len(groups) + g, args.rate * len(groups))
             t = time.time()  # the worker's step ends: its events go to Redis now
-            fields = [schema.token_fields(stamp_text(t))]
+            fields = [token_fields(stamp_text(t))]
             res = wlog.flush([Batch(sid, seq, fields) for sid in group])
             flush_ms.append((time.time() - t) * 1000)
             bad = [(sid, r) for sid, r in zip(group, res, strict=True) if r.status != 1]

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 # loads, so only effective if torch was not imported before us; ACTIVE overrides.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from core.wire.params import SamplingParams
 from engine.config import EngineConfig
-from engine.params import SamplingParams
 
 if TYPE_CHECKING:
     from engine.llm import LLM, CompletionOutput

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.model_store import resolve_model
+from engine.models.store import resolve_model
 
 DTYPES = {
     "auto": None,

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from core.wire.params import SamplingParams
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.params import SamplingParams
 
 
 @dataclass

@@ -17,11 +17,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from engine.block_manager import BlockManager
+from core.wire.params import SamplingParams
 from engine.config import EngineConfig
-from engine.params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence
+from engine.scheduling.block_manager import BlockManager
+from engine.scheduling.scheduler import Scheduler
+from engine.scheduling.sequence import Sequence
 
 log = logging.getLogger("tokenrelay.engine")
 
@@ -52,9 +52,9 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         import torch
 
-        from engine.detokenizer import IncrementalDetokenizer
-        from engine.model_runner import ModelRunner
-        from engine.tokenizer import load_tokenizer
+        from engine.runner.model_runner import ModelRunner
+        from engine.text.detokenizer import IncrementalDetokenizer
+        from engine.text.tokenizer import load_tokenizer
 
         self.config = config
         self._detokenizer_cls = IncrementalDetokenizer

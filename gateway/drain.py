@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from gateway.state import Gateway
 
 log = logging.getLogger("tokenrelay.drain")
 
@@ -42,7 +42,7 @@ def notice_frame(code: str, message: str, **fields: Any) -> dict[str, Any]:
 
 def running_streams(gw: Gateway) -> int:
     """Unfinished streams a client of this gateway is attached to (WebSocket or HTTP)."""
-    return len(gw.log.attachments.tracked)
+    return len(gw.streams.attachments.tracked)
 
 
 async def drain(gw: Gateway, timeout: float, *, force: Callable[[], bool] = lambda: False) -> bool:
@@ -52,7 +52,7 @@ async def drain(gw: Gateway, timeout: float, *, force: Callable[[], bool] = lamb
     it returns True (a second Ctrl+C) the wait stops at once.
     """
     gw.shutting_down = True
-    gw.log.accepting = False
+    gw.streams.accepting = False
     started = time.monotonic()
     left = running_streams(gw)
     log.info("draining", extra={"streams": left, "drain_timeout": timeout})

@@ -12,7 +12,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: see engine/__init__
 
-from gateway.redis_server import EmbeddedRedis
+from core.redis.embedded import EmbeddedRedis
 
 
 def _cuda_available() -> bool:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gateway.cli import build_parser
-from gateway.options import env_name
+from core.cli import build_parser
+from core.options import env_name
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "operations.md"
 

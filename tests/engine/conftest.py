@@ -44,7 +44,7 @@ CHAT_PROMPTS = [
 
 @pytest.fixture(scope="session")
 def model_path() -> Path:
-    from engine.model_store import resolve_model
+    from engine.models.store import resolve_model
 
     return resolve_model("default")
 
@@ -148,7 +148,7 @@ def hf_generate_greedy(model: Any, prompts: list[list[int]], tokens: int) -> lis
 @pytest.fixture(scope="session")
 def model_runner(model_path: Path) -> Any:
     """A CPU ModelRunner on the default model with a small pool (256 blocks of 16)."""
-    from engine.model_runner import ModelRunner
+    from engine.runner.model_runner import ModelRunner
 
     return ModelRunner(model_path, device="cpu", block_size=16, num_blocks=256)
 

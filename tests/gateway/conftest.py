@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from gateway.redis_server import EmbeddedRedis
-from gateway.streamlog import StreamLog
-from gateway.workerlog import WorkerLog
+from core.redis.embedded import EmbeddedRedis
+from gateway.streams.store import StreamStore
 from tests.gateway.procs import Proc, start_gateway, start_worker, stop_all, wait_ready
+from worker.store import WorkerStore
 
 
 @pytest.fixture
@@ -27,8 +27,8 @@ def prefix() -> str:
 
 
 @pytest.fixture
-async def slog(redis_server: EmbeddedRedis, prefix: str) -> AsyncIterator[StreamLog]:
-    log = StreamLog(redis_server.url, prefix=prefix, stream_ttl=60, detach_timeout=30)
+async def slog(redis_server: EmbeddedRedis, prefix: str) -> AsyncIterator[StreamStore]:
+    log = StreamStore(redis_server.url, prefix=prefix, stream_ttl=60, detach_timeout=30)
     await log.start()
     try:
         yield log
@@ -39,12 +39,12 @@ async def slog(redis_server: EmbeddedRedis, prefix: str) -> AsyncIterator[Stream
             for task in asyncio.all_tasks():
                 print("--- task", task.get_name())
                 task.print_stack(limit=12)
-            raise AssertionError("StreamLog.close() hangs")
+            raise AssertionError("StreamStore.close() hangs")
 
 
 @pytest.fixture
-def wlog(redis_server: EmbeddedRedis, prefix: str) -> Iterator[WorkerLog]:
-    log = WorkerLog(redis_server.url, "w-test", prefix=prefix)
+def wlog(redis_server: EmbeddedRedis, prefix: str) -> Iterator[WorkerStore]:
+    log = WorkerStore(redis_server.url, "w-test", prefix=prefix)
     log.ensure_group()
     log.heartbeat({"test": True})
     try:

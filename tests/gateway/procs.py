@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.root import ROOT
 
 
 def free_port() -> int:
@@ -35,7 +35,7 @@ class Proc:
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         full_env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENRELAY_LOG_FORMAT="json", **(env or {}))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", *args],
+            [sys.executable, "-m", "core.cli", *args],
             cwd=ROOT,
             env=full_env,
             stdout=self._log,

@@ -20,7 +20,7 @@ import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from gateway.redis_server import EmbeddedRedis
+from core.redis.embedded import EmbeddedRedis
 from tests.gateway.procs import (
     Client,
     Proc,

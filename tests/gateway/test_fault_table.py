@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.root import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.redis_server import EmbeddedRedis
+from core.redis.embedded import EmbeddedRedis
 from tests.gateway.procs import (
     Client,
     Proc,

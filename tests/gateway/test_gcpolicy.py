@@ -6,9 +6,8 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.root import ROOT
 
 PROBE = """
 import gc, json

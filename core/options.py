@@ -1,0 +1,125 @@
+"""Command-line options; every flag also reads ``TOKENRELAY_<FLAG>`` from the environment.
+
+``--detach-timeout`` reads ``TOKENRELAY_DETACH_TIMEOUT`` and so on: the
+environment gives the default, the command line wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+
+def env_name(flag: str) -> str:
+    return "TOKENRELAY_" + flag.lstrip("-").replace("-", "_").upper()
+
+
+def add(parser: argparse.ArgumentParser, flag: str, *, default: Any, help: str, **kw: Any) -> None:
+    """Add ``flag`` with its default taken from the environment when set there."""
+    env = env_name(flag)
+    raw = os.environ.get(env)
+    typ = kw.get("type")
+    value = default
+    if raw is not None:
+        if kw.get("action") == "store_true":
+            value = raw.strip().lower() in ("1", "true", "yes", "on")
+        else:
+            try:
+                value = typ(raw) if typ else raw
+            except ValueError as exc:
+                raise ValueError(f"{env}={raw!r}: {exc}") from None
+    parser.add_argument(flag, default=value, help=f"{help} [env {env}; default {default}]", **kw)
+
+
+def add_common_options(p: argparse.ArgumentParser) -> None:
+    add(p, "--log-level", default="info", help="debug, info, warning or error")
+    add(p, "--log-format", default=None, help="json or text (default: text on a terminal)")
+
+
+def add_redis_url(p: argparse.ArgumentParser, *, required: bool) -> None:
+    hint = "shared Redis URL" if required else "Redis URL (default: start an embedded Redis)"
+    add(p, "--redis-url", default=None, help=hint)
+    add(p, "--redis-prefix", default="tr:", help="prefix of every Redis key (one namespace)")
+
+
+def add_stream_options(p: argparse.ArgumentParser) -> None:
+    add(p, "--detach-timeout", default=30.0, type=float,
+        help="seconds a stream keeps generating with no client attached")  # fmt: skip
+    add(p, "--stream-ttl", default=3600.0, type=float,
+        help="seconds a finished stream stays resumable")  # fmt: skip
+    add(p, "--drain-timeout", default=30.0, type=float,
+        help="seconds running streams may take to finish on SIGTERM")  # fmt: skip
+
+
+def add_http_options(p: argparse.ArgumentParser) -> None:
+    add(p, "--host", default="127.0.0.1", help="address to listen on")
+    add(p, "--port", default=8000, type=int, help="port to listen on")
+    add(p, "--heartbeat", default=20.0, type=float, help="seconds between server pings")
+    add(p, "--max-frame-bytes", default=1 << 20, type=int, help="largest client frame accepted")
+    add(p, "--model-name", default=None, help="model name reported by the API")
+    add(p, "--max-connections", default=10_000, type=int,
+        help="WebSockets accepted at once (more are closed with 1013)")  # fmt: skip
+    add(p, "--max-streams-per-connection", default=64, type=int,
+        help="concurrent streams one WebSocket may carry")  # fmt: skip
+    add(p, "--max-pending", default=4096, type=int,
+        help="queued + running requests before new ones get 'overloaded'")  # fmt: skip
+    add_security_options(p)
+
+
+def add_engine_options(p: argparse.ArgumentParser) -> None:
+    add(p, "--model", default="default", help="default, a HF model folder or a .gguf file")
+    add(p, "--device", default="auto", help="auto, cpu or cuda[:N]")
+    add(p, "--kv-cache-memory", default=None, type=float,
+        help="GiB for the KV cache (default: share of free GPU memory; 1 GiB on CPU)")  # fmt: skip
+    add(p, "--max-num-seqs", default=64, type=int, help="most sequences in one batch")
+    add(p, "--max-num-batched-tokens", default=1024, type=int, help="token budget per step")
+    add(p, "--worker-id", default=None, help="consumer name in the request group")
+
+
+def add_gateway_options(p: argparse.ArgumentParser) -> None:
+    add_common_options(p)
+    add_redis_url(p, required=True)
+    add_http_options(p)
+    add_stream_options(p)
+
+
+def add_worker_options(p: argparse.ArgumentParser) -> None:
+    add_common_options(p)
+    add_redis_url(p, required=True)
+    add_engine_options(p)
+    add_stream_options(p)
+
+
+def add_serve_options(p: argparse.ArgumentParser) -> None:
+    add_common_options(p)
+    add_redis_url(p, required=False)
+    add_http_options(p)
+    add_engine_options(p)
+    add_stream_options(p)
+    add(p, "--data-dir", default=None, help="embedded Redis data folder (default: under the cache)")
+
+
+def add_security_options(p: argparse.ArgumentParser) -> None:
+    """Auth, origins and per-key limits (read by ``gateway.access.auth.SecuritySettings``)."""
+    add(p, "--api-keys", default=None,
+        help="comma-separated API keys; when set, HTTP and WebSocket need one")  # fmt: skip
+    add(p, "--api-keys-file", default=None, help="file with one API key per line")
+    add(p, "--ws-token-ttl", default=60.0, type=float,
+        help="seconds a token from POST /v1/ws-token stays valid")  # fmt: skip
+    env = env_name("--allow-origin")
+    raw = os.environ.get(env)
+    p.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[raw] if raw else None,
+        help="Origin allowed besides same-origin and localhost (repeatable or comma list; "
+        f"* for any) [env {env}; default None]",
+    )
+    add(p, "--rate-limit", default=0.0, type=float,
+        help="requests per minute per API key (or address), across gateways; 0: off")  # fmt: skip
+    add(p, "--rate-limit-burst", default=0, type=int,
+        help="requests a key may make at once (0: same as --rate-limit)")  # fmt: skip
+    add(p, "--max-streams-per-key", default=256, type=int,
+        help="concurrent streams per API key on one gateway (with keys configured)")  # fmt: skip
+    add(p, "--max-tokens-limit", default=8192, type=int, help="largest max_tokens accepted")

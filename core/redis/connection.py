@@ -1,0 +1,175 @@
+"""Redis clients with tokenrelay's settings, and quiet outage reporting.
+
+Both the gateway (asyncio) and the engine worker (threads) talk to Redis
+through clients made here: RESP2 replies, short connect timeouts and a single
+quick retry, so an outage surfaces in well under a second instead of after
+redis-py's default ten retries. :class:`RedisHealth` logs one line when Redis
+goes away and one when it is back, however many calls fail in between.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import threading
+import time
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+from redis.backoff import ConstantBackoff
+from redis.retry import Retry
+
+log = logging.getLogger("tokenrelay.redis")
+
+# Errors that mean "Redis is not reachable right now" (as opposed to a bug).
+OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.BusyLoadingError,
+    ConnectionError,
+    OSError,
+)
+
+
+def is_outage(exc: BaseException) -> bool:
+    """True for errors that mean Redis is down, restarting or still loading."""
+    if isinstance(exc, OUTAGE_ERRORS):
+        return True
+    if isinstance(exc, redis.ResponseError):
+        msg = str(exc)
+        return msg.startswith(("LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN"))
+    return False
+
+
+def queue_script(pipe: Any, script: str, keys: list[str], args: list[Any]) -> None:
+    """Queue a Lua ``script`` on a pipeline as ``EVAL`` (its text, not its SHA).
+
+    A pipeline holding a registered ``Script`` costs a round trip more: redis-py first
+    sends ``SCRIPT EXISTS`` on its own, in case a restarted Redis lost its script cache.
+    ``EVAL`` carries the text, so the pipeline stays one round trip and can never meet
+    ``NOSCRIPT``; Redis still compiles the script once and finds it again by its SHA.
+    An engine step's append is such a pipeline (bench/redis_append.py measures it).
+    """
+    pipe.eval(script, len(keys), *keys, *args)
+
+
+def _retry() -> Retry:
+    return Retry(ConstantBackoff(0.05), retries=1)
+
+
+def connect_async(
+    url: str, *, socket_timeout: float | None = 5.0, max_connections: int = 4096
+) -> aioredis.Redis:
+    """An asyncio client (connection pool) for ``url``.
+
+    The pool is large: redis-py's own default (100 in redis-py 8) fails calls at
+    once beyond it, which a burst of a few hundred resumes reaches
+    (tests/core/redis/test_connection.py).
+
+    Note: with a socket timeout set, redis-py (7.4 and 8.1 on Python 3.11 at
+    least) often swallows the cancellation of a task awaiting a command, so
+    long-running loops here also stop on a ``_closed`` flag, not on cancel alone.
+    """
+    return aioredis.Redis.from_url(
+        url,
+        protocol=2,
+        socket_connect_timeout=1.0,
+        socket_timeout=socket_timeout,
+        retry=_retry(),
+        health_check_interval=0,
+        max_connections=max_connections,
+        **_identity(),
+    )
+
+
+def connect_sync(url: str, *, socket_timeout: float | None = 5.0) -> redis.Redis:
+    """A blocking client (connection pool) for ``url``."""
+    return redis.Redis.from_url(
+        url,
+        protocol=2,
+        socket_connect_timeout=1.0,
+        socket_timeout=socket_timeout,
+        retry=_retry(),
+        health_check_interval=0,
+        **_identity(),
+    )
+
+
+def raise_if_cancel_swallowed() -> None:
+    """Raise ``CancelledError`` if this task was cancelled during a call that swallowed it.
+
+    redis-py may catch the cancellation of a command in flight and return
+    normally (see :func:`connect_async`); the task's cancel request is still
+    counted (``Task.cancelling()``). Loops that must stop when cancelled call
+    this after their Redis calls. Not for cleanup that runs after a cancel (a
+    ``finally`` block), where the count is already set.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
+@functools.cache
+def _identity() -> dict[str, Any]:
+    """The client name redis-py sends on connect (``CLIENT SETINFO``), resolved once.
+
+    redis-py 7+ otherwise builds it for every new connection from the installed
+    package's metadata (about 1 ms of CPU each): during a burst of new pool
+    connections that was most of the gateway's time. Older redis-py resolves it
+    once at import and takes no argument for it.
+    """
+    try:
+        from redis.driver_info import DriverInfo
+    except ImportError:
+        return {}
+    return {"driver_info": DriverInfo()}
+
+
+class RedisHealth:
+    """Tracks whether Redis answers; logs only when that changes."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.up = True
+        self.down_since: float | None = None
+        self._lock = threading.Lock()
+
+    def ok(self) -> None:
+        """Record a successful call."""
+        if self.up:
+            return
+        with self._lock:
+            if self.up:
+                return
+            outage = time.monotonic() - (self.down_since or time.monotonic())
+            self.up, self.down_since = True, None
+        extra = {"component": self.name, "outage_s": round(outage, 1)}
+        log.warning("redis is reachable again", extra=extra)
+
+    def failed(self, exc: BaseException) -> None:
+        """Record a failed call (logs only on the first failure of an outage)."""
+        if not self.up:
+            return
+        with self._lock:
+            if not self.up:
+                return
+            self.up, self.down_since = False, time.monotonic()
+        extra = {"component": self.name, "error": str(exc)[:200]}
+        log.warning("redis is unreachable: %s", exc.__class__.__name__, extra=extra)
+
+
+class Backoff:
+    """Exponential backoff delays for reconnect loops (reset on success)."""
+
+    def __init__(self, first: float = 0.05, cap: float = 1.0) -> None:
+        self.first, self.cap = first, cap
+        self.delay = first
+
+    def next(self) -> float:
+        delay, self.delay = self.delay, min(self.cap, self.delay * 2)
+        return delay
+
+    def reset(self) -> None:
+        self.delay = self.first

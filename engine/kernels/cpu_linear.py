@@ -1,0 +1,68 @@
+"""Matrix products on the CPU: oneDNN with each weight reordered once, at load time.
+
+``F.linear`` on a CPU hands every call to MKL's sgemm, which re-packs the whole
+weight matrix into its blocked layout on each call. For a decoder step that is
+a pass over all the weights before any arithmetic, and for the small row counts
+of decoding (1 to 64 rows) it dominates. oneDNN can keep a weight in its blocked
+layout (``torch.ops.mkldnn._reorder_linear_weight``) and multiply against it
+directly (``torch.ops.mkldnn._linear_pointwise``, the op PyTorch's own compiler
+emits for frozen CPU linears). The engine end to end: 1.24x on the default model
+(docs/benchmarks.md, "Engine"). Packing costs about 1 s at load (it reads every
+weight).
+
+The packed weight replaces the dense one, so memory grows only by the tied LM
+head (the embedding keeps its dense copy for the lookup). ``TOKENRELAY_PACKED_LINEAR=0``
+turns this off; so do a non-CPU device, a dtype other than fp32, and a PyTorch
+build without oneDNN.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+
+from core.runtime import env_switch
+
+log = logging.getLogger("tokenrelay.engine")
+
+# oneDNN picks its blocking from an expected row count; prefill chunks are large
+# and measured best, and decode batches lose nothing against a smaller hint.
+BATCH_HINT = 1024
+ENV_SWITCH = "TOKENRELAY_PACKED_LINEAR"
+
+
+def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """True where :func:`pack` applies: fp32 on a CPU with oneDNN, not disabled by env."""
+    if not env_switch(ENV_SWITCH):
+        return False
+    if device.type != "cpu" or dtype != torch.float32:
+        return False
+    if not torch.backends.mkldnn.is_available():
+        return False
+    mkldnn = torch.ops.mkldnn
+    return hasattr(mkldnn, "_reorder_linear_weight") and hasattr(mkldnn, "_linear_pointwise")
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` ``[out, in]`` (dense fp32) -> the same matrix in oneDNN's blocked layout."""
+    with torch.inference_mode():
+        return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), BATCH_HINT)
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    packed: torch.Tensor | None,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``x`` ``[N, in]`` -> ``[N, out]``: through ``packed`` if given, else ``F.linear``."""
+    if packed is None:
+        return F.linear(x, weight, bias)
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
+
+
+def placeholder(like: torch.Tensor) -> torch.nn.Parameter:
+    """An empty parameter to stand where a dense weight was packed (keeps the module tree)."""
+    return torch.nn.Parameter(like.new_empty(0), requires_grad=False)

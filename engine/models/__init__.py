@@ -1,0 +1,1 @@
+"""Model architectures, their configs, weight loading and the model store (GGUF conversion)."""

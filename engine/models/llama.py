@@ -1,0 +1,203 @@
+"""Our Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) in plain PyTorch.
+
+Works on a flattened varlen batch: ``T`` tokens from any number of sequences,
+each with its position, attending through the paged KV cache. Weights are
+fused at load time (one q/k/v matmul, one gate/up matmul). The module is built
+on the ``meta`` device and receives its tensors from :mod:`engine.models.weights`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.kernels import cpu_linear
+from engine.models.config import ModelConfig
+from engine.models.rope import RotaryEmbedding
+from engine.runner.attention import AttentionMetadata, paged_attention
+from engine.runner.kv_cache import KVCache
+
+
+def _param(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(shape), requires_grad=False)
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square layer norm over the last dimension."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = _param(dim)
+        self.eps = eps
+        self.shape = (dim,)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, self.shape, self.weight, self.eps)
+        # half precision: normalise in fp32, scale in the model dtype (as transformers)
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Attention(nn.Module):
+    """GQA self-attention with fused q/k/v, optional bias (Qwen2) and q/k norm (Qwen3)."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+        )
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.scale = cfg.head_dim**-0.5
+        self.qkv_weight = _param(self.q_size + 2 * self.kv_size, cfg.hidden_size)
+        self.qkv_bias = _param(self.q_size + 2 * self.kv_size) if cfg.qkv_bias else None
+        self.o_weight = _param(cfg.hidden_size, self.q_size)
+        self.o_bias = _param(cfg.hidden_size) if cfg.o_bias else None
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.qkv_packed: torch.Tensor | None = None  # set by CausalLM.pack_linears()
+        self.o_packed: torch.Tensor | None = None
+
+    def pack(self) -> None:
+        """Move the q/k/v and output projections to oneDNN's layout (frees the dense ones)."""
+        self.qkv_packed = cpu_linear.pack(self.qkv_weight)
+        self.o_packed = cpu_linear.pack(self.o_weight)
+        self.qkv_weight = cpu_linear.placeholder(self.qkv_weight)
+        self.o_weight = cpu_linear.placeholder(self.o_weight)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        rope: RotaryEmbedding,
+        meta: AttentionMetadata,
+        kv_cache: KVCache,
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = cpu_linear.linear(x, self.qkv_weight, self.qkv_packed, self.qkv_bias)
+        # qkv: [T, (H + 2 Hkv) D]
+        v = qkv[:, self.q_size + self.kv_size :].view(t, hkv, d)
+        if self.q_norm is not None and self.k_norm is not None:
+            q = self.q_norm(qkv[:, : self.q_size].view(t, h, d))
+            k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].view(t, hkv, d))
+            q, k = rope.apply(q, cos, sin), rope.apply(k, cos, sin)
+        else:
+            # rotate q and k in one go: [T, H + Hkv, D]
+            qk = rope.apply(qkv[:, : self.q_size + self.kv_size].view(t, h + hkv, d), cos, sin)
+            q, k = qk[:, :h], qk[:, h:]
+        o = paged_attention(
+            q, k, v, kv_cache.k[self.layer_idx], kv_cache.v[self.layer_idx], meta, self.scale
+        )  # [T, H, D]
+        o2 = o.reshape(t, self.q_size)
+        return cpu_linear.linear(o2, self.o_weight, self.o_packed, self.o_bias)
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward with fused gate/up projection."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.inter = cfg.intermediate_size
+        self.gate_up_weight = _param(2 * cfg.intermediate_size, cfg.hidden_size)
+        self.gate_up_bias = _param(2 * cfg.intermediate_size) if cfg.mlp_bias else None
+        self.down_weight = _param(cfg.hidden_size, cfg.intermediate_size)
+        self.down_bias = _param(cfg.hidden_size) if cfg.mlp_bias else None
+        self.gate_up_packed: torch.Tensor | None = None  # set by CausalLM.pack_linears()
+        self.down_packed: torch.Tensor | None = None
+
+    def pack(self) -> None:
+        """Move both projections to oneDNN's layout (frees the dense ones)."""
+        self.gate_up_packed = cpu_linear.pack(self.gate_up_weight)
+        self.down_packed = cpu_linear.pack(self.down_weight)
+        self.gate_up_weight = cpu_linear.placeholder(self.gate_up_weight)
+        self.down_weight = cpu_linear.placeholder(self.down_weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = cpu_linear.linear(x, self.gate_up_weight, self.gate_up_packed, self.gate_up_bias)
+        gate, up = gate_up[:, : self.inter], gate_up[:, self.inter :]  # [T, I] each
+        act = F.silu(gate) * up
+        return cpu_linear.linear(act, self.down_weight, self.down_packed, self.down_bias)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention + MLP block with residual connections."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attn = Attention(cfg, layer_idx)
+        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+
+class CausalLM(nn.Module):
+    """Embeddings, decoder layers, final norm and the (possibly tied) LM head."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = _param(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = None if cfg.tie_word_embeddings else _param(cfg.vocab_size, cfg.hidden_size)
+        self.rope: RotaryEmbedding | None = None  # set by init_rope() once weights are on device
+        self.head_packed: torch.Tensor | None = None  # set by pack_linears()
+
+    def pack_linears(self) -> None:
+        """Reorder every projection and the LM head for oneDNN (CPU fp32; kernels/cpu_linear.py).
+
+        The tied embedding keeps its dense copy for the lookup; an untied LM head
+        is replaced by its packed copy.
+        """
+        for layer in self.layers:
+            assert isinstance(layer, DecoderLayer)
+            layer.attn.pack()
+            layer.mlp.pack()
+        if self.lm_head is None:
+            self.head_packed = cpu_linear.pack(self.embed)
+        else:
+            self.head_packed = cpu_linear.pack(self.lm_head)
+            self.lm_head = cpu_linear.placeholder(self.lm_head)
+        # The checkpoint's tensors may be views of its memory-mapped file; copying what
+        # stays dense (embedding, norms, biases) lets that mapping go, else it keeps every
+        # weight the packed copies replaced resident.
+        with torch.no_grad():
+            for param in self.parameters():
+                if param.numel():
+                    param.data = param.data.clone()
+
+    def init_rope(self, device: torch.device) -> None:
+        """Build the rotary tables on ``device`` (after the weights are loaded)."""
+        self.rope = RotaryEmbedding(self.cfg.rope, self.cfg.head_dim, device)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: KVCache,
+    ) -> torch.Tensor:
+        """``input_ids``/``positions`` ``[T]`` -> final-normed hidden states ``[T, hidden]``."""
+        rope = self.rope
+        if rope is None:
+            raise RuntimeError("CausalLM.init_rope() was not called")
+        x = F.embedding(input_ids, self.embed)  # [T, hidden]
+        cos, sin = rope.cos_sin(positions, x.dtype)  # [T, 1, D/2]
+        for layer in self.layers:
+            assert isinstance(layer, DecoderLayer)
+            x = x + layer.attn(layer.input_norm(x), cos, sin, rope, meta, kv_cache)
+            x = x + layer.mlp(layer.post_attn_norm(x))
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden`` ``[N, hidden]`` -> fp32 logits ``[N, vocab]``."""
+        weight = self.embed if self.lm_head is None else self.lm_head
+        return cpu_linear.linear(hidden, weight, self.head_packed).float()

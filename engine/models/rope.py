@@ -1,0 +1,101 @@
+"""Rotary position embeddings with the checkpoint's scaling (as transformers does).
+
+The frequencies follow ``transformers.modeling_rope_utils`` for the ``default``,
+``linear``, ``llama3`` and ``yarn`` types, and the rotation is the
+"rotate half" (non-interleaved) layout that Llama/Qwen checkpoints use.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from engine.models.config import RopeConfig
+
+
+def rope_inv_freq(rope: RopeConfig, head_dim: int) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies ``[head_dim // 2]`` (fp32) and the cos/sin scaling factor."""
+    dim = head_dim
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    pos_freqs = rope.theta**exponents
+    inv_freq = 1.0 / pos_freqs
+    if rope.rope_type == "default":
+        return inv_freq, 1.0
+    if rope.rope_type == "linear":
+        return inv_freq / rope.factor, 1.0
+    if rope.rope_type == "llama3":
+        return _llama3(inv_freq, rope), 1.0
+    if rope.rope_type == "yarn":
+        return _yarn(pos_freqs, rope, dim)
+    raise ValueError(f"rope_scaling.rope_type: {rope.rope_type!r} is not supported")
+
+
+def _llama3(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
+    factor = rope.factor
+    old_len = rope.original_max_position_embeddings or 8192
+    low_wavelen = old_len / rope.low_freq_factor
+    high_wavelen = old_len / rope.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - rope.low_freq_factor) / (
+        rope.high_freq_factor - rope.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def _yarn(pos_freqs: torch.Tensor, rope: RopeConfig, dim: int) -> tuple[torch.Tensor, float]:
+    factor = rope.factor
+    base = rope.theta
+    orig = rope.original_max_position_embeddings or 4096
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention_factor = rope.attention_factor
+    if attention_factor is None:
+        if rope.mscale and rope.mscale_all_dim:
+            attention_factor = mscale(factor, rope.mscale) / mscale(factor, rope.mscale_all_dim)
+        else:
+            attention_factor = mscale(factor)
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(orig / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # avoid a division by zero
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolation = 1 - ramp
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (
+        1.0 / pos_freqs
+    ) * extrapolation
+    return inv_freq, float(attention_factor)
+
+
+class RotaryEmbedding:
+    """Computes cos/sin for given positions and rotates q and k in place of a copy."""
+
+    def __init__(self, rope: RopeConfig, head_dim: int, device: torch.device) -> None:
+        inv_freq, scale = rope_inv_freq(rope, head_dim)
+        self.inv_freq = inv_freq.to(device)  # [D/2] fp32
+        self.scale = scale
+        self.half = head_dim // 2
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """``cos, sin`` of shape ``[T, 1, D/2]`` in ``dtype`` (computed in fp32)."""
+        freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]  # [T, D/2]
+        cos, sin = freqs.cos(), freqs.sin()
+        if self.scale != 1.0:
+            cos, sin = cos * self.scale, sin * self.scale
+        return cos.to(dtype)[:, None, :], sin.to(dtype)[:, None, :]
+
+    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotate ``x`` ``[T, heads, D]`` (any strides) and return a new contiguous tensor."""
+        x1, x2 = x[..., : self.half], x[..., self.half :]
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

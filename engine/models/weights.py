@@ -1,0 +1,125 @@
+"""Load a Hugging Face safetensors checkpoint into :class:`engine.models.llama.CausalLM`.
+
+Reads a single ``model.safetensors``, a sharded ``model.safetensors.index.json``
+or every ``*.safetensors`` in the folder, renames the tensors to our module's
+names and fuses q/k/v and gate/up by concatenation. fp32 on CPU; bf16 on CUDA
+(fp16 where the GPU has no bf16) unless a dtype is given.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from engine.kernels import cpu_linear
+from engine.models.config import ModelConfig
+from engine.models.llama import CausalLM
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+_LAYER_NAMES = {
+    "input_layernorm.weight": "input_norm.weight",
+    "post_attention_layernorm.weight": "post_attn_norm.weight",
+    "self_attn.o_proj.weight": "attn.o_weight",
+    "self_attn.o_proj.bias": "attn.o_bias",
+    "self_attn.q_norm.weight": "attn.q_norm.weight",
+    "self_attn.k_norm.weight": "attn.k_norm.weight",
+    "mlp.down_proj.weight": "mlp.down_weight",
+    "mlp.down_proj.bias": "mlp.down_bias",
+}
+_FUSED = {  # fused name -> parts, in order
+    "attn.qkv_weight": (
+        "self_attn.q_proj.weight",
+        "self_attn.k_proj.weight",
+        "self_attn.v_proj.weight",
+    ),
+    "attn.qkv_bias": ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
+    "mlp.gate_up_weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+    "mlp.gate_up_bias": ("mlp.gate_proj.bias", "mlp.up_proj.bias"),
+}
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """fp32 on CPU; bf16 on CUDA, or fp16 where the GPU lacks bf16."""
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def checkpoint_files(folder: Path) -> list[Path]:
+    """The safetensors files of a checkpoint folder (sharded index honoured)."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [folder / s for s in shards]
+    single = folder / "model.safetensors"
+    if single.is_file():
+        return [single]
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"model: no *.safetensors weights in {folder}")
+    return files
+
+
+def read_checkpoint(folder: Path, device: torch.device) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint, under its Hugging Face name, on ``device``."""
+    tensors: dict[str, torch.Tensor] = {}
+    dev = "cpu" if device.type == "cpu" else str(device)
+    for file in checkpoint_files(folder):
+        with safe_open(str(file), framework="pt", device=dev) as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                tensors[name] = f.get_tensor(name)
+    return tensors
+
+
+def load_model(
+    folder: Path, cfg: ModelConfig, device: torch.device, dtype: torch.dtype
+) -> CausalLM:
+    """Build :class:`CausalLM` for ``cfg`` with the checkpoint's weights on ``device``."""
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    hf = read_checkpoint(folder, device)
+    state: dict[str, torch.Tensor] = {}
+    per_layer: dict[int, dict[str, torch.Tensor]] = {}
+    for name, tensor in hf.items():
+        m = _LAYER.match(name)
+        if m:
+            per_layer.setdefault(int(m.group(1)), {})[m.group(2)] = tensor
+        elif name == "model.embed_tokens.weight":
+            state["embed"] = tensor
+        elif name == "model.norm.weight":
+            state["norm.weight"] = tensor
+        elif name == "lm_head.weight" and not cfg.tie_word_embeddings:
+            state["lm_head"] = tensor
+    for i, parts in per_layer.items():
+        if i >= cfg.num_layers:
+            raise ValueError(
+                f"num_hidden_layers: checkpoint has layer {i}, config says {cfg.num_layers}"
+            )
+        for hf_name, ours in _LAYER_NAMES.items():
+            if hf_name in parts:
+                state[f"layers.{i}.{ours}"] = parts[hf_name]
+        for ours, names in _FUSED.items():
+            if all(n in parts for n in names):
+                state[f"layers.{i}.{ours}"] = torch.cat([parts[n] for n in names], dim=0)
+    expected = dict(model.named_parameters())
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise ValueError(f"model: checkpoint in {folder} lacks weights for {missing[:4]}")
+    for name, tensor in state.items():
+        want = tuple(expected[name].shape)
+        if tuple(tensor.shape) != want:
+            raise ValueError(
+                f"model: weight {name} has shape {tuple(tensor.shape)}, expected {want}"
+            )
+        state[name] = tensor.to(device=device, dtype=dtype)
+    model.load_state_dict(state, strict=True, assign=True)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    model.init_rope(device)
+    if cpu_linear.packing_available(device, dtype):
+        model.pack_linears()
+    return model.eval()

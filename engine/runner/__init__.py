@@ -1,0 +1,1 @@
+"""One engine step on the device: the varlen batch, paged attention, KV pool, sampler."""

@@ -1,0 +1,100 @@
+"""The KV block pool: allocated once from a memory budget, never per request.
+
+Per layer, keys and values are ``[num_blocks, block_size, num_kv_heads, head_dim]``
+(flash-attn's paged layout). Which block belongs to which sequence is the block
+manager's business; this module only owns the memory.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from engine.models.config import ModelConfig
+
+log = logging.getLogger("tokenrelay.engine")
+
+GIB = 1024**3
+CPU_DEFAULT_GIB = 1.0  # default pool on CPU
+GPU_MEMORY_FRACTION = 0.85  # share of free GPU memory (after weights) for the pool...
+GPU_ACTIVATION_RESERVE_GIB = 1.0  # ...minus this much kept for activations
+
+
+def block_bytes(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one block takes across all layers (keys and values)."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * elem
+
+
+def plan_num_blocks(
+    cfg: ModelConfig,
+    *,
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    kv_cache_memory_gib: float | None = None,
+    num_blocks: int | None = None,
+) -> int:
+    """How many blocks the pool gets.
+
+    ``num_blocks`` wins when given; else ``kv_cache_memory_gib``; else on CUDA
+    ``GPU_MEMORY_FRACTION`` of free memory minus an activation reserve, and
+    ``CPU_DEFAULT_GIB`` on CPU.
+    """
+    if num_blocks is not None:
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks <= 0:
+            raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
+        return num_blocks
+    per_block = block_bytes(cfg, block_size, dtype)
+    if kv_cache_memory_gib is not None:
+        if isinstance(kv_cache_memory_gib, bool) or not kv_cache_memory_gib > 0:
+            raise ValueError(f"kv_cache_memory must be > 0 GiB, got {kv_cache_memory_gib!r}")
+        budget = float(kv_cache_memory_gib) * GIB
+    elif device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        budget = free * GPU_MEMORY_FRACTION - GPU_ACTIVATION_RESERVE_GIB * GIB
+    else:
+        budget = CPU_DEFAULT_GIB * GIB
+    blocks = int(budget // per_block)
+    if blocks <= 0:
+        raise ValueError(
+            f"kv_cache_memory: {budget / GIB:.3f} GiB holds no block of {per_block} bytes"
+        )
+    return blocks
+
+
+class KVCache:
+    """One pool of blocks per layer, allocated once (zeroed: padded reads stay finite)."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        # [layers, 2, num_blocks, block_size, Hkv, D] in one allocation
+        self.data = torch.zeros(
+            (cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim),
+            dtype=dtype,
+            device=device,
+        )
+        self.k: list[torch.Tensor] = [self.data[i, 0] for i in range(cfg.num_layers)]
+        self.v: list[torch.Tensor] = [self.data[i, 1] for i in range(cfg.num_layers)]
+        log.info(
+            "KV cache allocated",
+            extra={
+                "num_blocks": num_blocks,
+                "block_size": block_size,
+                "gib": round(self.data.numel() * self.data.element_size() / GIB, 3),
+            },
+        )
+
+    @property
+    def num_slots(self) -> int:
+        """Token capacity of the whole pool."""
+        return self.num_blocks * self.block_size

@@ -1,0 +1,230 @@
+"""Runs the model over the paged KV cache for one engine step and samples.
+
+The scheduler hands :meth:`ModelRunner.execute` a list of :class:`BatchItem`;
+the runner flattens them into one varlen batch (token ids, positions, slot
+mapping, block tables, cu_seqlens), runs the decoder once, computes logits only
+for the last token of items that sample, and returns one token (or ``None``)
+per item.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from itertools import chain
+from pathlib import Path
+
+import torch
+
+from engine.kernels import cpu_attention
+from engine.models.config import ModelConfig
+from engine.models.weights import default_dtype, load_model
+from engine.runner.attention import (
+    FLASH_BLOCK_MULTIPLE,
+    AttentionScratch,
+    build_metadata,
+    flash_attn_available,
+)
+from engine.runner.kv_cache import KVCache, plan_num_blocks
+from engine.runner.sampler import Sampler
+from engine.scheduling.batch import BatchItem
+
+log = logging.getLogger("tokenrelay.engine")
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``"auto"`` -> CUDA when available, else CPU; validates anything else."""
+    if isinstance(device, str) and device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device: {device!r} is not a torch device") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {device!r} requested but CUDA is not available")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device: {device!r} is not supported (cpu, cuda or auto)")
+    return dev
+
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+}
+
+
+def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
+    """``None``/``"auto"`` -> fp32 on CPU, bf16 (or fp16) on CUDA; accepts names like ``"bf16"``."""
+    if dtype is None or dtype == "auto":
+        return default_dtype(device)
+    if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype.lower() in _DTYPES:
+        return _DTYPES[dtype.lower()]
+    raise ValueError(f"dtype: {dtype!r} is not supported (float32, bfloat16, float16 or auto)")
+
+
+def configure_threads(num_threads: int | None = None) -> int:
+    """Use ``num_threads``, else honour ``OMP_NUM_THREADS``/torch's default, capped at our CPUs."""
+    if num_threads is not None:
+        if num_threads <= 0:
+            raise ValueError(f"num_threads must be > 0, got {num_threads}")
+        torch.set_num_threads(num_threads)
+    elif "OMP_NUM_THREADS" not in os.environ:
+        available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        if available and torch.get_num_threads() > available:
+            torch.set_num_threads(available)
+    return torch.get_num_threads()
+
+
+class ModelRunner:
+    """Owns the model, the KV pool and the sampler of one engine worker."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        device: str | torch.device = "auto",
+        dtype: torch.dtype | str | None = None,
+        block_size: int = 16,
+        kv_cache_memory_gib: float | None = None,
+        num_blocks: int | None = None,
+        num_threads: int | None = None,
+        seed: int | None = None,
+    ) -> None:
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+            raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+        if num_blocks is not None and (
+            isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks <= 0
+        ):
+            raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
+        if kv_cache_memory_gib is not None and not kv_cache_memory_gib > 0:
+            raise ValueError(f"kv_cache_memory must be > 0 GiB, got {kv_cache_memory_gib!r}")
+        self.path = _resolve_path(model_path)
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.block_size = block_size
+        if self.device.type == "cpu":
+            configure_threads(num_threads)
+        started = time.perf_counter()
+        self.model_config = ModelConfig.from_pretrained(self.path)
+        self.model = load_model(self.path, self.model_config, self.device, self.dtype)
+        self.load_seconds = time.perf_counter() - started
+        self.max_model_len = self.model_config.max_position_embeddings
+        self.eos_token_ids: set[int] = set(self.model_config.eos_token_ids)
+        self.num_blocks = plan_num_blocks(
+            self.model_config,
+            block_size=block_size,
+            dtype=self.dtype,
+            device=self.device,
+            kv_cache_memory_gib=kv_cache_memory_gib,
+            num_blocks=num_blocks,
+        )
+        self.kv_cache = KVCache(
+            self.model_config, self.num_blocks, block_size, self.dtype, self.device
+        )
+        self.use_flash = (
+            self.device.type == "cuda"
+            and flash_attn_available()
+            and block_size % FLASH_BLOCK_MULTIPLE == 0
+        )
+        self.sampler = Sampler(seed)
+        self.scratch = AttentionScratch()  # decode gather buffers, kept across steps
+        self.decode_kernel = (
+            cpu_attention.paged_decode()
+            if self.device.type == "cpu" and self.dtype == torch.float32
+            else None
+        )
+        log.info(
+            "model runner ready",
+            extra={
+                "model": str(self.path),
+                "device": str(self.device),
+                "dtype": str(self.dtype),
+                "load_s": round(self.load_seconds, 3),
+                "num_blocks": self.num_blocks,
+                "attention": "flash-attn"
+                if self.use_flash
+                else ("cpu-kernel" if self.decode_kernel is not None else "torch"),
+                "threads": torch.get_num_threads(),
+            },
+        )
+
+    def execute(self, items: list[BatchItem]) -> list[int | None]:
+        """Run one step; returns the sampled token per item (``None`` where ``sample`` is False)."""
+        if not items:
+            return []
+        self._validate(items)
+        meta = build_metadata(
+            [len(it.token_ids) for it in items],
+            [it.start_pos for it in items],
+            [it.block_table for it in items],
+            block_size=self.block_size,
+            device=self.device,
+            dtype=self.dtype,
+            use_flash=self.use_flash,
+            scratch=self.scratch,
+            decode_kernel=self.decode_kernel,
+        )
+        input_ids = torch.tensor(
+            list(chain.from_iterable(it.token_ids for it in items)), dtype=torch.int64
+        ).to(self.device, non_blocking=True)
+        sampling = [i for i, it in enumerate(items) if it.sample]
+        with torch.inference_mode():
+            hidden = self.model(input_ids, meta.positions, meta, self.kv_cache)  # [T, hidden]
+            if not sampling:
+                return [None] * len(items)
+            last = meta.cu_seqlens_q[1:].to(torch.int64) - 1  # [B] last row of each item
+            rows = last if len(sampling) == len(items) else last[sampling]
+            logits = self.model.compute_logits(hidden.index_select(0, rows))  # [N, V] fp32
+            tokens = self.sampler(
+                logits,
+                [items[i].params for i in sampling],
+                [items[i].output_index for i in sampling],
+            ).tolist()
+        out: list[int | None] = [None] * len(items)
+        for i, tok in zip(sampling, tokens, strict=True):
+            out[i] = tok
+        return out
+
+    def _validate(self, items: list[BatchItem]) -> None:
+        vocab = self.model_config.vocab_size
+        for it in items:
+            n = len(it.token_ids)
+            if n == 0:
+                raise ValueError(f"token_ids: request {it.request_id!r} has no tokens to compute")
+            if it.start_pos < 0:
+                raise ValueError(f"start_pos: must be >= 0, got {it.start_pos}")
+            if it.start_pos + n > self.max_model_len:
+                raise ValueError(
+                    f"token_ids: request {it.request_id!r} reaches position {it.start_pos + n}, "
+                    f"beyond max_model_len {self.max_model_len}"
+                )
+            if min(it.token_ids) < 0 or max(it.token_ids) >= vocab:
+                raise ValueError(
+                    f"token_ids: request {it.request_id!r} has ids outside [0, {vocab})"
+                )
+            if it.block_table and (
+                min(it.block_table) < 0 or max(it.block_table) >= self.num_blocks
+            ):
+                raise ValueError(
+                    f"block_table: request {it.request_id!r} names a block outside "
+                    f"[0, {self.num_blocks})"
+                )
+
+
+def _resolve_path(model_path: str | Path) -> Path:
+    path = Path(model_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"model: {path} has no config.json")
+        return path
+    from engine.models.store import resolve_model
+
+    return resolve_model(str(model_path))

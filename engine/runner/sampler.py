@@ -1,0 +1,101 @@
+"""Batched sampling on the device: greedy, temperature, top-k, top-p, per-request seed.
+
+Greedy rows (temperature 0) take ``argmax`` exactly. Other rows are sampled by
+inverse CDF: one uniform number per row, drawn on the host from a generator
+seeded by ``(seed, output_index)`` for seeded requests, so a seeded row's token
+depends only on its own logits, never on what else shares the batch.
+
+Top-k and top-p work on the ``K`` most likely tokens (``K`` = the largest
+``top_k`` in the batch, or :data:`TOP_P_CANDIDATES` for top-p only); a row whose
+top-p nucleus does not fit in those candidates falls back to a full sort, so the
+result is exact either way without sorting the whole vocabulary every step.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import torch
+
+from core.wire.params import SamplingParams
+
+TOP_P_CANDIDATES = 512
+_SEED_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: decorrelates (seed, index) pairs
+
+
+def row_uniform(seed: int, output_index: int) -> float:
+    """The uniform draw in ``[0, 1)`` of a seeded request's ``output_index``-th token."""
+    return random.Random((seed * _SEED_MIX + output_index) & 0xFFFFFFFFFFFFFFFF).random()
+
+
+class Sampler:
+    """Turns fp32 logits ``[N, V]`` into one token id per row."""
+
+    def __init__(self, seed: int | None = None) -> None:
+        self._rng = random.Random(seed)  # unseeded requests (None: seeded from os.urandom)
+
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        params: Sequence[SamplingParams],
+        output_indices: Sequence[int],
+    ) -> torch.Tensor:
+        """Sample one token per row; returns ``[N]`` int64 on the logits' device."""
+        if logits.dim() != 2 or not logits.shape[0] == len(params) == len(output_indices):
+            raise ValueError("logits: expected [N, V] with one SamplingParams per row")
+        tokens = logits.argmax(dim=-1)  # exact greedy for every row
+        rows = [i for i, p in enumerate(params) if not p.greedy]
+        if not rows:
+            return tokens
+        device = logits.device
+        sel = [params[i] for i in rows]
+        index = torch.tensor(rows, device=device)
+        temps = torch.tensor([p.temperature for p in sel], device=device, dtype=torch.float32)
+        probs = torch.softmax(logits.index_select(0, index) / temps[:, None], dim=-1)  # [S, V]
+        uniforms = [
+            row_uniform(p.seed, output_indices[i]) if p.seed is not None else self._rng.random()
+            for i, p in zip(rows, sel, strict=True)
+        ]
+        u = torch.tensor(uniforms, device=device, dtype=torch.float32)
+        if all(p.top_k == 0 and p.top_p >= 1.0 for p in sel):
+            sampled = _inverse_cdf(probs, u)
+        else:
+            sampled = _sample_filtered(probs, sel, u)
+        tokens[index] = sampled
+        return tokens
+
+
+def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Column ``j`` per row with ``cdf[j-1] <= u * total < cdf[j]`` (``weights`` ``[S, K]``)."""
+    cdf = weights.cumsum(dim=-1)
+    target = (u * cdf[:, -1])[:, None]
+    j = torch.searchsorted(cdf, target, right=True).clamp_(max=weights.shape[1] - 1)
+    # a rounding edge can land on a zero-weight column: take the row's most likely one
+    fallback = weights.argmax(dim=-1, keepdim=True)
+    ok = weights.gather(1, j) > 0
+    return torch.where(ok, j, fallback).squeeze(1)
+
+
+def _sample_filtered(
+    probs: torch.Tensor, sel: Sequence[SamplingParams], u: torch.Tensor
+) -> torch.Tensor:
+    """Top-k then top-p (on the renormalised top-k mass), then inverse-CDF sampling."""
+    device = probs.device
+    vocab = probs.shape[1]
+    k_max = max(p.top_k for p in sel)
+    cands = min(vocab, max(k_max, TOP_P_CANDIDATES if any(p.top_p < 1 for p in sel) else 1))
+    vals, idx = probs.topk(cands, dim=-1)  # [S, K] descending
+    top_k = torch.tensor([p.top_k or vocab for p in sel], device=device)
+    top_p = torch.tensor([p.top_p for p in sel], device=device, dtype=torch.float32)
+    # a top-p-only row needs the nucleus inside the candidates; else sort the whole row
+    short = (top_k > cands) & (vals.sum(dim=-1) < top_p)
+    if bool(short.any()):
+        vals, idx = probs.sort(dim=-1, descending=True, stable=True)
+    ranks = torch.arange(vals.shape[1], device=device)[None, :]
+    vals = vals.masked_fill(ranks >= top_k[:, None], 0.0)
+    cum = vals.cumsum(dim=-1)
+    before = cum - vals  # mass of the more likely tokens
+    nucleus_done = (before >= top_p[:, None] * cum[:, -1:]) & (top_p[:, None] < 1)
+    vals = vals.masked_fill(nucleus_done, 0.0)  # the first token always stays
+    return idx.gather(1, _inverse_cdf(vals, u)[:, None]).squeeze(1)

@@ -1,0 +1,1 @@
+"""Torch-free continuous batching: sequences, the scheduler and the KV block manager."""

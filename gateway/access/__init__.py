@@ -1,0 +1,1 @@
+"""Who may call and how much: API keys, tokens, origins (CORS), rate and stream limits."""

@@ -1,0 +1,104 @@
+"""Per-key limits: requests per minute (shared by all gateways) and concurrent streams.
+
+:class:`RateLimiter` is a token bucket kept in Redis and updated by one Lua
+script, so every gateway of a deployment draws from the same bucket: a key
+with ``--rate-limit 60`` gets 60 requests per minute however the load
+balancer spreads them. The script uses Redis' own clock (``TIME``), so
+gateways with skewed clocks agree. A refused request learns how long until
+the next token (``Retry-After``).
+
+:class:`StreamSlots` counts the streams each key has open on this gateway
+(``--max-streams-per-key``), over the WebSocket and the HTTP API together.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from core.redis.connection import is_outage
+from core.wire.scripts import BUCKET_LUA
+
+log = logging.getLogger("tokenrelay.ratelimit")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The answer of :meth:`RateLimiter.take`."""
+
+    allowed: bool
+    retry_after: float  # seconds until a request would be allowed (0 when allowed)
+    remaining: int
+
+
+class RateLimited(Exception):
+    """Over the per-key request rate: ``rate_limited`` (429) with ``Retry-After``."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class RateLimiter:
+    """A Redis token bucket per key: ``per_minute`` refill, ``burst`` capacity."""
+
+    def __init__(
+        self, redis: aioredis.Redis, prefix: str, per_minute: float, burst: int = 0
+    ) -> None:
+        self.per_minute = per_minute
+        self.capacity = burst or max(1, math.ceil(per_minute))
+        self.prefix = prefix
+        self._script: Any = redis.register_script(BUCKET_LUA) if per_minute > 0 else None
+
+    @property
+    def enabled(self) -> bool:
+        return self._script is not None
+
+    async def take(self, bucket: str, cost: int = 1) -> Verdict:
+        """Draw ``cost`` tokens from ``bucket``; allowed when Redis is unreachable."""
+        if self._script is None:
+            return Verdict(True, 0.0, self.capacity)
+        rate = self.per_minute / 60_000.0
+        try:
+            allowed, wait_ms, left = await self._script(
+                keys=[f"{self.prefix}rl:{bucket}"], args=[self.capacity, repr(rate), cost]
+            )
+        except Exception as exc:
+            if is_outage(exc):  # the request itself will report the outage
+                return Verdict(True, 0.0, 0)
+            raise
+        return Verdict(bool(allowed), int(wait_ms) / 1000.0, int(left))
+
+    async def check(self, bucket: str) -> None:
+        """Raise :class:`RateLimited` when ``bucket`` has no token left."""
+        verdict = await self.take(bucket)
+        if not verdict.allowed:
+            limit = f"{self.per_minute:g} requests per minute"
+            raise RateLimited(f"rate limit of {limit} reached", verdict.retry_after)
+
+
+class StreamSlots:
+    """Concurrent streams per key (or address) on this gateway."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.active: dict[str, int] = {}
+
+    def acquire(self, bucket: str) -> bool:
+        """Take a slot for ``bucket``; False when it already has ``limit`` streams."""
+        n = self.active.get(bucket, 0)
+        if n >= self.limit:
+            return False
+        self.active[bucket] = n + 1
+        return True
+
+    def release(self, bucket: str) -> None:
+        n = self.active.get(bucket, 0) - 1
+        if n > 0:
+            self.active[bucket] = n
+        else:
+            self.active.pop(bucket, None)

@@ -1,0 +1,1 @@
+"""The HTTP API: OpenAI-compatible completions, resumable SSE, stream cancel, tokens, pages."""

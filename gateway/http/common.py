@@ -1,0 +1,161 @@
+"""What the HTTP API modules share: settings, errors, body reading, stream formats.
+
+gateway/http/openai.py (completions, models) and gateway/http/streams.py
+(resume, cancel) both use these. Settings come from the environment when the
+app is built (see :class:`HttpSettings`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from core.redis.connection import is_outage
+from core.wire.events import Event
+from gateway.http.openai_render import ChunkEncoder, StreamFormat
+from gateway.http.openai_request import ApiError, error_for_code
+from gateway.http.sse_response import Pump
+from gateway.streams.store import (
+    BadOffset,
+    NoWorker,
+    Overloaded,
+    RedisUnavailable,
+    StreamForbidden,
+    StreamNotFound,
+    StreamStore,
+)
+
+log = logging.getLogger("tokenrelay.api")
+
+FORMAT_FIELD = "oa"  # the stream-metadata field holding the StreamFormat
+EXPOSED = "X-Stream-Id, X-Resume-Token, X-Request-Id"  # Access-Control-Expose-Headers
+
+
+def _env_number(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None
+    if not value > 0:
+        raise ValueError(f"{name} must be > 0")
+    return value
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    """HTTP-API settings, from the environment.
+
+    ``TOKENRELAY_SSE_KEEPALIVE``: seconds of silence before a keep-alive
+    comment (default 10). ``TOKENRELAY_HTTP_MAX_STREAMS_PER_CLIENT``:
+    concurrent generations per API key or client address (default 256).
+    ``TOKENRELAY_API_KEYS``: comma-separated keys; when set, completions and
+    models need ``Authorization: Bearer <key>``.
+    """
+
+    keepalive: float = 10.0
+    max_per_client: int = 256
+    api_keys: tuple[str, ...] = field(default=())
+
+    @classmethod
+    def from_env(cls) -> HttpSettings:
+        keys = os.environ.get("TOKENRELAY_API_KEYS", "")
+        return cls(
+            keepalive=_env_number("TOKENRELAY_SSE_KEEPALIVE", 10.0),
+            max_per_client=int(_env_number("TOKENRELAY_HTTP_MAX_STREAMS_PER_CLIENT", 256)),
+            api_keys=tuple(k.strip() for k in keys.split(",") if k.strip()),
+        )
+
+
+def error_response(exc: ApiError, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    """The OpenAI-style JSON error (with ``Retry-After`` for 429/503)."""
+    return JSONResponse(exc.body(), exc.status, headers={**exc.headers(), **(headers or {})})
+
+
+def store_error(exc: Exception) -> ApiError:
+    """The :class:`ApiError` for a stream-log exception."""
+    if isinstance(exc, NoWorker):
+        return error_for_code("unavailable", str(exc), retry_after=2)
+    if isinstance(exc, Overloaded):
+        return error_for_code("overloaded", str(exc), retry_after=1)
+    if isinstance(exc, StreamNotFound):  # EventsTrimmed too
+        return error_for_code("not_found", str(exc) or "no such stream (unknown or expired)")
+    if isinstance(exc, StreamForbidden):
+        return error_for_code("forbidden", str(exc))
+    if isinstance(exc, BadOffset):
+        return error_for_code("bad_request", str(exc), param="after")
+    return error_for_code("unavailable", "the stream store is unreachable", retry_after=2)
+
+
+STORE_ERRORS = (NoWorker, Overloaded, StreamNotFound, StreamForbidden, BadOffset, RedisUnavailable)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, or a 413 as soon as it is over ``limit`` bytes."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise error_for_code("too_large", f"The request body is over {limit} bytes.")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise error_for_code("too_large", f"The request body is over {limit} bytes.")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def load_format(slog: StreamStore, stream_id: str) -> str | None:
+    """The stored :class:`StreamFormat` of a stream (None: started over the WebSocket)."""
+    try:
+        raw = await slog.redis.hget(slog.keys.meta(stream_id), FORMAT_FIELD)
+    except Exception as exc:
+        if is_outage(exc):
+            raise RedisUnavailable("redis is unreachable") from None
+        raise
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
+async def save_format(
+    slog: StreamStore, stream_id: str, fmt: StreamFormat, extra: Mapping[str, Any]
+) -> None:
+    """Store the format with the stream, so a resume renders the same chunks."""
+    try:
+        await slog.redis.hset(slog.keys.meta(stream_id), FORMAT_FIELD, fmt.encode())
+    except Exception:  # a resume then renders chat chunks; never fail the request for it
+        log.warning("could not store the stream format", extra=dict(extra), exc_info=True)
+
+
+async def event_frames(
+    encoder: ChunkEncoder,
+    pump: Pump[Event],
+    first: list[Event],
+    extra: Mapping[str, Any],
+    cleanup: Callable[[], Awaitable[None]],
+) -> AsyncGenerator[bytes, None]:
+    """SSE bytes for every event until the end; ``cleanup`` runs however it ends."""
+    try:
+        for ev in first:
+            yield encoder.encode(ev)
+        while not encoder.finished:
+            try:
+                item = await pump.next(None)
+            except StopAsyncIteration:
+                return
+            if isinstance(item, Event):
+                yield encoder.encode(item)
+        log.info("stream finished", extra=dict(extra))
+    except StreamNotFound as exc:
+        log.info("stream vanished while streaming", extra=dict(extra))
+        yield encoder.error(error_for_code("not_found", str(exc)))
+    except RedisUnavailable:
+        log.warning("stream store unreachable while streaming", extra=dict(extra))
+        msg = "the stream store is unreachable; resume later"
+        yield encoder.error(error_for_code("unavailable", msg), final=False)
+    finally:
+        await cleanup()

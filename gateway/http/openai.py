@@ -1,0 +1,287 @@
+"""OpenAI-compatible completions and models over the shared stream log.
+
+Routes (mounted by gateway/app.py, which picks up every ``gateway/api_*.py``):
+``POST /v1/chat/completions``, ``POST /v1/completions`` (streaming as SSE
+chunks with ``id: <seq>`` then ``data: [DONE]``, or not), ``GET /v1/models``
+and ``GET /v1/models/{model}``. gateway/http/streams.py resumes and cancels.
+
+A request becomes a stream in the same :class:`gateway.streams.store.StreamStore` as
+a WebSocket ``generate``, so it can be resumed over either transport. A client
+that goes away (streaming, or while waiting for a non-streaming answer) is a
+disconnect: the stream is detached and keeps generating for
+``--detach-timeout`` seconds, exactly as on the WebSocket. docs/api.md is the
+reference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from core.wire.events import Event
+from gateway.access.auth import AuthError
+from gateway.access.guard import Principal, RateLimited, TooManyStreams
+from gateway.http.common import (
+    EXPOSED,
+    STORE_ERRORS,
+    HttpSettings,
+    error_response,
+    event_frames,
+    read_body,
+    save_format,
+    store_error,
+)
+from gateway.http.openai_render import (
+    ChunkEncoder,
+    Collector,
+    StreamFormat,
+    model_card,
+    models_body,
+    stream_error,
+)
+from gateway.http.openai_request import (
+    ApiError,
+    error_for_code,
+    parse_chat,
+    parse_completion,
+    parse_json,
+)
+from gateway.http.sse_response import GONE, Pump, SSEResponse, watch_disconnect
+
+if TYPE_CHECKING:
+    from gateway.state import Gateway
+
+log = logging.getLogger("tokenrelay.api")
+
+START_WAIT = 5.0  # seconds to wait for the worker's verdict before committing to a 200
+REQUEST_ID_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
+
+
+@dataclass
+class Running:
+    """A request whose stream exists: what serving its answer needs."""
+
+    stream_id: str
+    fmt: StreamFormat
+    pump: Pump[Event]
+    gone: asyncio.Task[None]  # ends when the client disconnects
+    headers: dict[str, str]
+    extra: dict[str, Any]  # log fields
+    cleanup: Callable[[], Awaitable[None]]  # close the tail, detach, free the client's slot
+
+    async def abort(self) -> None:
+        self.gone.cancel()
+        await self.cleanup()
+
+
+class OpenAIApi:
+    """Completions and models for one gateway process."""
+
+    def __init__(self, gw: Gateway, settings: HttpSettings | None = None) -> None:
+        self.gw = gw
+        self.settings = settings or HttpSettings.from_env()
+        self.model = gw.settings.model_name or "default"
+        self.created = int(time.time())
+        self.active: dict[str, int] = {}  # client key -> generations in flight
+
+    def routes(self) -> list[BaseRoute]:
+        return [
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/models/{model:path}", self.model_info, methods=["GET"]),
+        ]
+
+    # --- clients -----------------------------------------------------------------------
+
+    def _authenticate(self, request: Request) -> Principal:
+        """The caller (its key id, or its address when no keys are configured), or a 401."""
+        address = request.client.host if request.client else "?"
+        try:
+            return self.gw.guard.authenticate(request.headers, {}, address)
+        except AuthError as exc:
+            raise error_for_code("unauthorized", str(exc)) from None
+
+    async def _admit(self, who: Principal) -> None:
+        """The caller's requests-per-minute budget (``--rate-limit``), or a 429."""
+        try:
+            await self.gw.guard.admit(who)
+        except RateLimited as exc:
+            raise error_for_code("rate_limited", str(exc), retry_after=exc.retry_after) from None
+
+    def _take_slot(self, who: Principal) -> str:
+        """Count one more generation for the caller (its API key, else its address)."""
+        client = who.bucket
+        if self.active.get(client, 0) >= self.settings.max_per_client:
+            limit = self.settings.max_per_client
+            raise error_for_code(
+                "rate_limited", f"At most {limit} concurrent requests per client.", retry_after=1
+            )
+        try:
+            self.gw.guard.open_stream(who)  # --max-streams-per-key, WebSocket included
+        except TooManyStreams as exc:
+            raise error_for_code("rate_limited", str(exc), retry_after=1) from None
+        self.active[client] = self.active.get(client, 0) + 1
+        return client
+
+    def _release(self, client: str | None) -> None:
+        if client is None:
+            return
+        self.gw.guard.close_stream(client)
+        left = self.active.get(client, 0) - 1
+        if left > 0:
+            self.active[client] = left
+        else:
+            self.active.pop(client, None)
+
+    # --- models --------------------------------------------------------------------------
+
+    async def models(self, request: Request) -> Response:
+        """``GET /v1/models``: the served model."""
+        try:
+            self._authenticate(request)
+        except ApiError as exc:
+            return error_response(exc)
+        return JSONResponse(models_body(self.model, self.created))
+
+    async def model_info(self, request: Request) -> Response:
+        """``GET /v1/models/{model}``."""
+        try:
+            self._authenticate(request)
+        except ApiError as exc:
+            return error_response(exc)
+        name = str(request.path_params["model"])
+        if name != self.model:
+            msg = f"The model `{name[:80]}` does not exist."
+            return error_response(ApiError(404, msg, param="model", code="model_not_found"))
+        return JSONResponse(model_card(self.model, self.created))
+
+    # --- completions ---------------------------------------------------------------------
+
+    async def chat(self, request: Request) -> Response:
+        """``POST /v1/chat/completions``."""
+        return await self._generate(request, "chat")
+
+    async def completions(self, request: Request) -> Response:
+        """``POST /v1/completions``."""
+        return await self._generate(request, "completion")
+
+    async def _generate(self, request: Request, kind: str) -> Response:
+        rid = request.headers.get("x-request-id", "")
+        if not REQUEST_ID_RE.match(rid):
+            rid = "req-" + secrets.token_hex(8)
+        client: str | None = None
+        try:
+            who = self._authenticate(request)
+            body = parse_json(await read_body(request, self.gw.settings.max_frame_bytes))
+            parse = parse_chat if kind == "chat" else parse_completion
+            req = parse(body, served_model=self.model, limits=self.gw.limits)
+            client = self._take_slot(who)
+            await self._admit(who)
+            try:
+                new = await self.gw.streams.create(req.body, rid)
+            except STORE_ERRORS as exc:
+                raise store_error(exc) from None
+        except ApiError as exc:
+            self._release(client)
+            refused = {"request_id": rid, "status": exc.status, "reason": exc.message}
+            log.info("request refused", extra=refused)
+            return error_response(exc, {"X-Request-Id": rid})
+        except ClientDisconnect:
+            self._release(client)
+            return Response(status_code=400)
+        except Exception:
+            self._release(client)
+            log.exception("request failed", extra={"request_id": rid})
+            return error_response(error_for_code("internal", "internal error"))
+        sid = new.stream_id
+        extra: dict[str, Any] = {"request_id": rid, "stream_id": sid, "api": kind,
+                                 "stream": req.stream}  # fmt: skip
+        if req.user:
+            extra["user"] = req.user[:64]
+        log.info("generate", extra=extra)
+        fmt = StreamFormat(kind, req.model, int(time.time()), req.include_usage)
+        await save_format(self.gw.streams, sid, fmt, extra)
+        pump: Pump[Event] = Pump(self.gw.streams.tail(sid, -1))
+
+        cleaned = False
+
+        async def cleanup() -> None:  # once, however the answer ends
+            nonlocal cleaned
+            if cleaned:
+                return
+            cleaned = True
+            self._release(client)
+            await pump.aclose()
+            await self.gw.streams.detach(sid, new.attach_id)
+
+        headers = {"X-Request-Id": rid, "X-Stream-Id": sid, "X-Resume-Token": new.resume_token,
+                   "Access-Control-Expose-Headers": EXPOSED}  # fmt: skip
+        run = Running(sid, fmt, pump, watch_disconnect(request.receive), headers, extra, cleanup)
+        if req.stream:
+            return await self._stream(run)
+        try:
+            return await self._collect(run)
+        finally:
+            await run.abort()
+
+    async def _collect(self, run: Running) -> Response:
+        """A non-streaming answer: wait for the whole completion."""
+        collector = Collector(run.fmt, run.stream_id)
+        try:
+            while True:
+                item = await run.pump.next(None, run.gone)
+                if item is GONE:
+                    log.info("client left while waiting; detaching", extra=run.extra)
+                    return Response(status_code=499)
+                if isinstance(item, Event) and collector.add(item):
+                    break
+        except ApiError as exc:
+            log.info("request failed", extra={**run.extra, "reason": exc.message})
+            return error_response(exc, run.headers)
+        except STORE_ERRORS as exc:
+            return error_response(store_error(exc), run.headers)
+        except StopAsyncIteration:
+            return error_response(error_for_code("internal", "the stream ended early"))
+        assert collector.result is not None
+        return JSONResponse(collector.result, headers=run.headers)
+
+    async def _stream(self, run: Running) -> Response:
+        """An SSE answer, once the worker took the request (a rejection is an HTTP error)."""
+        first: list[Event] = []
+        refusal: Response | None = None
+        try:
+            item = await run.pump.next(START_WAIT, run.gone)
+            if item is GONE:
+                refusal = Response(status_code=499)
+            elif isinstance(item, Event):
+                first.append(item)
+                if item.kind == "rejected" and item.code != "cancelled":
+                    log.info("rejected by the worker", extra={**run.extra, "code": item.code})
+                    refusal = error_response(stream_error(item), run.headers)
+        except STORE_ERRORS as exc:
+            refusal = error_response(store_error(exc), run.headers)
+        except StopAsyncIteration:
+            refusal = error_response(error_for_code("internal", "the stream ended early"))
+        if refusal is not None:
+            await run.abort()
+            return refusal
+        encoder = ChunkEncoder(run.fmt, run.stream_id)
+        frames = event_frames(encoder, run.pump, first, run.extra, run.cleanup)
+        return SSEResponse(frames, headers=run.headers, keepalive=self.settings.keepalive,
+                           gone=run.gone, log_extra=run.extra)  # fmt: skip
+
+
+def routes(gw: Gateway) -> list[BaseRoute]:
+    """Completions and models (found by gateway/app.py's plugin discovery)."""
+    return OpenAIApi(gw).routes()

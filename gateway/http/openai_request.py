@@ -1,0 +1,353 @@
+"""OpenAI-compatible request validation and error bodies, sans I/O.
+
+:func:`parse_chat` and :func:`parse_completion` turn a request body into an
+:class:`ApiRequest` (the engine worker's request body plus the streaming
+options), or raise :class:`ApiError`: the HTTP status and the OpenAI-style
+error body ``{"error": {"message", "type", "param", "code"}}`` the client
+gets. Unknown fields are ignored; known fields of the wrong type, or values
+this server cannot honour (``n`` > 1, ``logprobs``, ``echo``...), are 400s.
+docs/api.md ("HTTP API") lists the fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.wire.params import SamplingParams
+from gateway.ws.protocol import MAX_SEED, Limits
+
+__all__ = [
+    "ApiError",
+    "ApiRequest",
+    "error_body",
+    "error_for_code",
+    "parse_chat",
+    "parse_completion",
+    "parse_json",
+]
+
+# protocol error code -> (HTTP status, OpenAI error type)
+CODE_STATUS: dict[str, tuple[int, str]] = {
+    "bad_request": (400, "invalid_request_error"),
+    "unauthorized": (401, "authentication_error"),
+    "forbidden": (403, "permission_error"),
+    "not_found": (404, "invalid_request_error"),
+    "too_large": (413, "invalid_request_error"),
+    "rate_limited": (429, "rate_limit_error"),
+    "overloaded": (503, "server_error"),
+    "unavailable": (503, "server_error"),
+    "internal": (500, "server_error"),
+}
+CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+class ApiError(Exception):
+    """A client-visible HTTP error with an OpenAI-style body."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.retry_after = retry_after
+
+    def body(self) -> dict[str, Any]:
+        """``{"error": {...}}`` as OpenAI sends it."""
+        return error_body(self.message, self.type, self.param, self.code)
+
+    def headers(self) -> dict[str, str]:
+        """``Retry-After`` for 429/503 (whole seconds, at least 1)."""
+        if self.retry_after is None:
+            return {}
+        return {"Retry-After": str(max(1, math.ceil(self.retry_after)))}
+
+
+def error_body(
+    message: str, type: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def error_for_code(
+    code: str, message: str, *, param: str | None = None, retry_after: float | None = None
+) -> ApiError:
+    """An :class:`ApiError` for a protocol error code (``bad_request``, ``overloaded``...)."""
+    status, kind = CODE_STATUS.get(code, CODE_STATUS["internal"])
+    if code not in CODE_STATUS:
+        code = "internal"
+    if retry_after is None and status in (429, 503):
+        retry_after = 1.0
+    return ApiError(status, message, type=kind, param=param, code=code, retry_after=retry_after)
+
+
+def _bad(message: str, param: str | None = None) -> ApiError:
+    return error_for_code("bad_request", message, param=param)
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400."""
+    try:
+        obj = json.loads(raw, parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        msg = "We could not parse the JSON body of your request: it is not valid JSON."
+        raise _bad(msg) from None
+    if not isinstance(obj, dict):
+        raise _bad("The request body must be a JSON object.")
+    if _SURROGATE_ESCAPE.search(raw):  # "\\ud800" alone parses, but is no UTF-8 text
+        try:
+            json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise _bad("The request body holds an unpaired UTF-16 surrogate.") from None
+    return obj
+
+
+@dataclass(frozen=True)
+class ApiRequest:
+    """A validated completion request."""
+
+    kind: str  # "chat" or "completion"
+    model: str
+    body: dict[str, Any]  # what the engine worker gets (messages or prompt, params)
+    stream: bool = False
+    include_usage: bool = False
+    user: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# --- field checks ---------------------------------------------------------------
+
+
+def _opt(obj: dict[str, Any], name: str, types: tuple[type, ...], what: str) -> Any:
+    value = obj.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) and bool not in types:
+        raise _bad(f"'{name}' must be {what}, got a boolean", name)
+    if not isinstance(value, types):
+        raise _bad(f"'{name}' must be {what}, got {type(value).__name__}", name)
+    return value
+
+
+def _number(obj: dict[str, Any], name: str, lo: float, hi: float) -> float | None:
+    value = _opt(obj, name, (int, float), "a number")
+    if value is not None and not lo <= value <= hi:
+        raise _bad(f"'{name}' must be between {lo:g} and {hi:g}, got {value}", name)
+    return value
+
+
+def _model(obj: dict[str, Any], served: str) -> str:
+    model = _opt(obj, "model", (str,), "a string")
+    if model is None:
+        return served
+    if model != served:
+        shown = model if len(model) <= 80 else model[:80] + "..."
+        raise ApiError(
+            404,
+            f"The model `{shown}` does not exist. This server serves `{served}`.",
+            param="model",
+            code="model_not_found",
+        )
+    return served
+
+
+def _params(obj: dict[str, Any], limits: Limits) -> dict[str, Any]:
+    """Sampling fields -> SamplingParams (validated) as a dict for the worker."""
+    n = _opt(obj, "n", (int,), "an integer")
+    if n is not None and n != 1:
+        raise _bad("Only n = 1 is supported.", "n")
+    best_of = _opt(obj, "best_of", (int,), "an integer")
+    if best_of is not None and best_of != 1:
+        raise _bad("Only best_of = 1 is supported.", "best_of")
+    for name in ("presence_penalty", "frequency_penalty"):
+        _number(obj, name, -2.0, 2.0)  # accepted, not applied
+    for name in ("logprobs", "top_logprobs"):
+        value = obj.get(name)
+        if value not in (None, False, 0):
+            raise _bad(f"'{name}' is not supported by this server.", name)
+    max_tokens = _opt(obj, "max_tokens", (int,), "an integer")
+    mct = _opt(obj, "max_completion_tokens", (int,), "an integer")
+    limit_name = "max_completion_tokens" if mct is not None else "max_tokens"
+    limit = mct if mct is not None else max_tokens
+    if limit is not None and not 1 <= limit <= limits.max_tokens:
+        raise _bad(f"'{limit_name}' must be between 1 and {limits.max_tokens}", limit_name)
+    temperature = _number(obj, "temperature", 0.0, 2.0)
+    top_p = _number(obj, "top_p", 0.0, 1.0)
+    top_k = _opt(obj, "top_k", (int,), "an integer")  # vLLM extension
+    if top_k is not None and top_k < -1:
+        raise _bad("'top_k' must be >= -1", "top_k")
+    seed = _opt(obj, "seed", (int,), "an integer")
+    if seed is not None and not 0 <= seed < MAX_SEED:
+        raise _bad("'seed' must be in [0, 2**63)", "seed")
+    ignore_eos = _opt(obj, "ignore_eos", (bool,), "a boolean")  # vLLM extension
+    stop = _stop(obj.get("stop"), limits)
+    kw: dict[str, Any] = {"max_tokens": limit or limits.max_tokens, "stop": stop}
+    if temperature is not None:
+        kw["temperature"] = temperature
+    if top_p is not None:
+        if top_p == 0:  # the limit of nucleus sampling as p -> 0 is greedy
+            kw["temperature"] = 0.0
+        else:
+            kw["top_p"] = top_p
+    if top_k is not None:
+        kw["top_k"] = top_k
+    if seed is not None:
+        kw["seed"] = seed
+    if ignore_eos is not None:
+        kw["ignore_eos"] = ignore_eos
+    try:
+        params = SamplingParams(**kw)
+    except ValueError as exc:
+        raise _bad(str(exc)) from None
+    return dataclasses.asdict(params)
+
+
+def _stop(raw: Any, limits: Limits) -> list[str]:
+    if raw is None:
+        return []
+    stops = [raw] if isinstance(raw, str) else raw
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise _bad("'stop' must be a string or a list of strings", "stop")
+    if len(stops) > limits.max_stop:
+        raise _bad(f"'stop' may hold at most {limits.max_stop} strings", "stop")
+    for s in stops:
+        if not s:
+            raise _bad("'stop' strings must not be empty", "stop")
+        if len(s) > limits.max_stop_chars:
+            raise _bad(f"'stop' strings are limited to {limits.max_stop_chars} characters", "stop")
+    return list(stops)
+
+
+def _stream_options(obj: dict[str, Any]) -> tuple[bool, bool]:
+    stream = bool(_opt(obj, "stream", (bool,), "a boolean"))
+    opts = _opt(obj, "stream_options", (dict,), "an object")
+    include_usage = False
+    if opts is not None:
+        value = opts.get("include_usage")
+        if value is not None and not isinstance(value, bool):
+            raise _bad("'stream_options.include_usage' must be a boolean", "stream_options")
+        include_usage = bool(value)
+    return stream, include_usage
+
+
+def _common(obj: dict[str, Any]) -> tuple[bool, bool, str | None]:
+    stream, include_usage = _stream_options(obj)
+    user = _opt(obj, "user", (str,), "a string")
+    return stream, include_usage, user
+
+
+def _too_large(size: int, limits: Limits) -> None:
+    if size > limits.max_input_chars:
+        raise error_for_code(
+            "too_large", f"The input is {size} characters; the limit is {limits.max_input_chars}."
+        )
+
+
+# --- requests -------------------------------------------------------------------
+
+
+def _content(raw: Any, i: int, role: str) -> str:
+    param = f"messages[{i}].content"
+    if isinstance(raw, str):
+        return raw
+    if raw is None and role == "assistant":
+        return ""
+    if isinstance(raw, list):
+        parts = []
+        for j, part in enumerate(raw):
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise _bad(f"'{param}[{j}]' must be an object with a 'type'", param)
+            if part["type"] != "text":
+                raise _bad(f"'{param}[{j}]': only text content is supported", param)
+            if not isinstance(part.get("text"), str):
+                raise _bad(f"'{param}[{j}].text' must be a string", param)
+            parts.append(part["text"])
+        return "".join(parts)
+    raise _bad(f"'{param}' must be a string or a list of text parts", param)
+
+
+def parse_chat(obj: dict[str, Any], *, served_model: str, limits: Limits) -> ApiRequest:
+    """Validate a ``/v1/chat/completions`` body."""
+    model = _model(obj, served_model)
+    messages = obj.get("messages")
+    if messages is None:
+        raise _bad("Missing required parameter: 'messages'.", "messages")
+    if not isinstance(messages, list):
+        raise _bad("'messages' must be a list", "messages")
+    if not messages:
+        raise _bad("'messages' must not be empty", "messages")
+    if len(messages) > limits.max_messages:
+        raise error_for_code(
+            "too_large", f"At most {limits.max_messages} messages.", param="messages"
+        )
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise _bad(f"'messages[{i}]' must be an object", "messages")
+        role = m.get("role")
+        if not isinstance(role, str) or role not in CHAT_ROLES:
+            raise _bad(
+                f"'messages[{i}].role' must be one of system, developer, user, assistant",
+                f"messages[{i}].role",
+            )
+        out.append({"role": CHAT_ROLES[role], "content": _content(m.get("content"), i, role)})
+    _too_large(sum(len(m["content"]) for m in out), limits)
+    params = _params(obj, limits)
+    stream, include_usage, user = _common(obj)
+    body = {"params": params, "messages": out}
+    return ApiRequest("chat", model, body, stream, include_usage, user)
+
+
+def _prompt(raw: Any) -> str | list[int]:
+    if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str | list):
+        raw = raw[0]  # a batch of one prompt
+    if isinstance(raw, str):
+        if not raw:
+            raise _bad("'prompt' must not be empty", "prompt")
+        return raw
+    if isinstance(raw, list) and raw and all(isinstance(t, int) for t in raw):
+        if any(isinstance(t, bool) or t < 0 for t in raw):
+            raise _bad("'prompt' token ids must be non-negative integers", "prompt")
+        return list(raw)
+    if isinstance(raw, list) and len(raw) > 1 and all(isinstance(t, str | list) for t in raw):
+        raise _bad("Only one prompt per request is supported.", "prompt")
+    raise _bad("'prompt' must be a string or a list of token ids", "prompt")
+
+
+def parse_completion(obj: dict[str, Any], *, served_model: str, limits: Limits) -> ApiRequest:
+    """Validate a ``/v1/completions`` body."""
+    model = _model(obj, served_model)
+    if obj.get("prompt") is None:
+        raise _bad("Missing required parameter: 'prompt'.", "prompt")
+    prompt = _prompt(obj["prompt"])
+    _too_large(len(prompt), limits)
+    if obj.get("echo") not in (None, False):
+        raise _bad("'echo' is not supported by this server.", "echo")
+    if obj.get("suffix") not in (None, ""):
+        raise _bad("'suffix' is not supported by this server.", "suffix")
+    params = _params(obj, limits)
+    stream, include_usage, user = _common(obj)
+    body = {"params": params, "prompt": prompt}
+    return ApiRequest("completion", model, body, stream, include_usage, user)

@@ -1,0 +1,169 @@
+"""Resume and cancel a stream over HTTP, whichever transport started it.
+
+- ``GET /v1/streams/{stream_id}/events``: SSE replay of every event after an
+  offset (``Last-Event-ID``, else ``?after=``, else the whole stream), then
+  the live ones, with no gap and no duplicate, rendered as the stream was
+  started (chat or text-completion chunks; chat for a WebSocket stream). The
+  resume token comes in ``?resume_token=`` (a browser ``EventSource`` cannot
+  send headers) or ``X-Resume-Token``. At the end of a finished stream: 204,
+  so an ``EventSource`` stops reconnecting.
+- ``POST /v1/streams/{stream_id}/cancel``: the token in the JSON body, the
+  query or the header.
+
+Mounted by gateway/app.py's plugin discovery. docs/api.md is the reference.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from core.wire.events import Event
+from core.wire.keys import STREAM_ID_RE
+from gateway.http.common import (
+    EXPOSED,
+    STORE_ERRORS,
+    HttpSettings,
+    error_response,
+    event_frames,
+    load_format,
+    read_body,
+    store_error,
+)
+from gateway.http.openai_render import ChunkEncoder, StreamFormat
+from gateway.http.openai_request import ApiError, error_for_code, parse_json
+from gateway.http.sse import parse_event_id
+from gateway.http.sse_response import Pump, SSEResponse, watch_disconnect
+from gateway.streams.store import BadOffset
+
+if TYPE_CHECKING:
+    from gateway.state import Gateway
+
+log = logging.getLogger("tokenrelay.api")
+
+
+def resume_token(request: Request, body: dict[str, Any] | None = None) -> str:
+    """The token from the query, the ``X-Resume-Token`` header or the body; else a 401."""
+    token = request.query_params.get("resume_token") or request.headers.get("x-resume-token")
+    if not token and body is not None:
+        raw = body.get("resume_token")
+        if raw is not None and not isinstance(raw, str):
+            raise error_for_code(
+                "bad_request", "'resume_token' must be a string", param="resume_token"
+            )
+        token = raw
+    if not token:
+        where = "?resume_token=, an X-Resume-Token header"
+        where += " or 'resume_token' in the body" if body is not None else ""
+        raise error_for_code("unauthorized", f"Missing resume token: pass {where}.")
+    return token
+
+
+def stream_id_of(request: Request) -> str:
+    sid = str(request.path_params["stream_id"])
+    if not STREAM_ID_RE.match(sid):
+        raise error_for_code("not_found", "no such stream (unknown or expired)")
+    return sid
+
+
+def offset_of(request: Request) -> int:
+    """``Last-Event-ID`` (an EventSource reconnecting) wins over ``?after=``; default -1."""
+    try:
+        header = parse_event_id(request.headers.get("last-event-id"))
+        query = parse_event_id(request.query_params.get("after"))
+    except ValueError as exc:
+        raise error_for_code("bad_request", str(exc), param="after") from None
+    after = header if header is not None else query if query is not None else -1
+    if after < -1:
+        raise error_for_code("bad_request", "'after' must be >= -1", param="after")
+    return after
+
+
+class StreamsApi:
+    """Resume and cancel for one gateway process."""
+
+    def __init__(self, gw: Gateway, settings: HttpSettings | None = None) -> None:
+        self.gw = gw
+        self.settings = settings or HttpSettings.from_env()
+        self.model = gw.settings.model_name or "default"
+
+    def routes(self) -> list[BaseRoute]:
+        return [
+            Route("/v1/streams/{stream_id}/events", self.events, methods=["GET"]),
+            Route("/v1/streams/{stream_id}/cancel", self.cancel, methods=["POST"]),
+        ]
+
+    async def events(self, request: Request) -> Response:
+        """``GET /v1/streams/{stream_id}/events``: replay after an offset, then tail."""
+        slog = self.gw.streams
+        try:
+            sid = stream_id_of(request)
+            token = resume_token(request)
+            after = offset_of(request)
+            info = await slog.authorize(sid, token)
+            last = info.last_seq
+            if info.status == "done" and last is not None and after >= last:
+                if after > last:
+                    raise BadOffset(f"after={after} is beyond the last event (seq {last})")
+                return Response(status_code=204, headers={"X-Stream-Id": sid})
+            if after >= 0:
+                await slog.check_after(sid, after)
+            fmt = StreamFormat.decode(
+                await load_format(slog, sid), model=self.model, created=int(time.time())
+            )
+            attach_id = await slog.attach(sid) if info.status != "done" else None
+        except ApiError as exc:
+            return error_response(exc)
+        except STORE_ERRORS as exc:
+            return error_response(store_error(exc))
+        usage = request.query_params.get("include_usage")
+        if usage is not None:
+            fmt = StreamFormat(fmt.kind, fmt.model, fmt.created, usage.lower() in ("1", "true"))
+        extra = {"request_id": info.request_id, "stream_id": sid, "after": after}
+        log.info("resume", extra=extra)
+        pump: Pump[Event] = Pump(slog.tail(sid, after, resumed=True))
+
+        async def cleanup() -> None:
+            await pump.aclose()
+            await slog.detach(sid, attach_id)
+
+        frames = event_frames(ChunkEncoder(fmt, sid), pump, [], extra, cleanup)
+        headers = {"X-Stream-Id": sid, "Access-Control-Expose-Headers": EXPOSED}
+        if info.request_id:
+            headers["X-Request-Id"] = info.request_id
+        return SSEResponse(frames, headers=headers, keepalive=self.settings.keepalive,
+                           gone=watch_disconnect(request.receive), log_extra=extra)  # fmt: skip
+
+    async def cancel(self, request: Request) -> Response:
+        """``POST /v1/streams/{stream_id}/cancel``: stop generating (idempotent)."""
+        try:
+            sid = stream_id_of(request)
+            raw = await read_body(request, self.gw.settings.max_frame_bytes)
+            token = resume_token(request, parse_json(raw) if raw.strip() else {})
+            before = await self.gw.streams.authorize(sid, token)
+            info = await self.gw.streams.cancel(sid)
+        except ApiError as exc:
+            return error_response(exc)
+        except STORE_ERRORS as exc:
+            return error_response(store_error(exc))
+        except ClientDisconnect:
+            return Response(status_code=400)
+        done = before.status == "done"
+        log.info("cancel", extra={"stream_id": sid, "request_id": info.request_id, "done": done})
+        return JSONResponse(
+            {
+                "stream_id": sid,
+                "state": "finished" if done else "cancelling",
+                "finish_reason": info.finish_reason if done else None,
+            }
+        )
+
+
+def routes(gw: Gateway) -> list[BaseRoute]:
+    """Resume and cancel (found by gateway/app.py's plugin discovery)."""
+    return StreamsApi(gw).routes()

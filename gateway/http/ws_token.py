@@ -1,0 +1,52 @@
+"""``POST /v1/ws-token``: a short-lived token for opening the WebSocket from a browser.
+
+Browsers cannot set ``Authorization`` on a WebSocket handshake, and a
+long-lived API key must never sit in a URL (proxies and logs keep URLs). So a
+page trades its key, over HTTP with ``Authorization: Bearer``, for a signed
+token that expires after ``--ws-token-ttl`` seconds (60 by default) and opens
+``/v1/ws?token=...``. Any gateway with the same keys accepts it.
+
+With no keys configured the answer is ``{"token": null, "auth_required":
+false}``: the WebSocket is open to everyone (from allowed origins).
+Mounted by gateway/app.py's plugin discovery. docs/api.md is the reference.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from gateway.access.auth import AuthError
+from gateway.http.common import error_response
+from gateway.http.openai_request import error_for_code
+
+if TYPE_CHECKING:
+    from gateway.state import Gateway
+
+log = logging.getLogger("tokenrelay.api")
+
+
+def routes(gw: Gateway) -> list[BaseRoute]:
+    """``POST /v1/ws-token`` (found by gateway/app.py's plugin discovery)."""
+
+    async def ws_token(request: Request) -> Response:
+        guard = gw.guard
+        if not guard.auth.enabled:
+            return JSONResponse({"token": None, "expires_at": None, "auth_required": False})
+        address = request.client.host if request.client else "?"
+        try:
+            # a bearer key only: a token cannot be traded for a longer-lived one
+            who = guard.authenticate(request.headers, {}, address)
+        except AuthError as exc:
+            return error_response(error_for_code("unauthorized", str(exc)))
+        token, expires = guard.auth.issue_token(who.key_id or "")
+        log.info("ws token issued", extra={"key_id": who.key_id, "client": address})
+        body = {"token": token, "expires_at": expires, "auth_required": True,
+                "ttl_s": guard.auth.token_ttl}  # fmt: skip
+        return JSONResponse(body, headers={"Cache-Control": "no-store"})
+
+    return [Route("/v1/ws-token", ws_token, methods=["POST"])]

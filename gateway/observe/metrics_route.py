@@ -1,0 +1,90 @@
+"""``GET /metrics`` (Prometheus text format) and the count of HTTP errors by code.
+
+The route is mounted by gateway/app.py's plugin discovery; gateway/observe/metrics.py
+holds the registry. :class:`HttpErrorCounter` is an ASGI middleware that
+counts every HTTP error response under ``tokenrelay_errors_total`` with
+``transport="http"``: the code is the ``error.code`` of the OpenAI-style JSON
+body when there is one, else it follows from the status.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from gateway.observe.metrics import GatewayMetrics
+    from gateway.state import Gateway
+
+STATUS_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "bad_request",
+    413: "too_large",
+    429: "rate_limited",
+    503: "unavailable",
+}
+MAX_ERROR_BODY = 16 * 1024  # bytes of an error body looked at for its code
+
+
+def code_for(status: int, body: bytes) -> str:
+    """The protocol error code of an error response."""
+    try:
+        err = json.loads(body).get("error") if body else None
+        code = err.get("code") if isinstance(err, dict) else None
+    except (ValueError, AttributeError):
+        code = None
+    if isinstance(code, str) and code:
+        return code
+    return STATUS_CODES.get(status, "internal" if status >= 500 else "bad_request")
+
+
+class HttpErrorCounter:
+    """ASGI middleware: counts HTTP responses with status >= 400 (499 excepted)."""
+
+    def __init__(self, app: ASGIApp, metrics: GatewayMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 0
+        body = bytearray()
+
+        async def watch(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message.get("status", 0))
+            elif (
+                status >= 400
+                and message["type"] == "http.response.body"
+                and len(body) < MAX_ERROR_BODY
+            ):
+                body.extend(message.get("body", b"")[: MAX_ERROR_BODY - len(body)])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        finally:
+            if status >= 400 and status != 499:  # 499: the client left, nothing was sent
+                self.metrics.count_error(code_for(status, bytes(body)), "http")
+
+
+def routes(gw: Gateway) -> list[BaseRoute]:
+    """``/metrics`` (found by gateway/app.py's plugin discovery)."""
+
+    async def metrics(request: Request) -> Response:
+        await gw.metrics.refresh()
+        return Response(gw.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return [Route("/metrics", metrics, methods=["GET"])]

@@ -1,0 +1,408 @@
+"""The Redis stream log as gateways see it, independent of the transport.
+
+The WebSocket and the SSE API both go through :class:`StreamStore`: create a
+stream (and queue its request for the engine workers), authorise a client
+with the resume token, replay events after an offset and tail live ones with
+no gap and no duplicate, cancel, and keep attachments alive so the worker
+knows whether anyone is still listening. core/wire/keys.py has the key
+layout; gateway/streams/tailer.py serves the live part.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import time
+from collections.abc import AsyncGenerator, Awaitable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from core.redis.connection import RedisHealth, connect_async, is_outage, raise_if_cancel_swallowed
+from core.wire.events import Event, decode_event, entry_id, plan_finish, seq_of
+from core.wire.ids import hash_token, new_resume_token, new_stream_id, token_matches
+from core.wire.keys import ACTIVE_TTL, CONTROL_MAXLEN, DEFAULT_PREFIX, MAXLEN, Keys
+from core.wire.scripts import APPEND_LUA, COUNT_LUA, Append, append_call, decode_append
+from core.wire.telemetry import DISCONNECTS_FIELD, RESUMES_FIELD, log_summary
+from gateway.streams.attachments import Attachments
+from gateway.streams.tailer import RedisUnavailable, StreamNotFound, Tailer
+
+log = logging.getLogger("tokenrelay.streamlog")
+
+__all__ = [
+    "BadOffset",
+    "CancelOutcome",
+    "EventsTrimmed",
+    "NewStream",
+    "NoWorker",
+    "Overloaded",
+    "RedisUnavailable",
+    "ShuttingDown",
+    "StreamForbidden",
+    "StreamInfo",
+    "StreamNotFound",
+    "StreamStore",
+]
+
+REPLAY_PAGE = 256
+T = TypeVar("T")
+
+
+class StreamForbidden(Exception):
+    """The resume token does not match the stream."""
+
+
+class EventsTrimmed(StreamNotFound):
+    """The events right after the requested offset are no longer kept."""
+
+
+class BadOffset(ValueError):
+    """``after`` lies beyond the last event of the stream."""
+
+
+class Overloaded(Exception):
+    """Too many requests are waiting for an engine worker."""
+
+
+class NoWorker(Exception):
+    """No engine worker is alive."""
+
+
+class ShuttingDown(NoWorker):
+    """This gateway is draining: it takes no new requests."""
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    """A stream's metadata (``status`` is ``queued``, ``running`` or ``done``)."""
+
+    stream_id: str
+    status: str
+    request_id: str | None
+    worker: str | None
+    prompt_tokens: int
+    finish_reason: str | None
+    last_seq: int | None
+    cancel_requested: bool
+    token_hash: str
+    stream_ttl: float
+
+
+@dataclass(frozen=True)
+class CancelOutcome:
+    """``already_finished``: the stream had ended before this cancel; ``info``: its metadata now."""
+
+    already_finished: bool
+    info: StreamInfo
+
+
+@dataclass(frozen=True)
+class NewStream:
+    stream_id: str
+    resume_token: str
+    attach_id: str | None
+
+
+def _str(raw: Any) -> str | None:
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
+class StreamStore:
+    """Gateway-side access to the stream log in Redis (one per process)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        stream_ttl: float = 3600.0,
+        detach_timeout: float = 30.0,
+        max_pending: int = 4096,
+        name: str = "gateway",
+    ) -> None:
+        self.keys = Keys(prefix)
+        self.stream_ttl = stream_ttl
+        self.detach_timeout = detach_timeout
+        self.max_pending = max_pending
+        self.gateway_id = f"{name}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.redis = connect_async(url)
+        self.health = RedisHealth(name)
+        self.tailer = Tailer(url, self.keys, self.redis, self.health, self._end_abandoned)
+        self._append = self.redis.register_script(APPEND_LUA)
+        self.attachments = Attachments(self.redis, self.keys, self.gateway_id, self._guard)
+        self._workers_cache: tuple[float, list[str]] = (0.0, [])
+        self._count = self.redis.register_script(COUNT_LUA)
+        self.accepting = True  # False while the gateway drains
+        # this process's totals, exported by gateway/observe/metrics.py
+        self.resumes = 0
+        self.events_replayed = 0
+        self.cancels = 0
+        self.disconnects = 0
+
+    async def start(self) -> None:
+        self.tailer.start()
+        self.attachments.start()
+
+    async def close(self) -> None:
+        await self.attachments.close()
+        await self.tailer.close()
+        await self.redis.aclose()
+
+    async def _guard(self, aw: Awaitable[T]) -> T:
+        """Await a Redis call; outages become :class:`RedisUnavailable`."""
+        try:
+            out = await aw
+        except Exception as exc:
+            if is_outage(exc):
+                self.health.failed(exc)
+                raise RedisUnavailable("redis is unreachable") from None
+            raise
+        self.health.ok()
+        return out
+
+    # --- health ----------------------------------------------------------------
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self._guard(self.redis.ping()))
+        except RedisUnavailable:
+            return False
+
+    async def live_workers(self, *, max_age: float = 1.0) -> list[str]:
+        """Ids of engine workers whose heartbeat is current (cached ``max_age`` s)."""
+        at, cached = self._workers_cache
+        if time.monotonic() - at < max_age:
+            return cached
+        members = sorted(
+            _str(m) or "" for m in await self._guard(self.redis.smembers(self.keys.workers))
+        )
+        pipe = self.redis.pipeline(transaction=False)
+        for w in members:
+            pipe.exists(self.keys.worker(w))
+        alive = [w for w, up in zip(members, await self._guard(pipe.execute()), strict=True) if up]
+        self._workers_cache = (time.monotonic(), alive)
+        return alive
+
+    async def workers_draining(self, workers: list[str]) -> list[bool]:
+        """For each worker, whether its last published stats say it is draining (SIGTERM)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for w in workers:
+            pipe.hget(self.keys.worker(w), "stats")
+        out = []
+        for raw in await self._guard(pipe.execute()):
+            try:
+                out.append(bool(raw and json.loads(raw).get("draining")))
+            except (ValueError, AttributeError):
+                out.append(False)
+        return out
+
+    # --- streams -----------------------------------------------------------------
+
+    async def create(
+        self, body: dict[str, Any], request_id: str | None, *, attach: bool = True
+    ) -> NewStream:
+        """Create a stream and queue its request; raises :class:`Overloaded`/:class:`NoWorker`."""
+        if not self.accepting:
+            raise ShuttingDown("this gateway is shutting down; retry (another gateway will answer)")
+        if not await self.live_workers():
+            raise NoWorker("no engine worker is running")
+        if await self._guard(self.redis.xlen(self.keys.requests)) >= self.max_pending:
+            raise Overloaded("too many requests are waiting")
+        sid, token = new_stream_id(), new_resume_token()
+        attach_id = self.attachments.new_id() if attach else None
+        meta: dict[Any, Any] = {
+            "tok": hash_token(token),
+            "st": "queued",
+            "rid": request_id or "",
+            "ts": str(int(time.time() * 1000)),
+            "gw": self.gateway_id,
+            "ttl": str(self.stream_ttl),
+        }
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(self.keys.meta(sid), mapping=meta)
+        pipe.expire(self.keys.meta(sid), int(ACTIVE_TTL))
+        if attach_id:
+            self.attachments.queue(pipe, sid, attach_id)
+        request = {
+            "sid": sid,
+            "rid": request_id or "",
+            "body": json.dumps(body, ensure_ascii=False),
+            "dt": str(self.detach_timeout),
+            "ttl": str(self.stream_ttl),
+        }
+        pipe.xadd(self.keys.requests, request)  # type: ignore[arg-type]
+        await self._guard(pipe.execute())
+        if attach_id:
+            self.attachments.track(sid, attach_id)
+        log.debug("stream created", extra={"stream_id": sid, "request_id": request_id})
+        return NewStream(sid, token, attach_id)
+
+    async def info(self, stream_id: str) -> StreamInfo | None:
+        """The stream's metadata, or None for an unknown or expired stream."""
+        raw: Any = await self._guard(self.redis.hgetall(self.keys.meta(stream_id)))
+        if not raw or b"tok" not in raw:
+            return None
+        f = {k.decode(): v.decode() for k, v in raw.items()}
+        return StreamInfo(
+            stream_id=stream_id,
+            status=f.get("st", "queued"),
+            request_id=f.get("rid") or None,
+            worker=f.get("w") or None,
+            prompt_tokens=int(f.get("pt") or 0),
+            finish_reason=f.get("fr") or None,
+            last_seq=int(f["last"]) if f.get("last") else None,
+            cancel_requested=f.get("cx") == "1",
+            token_hash=f["tok"],
+            stream_ttl=float(f.get("ttl") or self.stream_ttl),
+        )
+
+    async def authorize(self, stream_id: str, resume_token: str) -> StreamInfo:
+        """Metadata of a stream the token opens; raises NotFound/Forbidden."""
+        info = await self.info(stream_id)
+        if info is None:
+            raise StreamNotFound("no such stream (unknown or expired)")
+        if not token_matches(resume_token, info.token_hash):
+            raise StreamForbidden("resume_token does not match this stream")
+        return info
+
+    async def last_seq(self, stream_id: str) -> int:
+        """Seq of the newest event (-1 when the log is empty)."""
+        top: Any = await self._guard(self.redis.xrevrange(self.keys.stream(stream_id), count=1))
+        return seq_of(top[0][0]) if top else -1
+
+    async def check_after(self, stream_id: str, after: int) -> None:
+        """Raise :class:`BadOffset` when ``after`` is past the newest event."""
+        last = max(0, await self.last_seq(stream_id))
+        if after > last:
+            raise BadOffset(f"after={after} is beyond the last event (seq {last})")
+
+    async def read(self, stream_id: str, after: int, count: int = REPLAY_PAGE) -> list[Event]:
+        """Events with seq > ``after`` (at most ``count``), oldest first."""
+        raw: Any = await self._guard(
+            self.redis.xrange(self.keys.stream(stream_id), min=entry_id(after + 1), count=count)
+        )
+        return [decode_event(eid, fields) for eid, fields in raw]
+
+    async def tail(
+        self, stream_id: str, after: int, *, resumed: bool = False
+    ) -> AsyncGenerator[Event, None]:
+        """Every event with seq > ``after``: the replay, then live ones, until ``done``.
+
+        ``after`` = -1 includes the seq-0 ``accepted``/``rejected`` marker.
+        ``resumed``: a client resumes the stream (counted, with the events
+        replayed, in the metrics and the stream's summary line).
+        Raises :class:`EventsTrimmed`, :class:`StreamNotFound` (expired while
+        waiting) or :class:`RedisUnavailable`.
+        """
+        last = after
+        if resumed:
+            self.resumes += 1
+            await self._count_field(stream_id, RESUMES_FIELD)
+        while True:
+            page = await self.read(stream_id, last, REPLAY_PAGE)
+            # a consumer cancelled during the read must not go on to subscribe and wait
+            # for the stream's end (its socket may be long gone)
+            raise_if_cancel_swallowed()
+            if page and last >= 0 and page[0].seq != last + 1:
+                raise EventsTrimmed(f"events after seq {last} are no longer kept")
+            for ev in page:
+                if resumed:
+                    self.events_replayed += 1
+                yield ev
+                last = ev.seq
+                if ev.kind == "done":
+                    return
+            if len(page) < REPLAY_PAGE:
+                break
+        sub = self.tailer.subscribe(stream_id, last)
+        try:
+            while True:
+                for ev in await sub.get():
+                    yield ev
+                    if ev.kind == "done":
+                        return
+        finally:
+            self.tailer.unsubscribe(sub)
+
+    async def cancel(self, stream_id: str) -> StreamInfo:
+        """Ask the engine to stop the stream (idempotent); returns its metadata now."""
+        return (await self.request_cancel(stream_id)).info
+
+    async def request_cancel(self, stream_id: str) -> CancelOutcome:
+        """Ask the engine to stop the stream (idempotent); says whether it had already ended."""
+        info = await self.info(stream_id)
+        if info is None:
+            raise StreamNotFound("no such stream (unknown or expired)")
+        if info.status == "done":
+            return CancelOutcome(True, info)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(self.keys.meta(stream_id), "cx", "1")
+        pipe.xadd(self.keys.control, {"cancel": stream_id}, maxlen=CONTROL_MAXLEN, approximate=True)
+        await self._guard(pipe.execute())
+        self.cancels += 1
+        if info.status == "queued":  # no worker has it yet: end it here
+            await self.finish(stream_id, "cancelled", None)
+        log.info("cancel requested", extra={"stream_id": stream_id, "request_id": info.request_id})
+        return CancelOutcome(False, await self.info(stream_id) or info)
+
+    async def finish(self, stream_id: str, reason: str, message: str | None) -> bool:
+        """End a stream from the gateway (race-safe against its worker); True if ended here."""
+        for _ in range(5):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.xrevrange(self.keys.stream(stream_id), count=1)
+            fields = ("st", "pt", "ttl", "rid", RESUMES_FIELD, DISCONNECTS_FIELD)
+            pipe.hmget(self.keys.meta(stream_id), *fields)
+            top, (st, pt, ttl, rid, *counts) = await self._guard(pipe.execute())
+            if st is None or st == b"done":
+                return False
+            last = seq_of(top[0][0]) if top else -1
+            first, events = plan_finish(last, int(pt or 0), reason, message)
+            ttl_s = float(ttl or self.stream_ttl)
+            call = Append(stream_id, first, events, {"fr": reason}, ttl_s)
+            keys, args = append_call(self.keys, [call], maxlen=MAXLEN)
+            raw = await self._guard(self._append(keys=keys, args=args))
+            res = decode_append(raw[0])
+            if res.status == 1:
+                log_summary(
+                    stream_id=stream_id,
+                    request_id=_str(rid) or None,
+                    finish_reason=reason,
+                    prompt_tokens=int(pt or 0),
+                    completion_tokens=max(0, last),
+                    meta={RESUMES_FIELD: _str(counts[0]), DISCONNECTS_FIELD: _str(counts[1])},
+                    ended_by=self.gateway_id,
+                )
+                return True
+            if res.status != 0:
+                return False
+        return False
+
+    async def _end_abandoned(self, stream_id: str, message: str) -> None:
+        try:
+            await self.finish(stream_id, "error", message)
+        except RedisUnavailable:
+            pass
+
+    # --- attachments ------------------------------------------------------------
+
+    async def attach(self, stream_id: str) -> str:
+        """Mark a client as attached to the stream (kept alive until :meth:`detach`)."""
+        return await self.attachments.attach(stream_id)
+
+    async def detach(self, stream_id: str, attach_id: str | None) -> None:
+        """Drop an attachment (best effort: it lapses on its own anyway).
+
+        A detach before the stream's end is a disconnect (counted for the
+        metrics and the stream's summary line).
+        """
+        if await self.attachments.detach(stream_id, attach_id):
+            self.disconnects += 1
+
+    async def _count_field(self, stream_id: str, field: str) -> int:
+        """HINCRBY ``field`` of a live stream's metadata; 0 when nothing was counted."""
+        keys = [self.keys.meta(stream_id)]
+        try:
+            return int(await self._guard(self._count(keys=keys, args=[field])))
+        except RedisUnavailable:
+            return 0

@@ -1,0 +1,325 @@
+"""Live tailing of many stream logs: a published feed, and catch-up reads.
+
+A gateway may tail thousands of streams at once. Every append to a stream log
+is also published on one channel as it lands (gateway/streams/feed.py), so a
+:class:`Tailer` hands live events to its subscribers straight from that feed,
+with no per-stream Redis read. A subscriber that is behind (it just joined,
+its bounded buffer overflowed because its consumer is slow, or the feed was
+down) is *lagging*: one read loop issues ``XREAD`` over the logs of the lagging
+subscribers only, until each has read to the end of its log with nothing
+published in the meantime that it missed. The Redis log is the buffer and the
+truth; gateway memory stays bounded, and no stream waits for another. While
+the feed is down the loop reads every subscribed log with ``XREAD BLOCK``, as
+it would without a feed; a new subscriber interrupts a blocked read
+(``CLIENT UNBLOCK``) so it starts being served at once.
+
+Once a second, the tailer also looks at subscribed streams that have been
+quiet: one whose engine worker stopped heartbeating (or that waits with no
+worker alive at all) is ended with ``done``/``error``; one that expired fails
+with :class:`StreamNotFound`; and each is read once from its log, in case
+something published was missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from core.redis.connection import Backoff, RedisHealth, is_outage
+from core.wire.events import Event, decode_event, entry_id
+from core.wire.keys import WORKER_DEAD_GRACE, Keys
+from gateway.streams.feed import LiveFeed
+from gateway.streams.subscription import (
+    BUFFER_LIMIT,
+    RedisUnavailable,
+    StreamNotFound,
+    Subscription,
+)
+
+log = logging.getLogger("tokenrelay.tailer")
+
+BLOCK_MS = 1000
+READ_COUNT = 64  # entries per stream per read
+CHECK_INTERVAL = 1.0  # seconds between liveness checks of quiet streams
+NO_WORKER_GRACE = 5.0  # a queued stream with no live worker this long is ended
+
+__all__ = [
+    "BUFFER_LIMIT",
+    "RedisUnavailable",
+    "StreamNotFound",
+    "Subscription",
+    "Tailer",
+]
+
+Finisher = Callable[[str, str], Awaitable[object]]
+
+
+class Tailer:
+    """Serves every :class:`Subscription` of one gateway: the live feed plus one read loop."""
+
+    def __init__(
+        self,
+        url: str,
+        keys: Keys,
+        pool: aioredis.Redis,
+        health: RedisHealth,
+        finisher: Finisher,
+    ) -> None:
+        self.keys = keys
+        self._pool = pool  # for CLIENT UNBLOCK and the liveness checks
+        self._conn = aioredis.Redis.from_url(
+            url,
+            protocol=2,
+            socket_connect_timeout=1.0,
+            socket_timeout=BLOCK_MS / 1000 + 5,
+            single_connection_client=True,
+            retry=Retry(NoBackoff(), 0),  # a reconnect changes the client id: no silent retry
+        )
+        self._health = health
+        self._finish = finisher
+        self.feed = LiveFeed(url, keys.events, self._on_published, self._on_feed_gap)
+        self._subs: dict[str, set[Subscription]] = {}  # stream id -> its subscribers
+        self._reading: dict[Subscription, int] = {}  # the current read's subscribers: missed
+        self._wake_event = asyncio.Event()
+        self._blocked_client: int | None = None
+        self._client_id: int | None = None
+        self._unblocking = False
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._last_check = 0.0
+        self._missing_since: dict[str, float] = {}
+        self._no_worker_since: float | None = None
+        self.catch_up_reads = 0  # XREAD calls (for tests and the bench)
+
+    def start(self) -> None:
+        self.feed.start()
+        self._task = asyncio.create_task(self._run(), name="tailer")
+
+    async def close(self) -> None:
+        self._closed = True  # also ends the loop if a cancel gets lost (wait_for, 3.11)
+        await self.feed.close()
+        if self._task is not None:
+            self._task.cancel()
+            self._wake_event.set()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for subs in self._subs.values():
+            for sub in subs:
+                sub.fail(RedisUnavailable("gateway shutting down"))
+        await self._conn.aclose()
+
+    @property
+    def count(self) -> int:
+        return sum(len(s) for s in self._subs.values())
+
+    def subscribe(self, stream_id: str, last_seq: int) -> Subscription:
+        """Start delivering events of ``stream_id`` with seq > ``last_seq``."""
+        sub = Subscription(stream_id, self.keys.stream(stream_id), last_seq)
+        sub._wake = self._wake
+        self._subs.setdefault(stream_id, set()).add(sub)
+        self._wake()
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        sub.closed = True
+        subs = self._subs.get(sub.stream_id)
+        if subs is not None:
+            subs.discard(sub)
+            if not subs:
+                del self._subs[sub.stream_id]
+
+    # --- the live feed ---------------------------------------------------------
+
+    def _on_published(self, batch: list[tuple[str, int, list[Event]]]) -> None:
+        for stream_id, first_seq, events in batch:
+            subs = self._subs.get(stream_id)
+            if subs:
+                for sub in subs:
+                    sub.offer(first_seq, events)
+
+    def _on_feed_gap(self) -> None:
+        """Published events may have been missed: every subscriber catches up from its log."""
+        for subs in self._subs.values():
+            for sub in subs:
+                sub.mark_lagging()
+        self._wake()
+
+    # --- the read loop -----------------------------------------------------
+
+    def _wake(self) -> None:
+        self._wake_event.set()
+        if self._blocked_client is not None and not self._unblocking:
+            self._unblocking = True
+            asyncio.get_running_loop().create_task(self._unblock(self._blocked_client))
+
+    async def _unblock(self, client_id: int) -> None:
+        try:
+            for _ in range(5):  # the read may not have reached Redis yet
+                if self._blocked_client != client_id:
+                    return
+                if await self._pool.client_unblock(client_id):
+                    return
+                await asyncio.sleep(0.002)
+        except Exception as exc:
+            if not is_outage(exc):
+                log.debug("client unblock failed", exc_info=True)
+        finally:
+            self._unblocking = False
+
+    def _wanted(self, live: bool) -> dict[Any, Any]:
+        """Where to read each log from; remembers which subscribers the read is for.
+
+        With the feed ``live``, only lagging subscribers are read. A subscriber
+        left out (its buffer is nearly full) must not be handed the reply: the
+        read may start past its ``last_seq``, which would look like a gap.
+        """
+        wanted: dict[Any, Any] = {}
+        self._reading = {}
+        for subs in self._subs.values():
+            ready = [
+                s
+                for s in subs
+                if (s.lagging or not live) and s.room() >= READ_COUNT and s.error is None
+            ]
+            if ready:
+                low = min(s.last_seq for s in ready)
+                wanted[ready[0].key] = entry_id(low) if low >= 0 else "0-0"
+                for s in ready:
+                    self._reading[s] = s.missed
+        return wanted
+
+    async def _run(self) -> None:
+        backoff = Backoff(0.1, 2.0)
+        while not self._closed:
+            self._wake_event.clear()
+            live = self.feed.up
+            wanted = self._wanted(live)
+            try:
+                if time.monotonic() - self._last_check >= CHECK_INTERVAL:
+                    self._last_check = time.monotonic()
+                    await self._check_quiet()
+                if not wanted:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake_event.wait(), CHECK_INTERVAL)
+                    continue
+                self.catch_up_reads += 1
+                if live:  # catching up: read what is there, the feed brings the rest
+                    reply = await self._conn.xread(wanted, count=READ_COUNT)
+                else:
+                    if self._client_id is None:
+                        self._client_id = int(await self._conn.client_id())
+                    self._blocked_client = self._client_id
+                    try:
+                        reply = await self._conn.xread(wanted, count=READ_COUNT, block=BLOCK_MS)
+                    finally:
+                        self._blocked_client = None
+                self._health.ok()
+                backoff.reset()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._client_id = None
+                if not is_outage(exc):
+                    log.exception("tailer read failed")
+                else:
+                    self._health.failed(exc)
+                self._fail_all(RedisUnavailable("redis is unreachable"))
+                await asyncio.sleep(backoff.next())
+                continue
+            self._dispatch(reply, caught_up_ok=live)
+
+    def _dispatch(self, reply: object, *, caught_up_ok: bool) -> None:
+        """Hand a read's entries to the subscribers it was for.
+
+        ``caught_up_ok``: the read did not block and the feed was up when it
+        was issued; a subscriber that took everything, reached the end of its
+        log and missed no published batch meanwhile is then served by the feed.
+        """
+        got: dict[str, list[Event]] = {}
+        for key, entries in reply or ():  # type: ignore[attr-defined]
+            name = key.decode() if isinstance(key, bytes) else key
+            got[name] = [decode_event(eid, fields) for eid, fields in entries]
+        for sub, missed in self._reading.items():
+            if sub.closed:
+                continue
+            events = got.get(sub.key, [])
+            took = all([sub.push(ev) for ev in events])
+            if (
+                caught_up_ok
+                and took
+                and len(events) < READ_COUNT
+                and sub.missed == missed
+                and sub.error is None
+                and self.feed.up
+            ):
+                sub.lagging = False
+        self._reading = {}
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for subs in list(self._subs.values()):
+            for sub in list(subs):
+                sub.fail(exc)
+
+    # --- liveness of quiet streams -------------------------------------------
+
+    async def _check_quiet(self) -> None:
+        now = time.monotonic()
+        quiet_subs = [
+            s
+            for subs in self._subs.values()
+            for s in subs
+            if now - s.quiet_since >= CHECK_INTERVAL and s.error is None
+        ]
+        if not quiet_subs:
+            return
+        for sub in quiet_subs:
+            sub.mark_lagging()  # read its log once: a published batch may have been missed
+        quiet = sorted({s.stream_id for s in quiet_subs})
+        pipe = self._pool.pipeline(transaction=False)
+        for sid in quiet:
+            pipe.hmget(self.keys.meta(sid), "st", "w", "rid")
+        pipe.smembers(self.keys.workers)
+        replies = await pipe.execute()
+        metas, members = replies[:-1], replies[-1]
+        named = {w.decode() for _, w, _ in metas if w}
+        workers = sorted({m.decode() for m in members} | named)
+        pipe = self._pool.pipeline(transaction=False)
+        for w in workers:
+            pipe.exists(self.keys.worker(w))
+        alive = dict(zip(workers, [bool(x) for x in await pipe.execute()], strict=True))
+        for w, up in alive.items():
+            if up:
+                self._missing_since.pop(w, None)
+            else:
+                self._missing_since.setdefault(w, now)
+        any_alive = any(alive.values())
+        if any_alive:
+            self._no_worker_since = None
+        elif self._no_worker_since is None:
+            self._no_worker_since = now
+        for sid, (st, w, rid) in zip(quiet, metas, strict=True):
+            await self._judge(sid, st, w, rid.decode() if rid else None, now)
+
+    async def _judge(
+        self, sid: str, st: bytes | None, w: bytes | None, rid: str | None, now: float
+    ) -> None:
+        if st is None:
+            for sub in list(self._subs.get(sid, ())):
+                sub.fail(StreamNotFound("stream expired"))
+            return
+        if st == b"running" and w:
+            since = self._missing_since.get(w.decode())
+            if since is not None and now - since >= WORKER_DEAD_GRACE:
+                extra = {"stream_id": sid, "request_id": rid, "worker": w.decode()}
+                log.warning("engine worker stopped responding; ending its stream", extra=extra)
+                await self._finish(sid, f"engine worker {w.decode()} stopped responding")
+        elif st == b"queued" and now - (self._no_worker_since or now) >= NO_WORKER_GRACE:
+            await self._finish(sid, "no engine worker is available")

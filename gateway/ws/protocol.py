@@ -1,0 +1,396 @@
+"""WebSocket protocol v1, sans I/O: parse client frames, build server frames.
+
+Nothing here touches a socket or Redis. :func:`parse_frame` turns one text
+frame into a typed :class:`Generate`, :class:`Cancel`, :class:`Resume` or
+:class:`Ping`, or raises :class:`ProtocolError` carrying the error code the
+client gets back (and the ``request_id``/``stream_id`` it can correlate it
+with). The ``*_frame`` functions build server frames as plain dicts, and
+:func:`encode` serialises them. docs/protocol.md is the reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from core.wire.keys import STREAM_ID_RE
+from core.wire.params import SamplingParams
+
+PROTOCOL_VERSION = 1
+
+ERROR_CODES = frozenset(
+    {
+        "bad_request",
+        "unauthorized",
+        "forbidden",
+        "not_found",
+        "rate_limited",
+        "too_large",
+        "overloaded",
+        "unavailable",
+        "internal",
+    }
+)
+FINISH_REASONS = frozenset({"stop", "length", "cancelled", "error", "expired"})
+
+CLOSE_GOING_AWAY = 1001  # the gateway is shutting down
+CLOSE_POLICY = 1008  # the client broke a policy (e.g. kept flooding while rate limited)
+CLOSE_TOO_BIG = 1009  # a frame over --max-frame-bytes
+CLOSE_OVERLOADED = 1013  # too many connections: try again later
+
+ROLES = frozenset({"system", "user", "assistant"})
+PARAM_NAMES = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+MAX_SEED = 2**63
+
+
+class ProtocolError(Exception):
+    """A client-visible error: becomes an ``error`` frame."""
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        request_id: str | None = None,
+        stream_id: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        if code not in ERROR_CODES:
+            raise ValueError(f"unknown error code {code!r}")
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+        self.stream_id = stream_id
+        self.retry_after = retry_after
+
+    def frame(self) -> dict[str, Any]:
+        """The ``error`` frame for this error."""
+        return error_frame(
+            self.code,
+            self.message,
+            request_id=self.request_id,
+            stream_id=self.stream_id,
+            retry_after=self.retry_after,
+        )
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Size limits a frame must respect (beyond ``--max-frame-bytes``)."""
+
+    max_request_id: int = 128
+    max_messages: int = 256
+    max_input_chars: int = 200_000  # prompt, or all message contents together
+    max_stop: int = 16
+    max_stop_chars: int = 200
+    max_tokens: int = 8192
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class Generate:
+    """``generate``: start a completion (chat ``messages`` or a raw ``prompt``)."""
+
+    request_id: str | None
+    params: SamplingParams
+    messages: tuple[Message, ...] | None = None
+    prompt: str | None = None
+
+    def body(self) -> dict[str, Any]:
+        """The request as JSON-able data for the engine worker."""
+        out: dict[str, Any] = {"params": dataclasses.asdict(self.params)}
+        if self.messages is not None:
+            out["messages"] = [{"role": m.role, "content": m.content} for m in self.messages]
+        else:
+            out["prompt"] = self.prompt
+        return out
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """``cancel``: stop a stream (``resume_token`` needed from another socket)."""
+
+    stream_id: str
+    resume_token: str | None = None
+
+
+@dataclass(frozen=True)
+class Resume:
+    """``resume``: replay the events with seq > ``after``, then tail live."""
+
+    stream_id: str
+    resume_token: str
+    after: int = 0
+
+
+@dataclass(frozen=True)
+class Ping:
+    """``ping``: answered with ``pong``."""
+
+
+ClientFrame = Generate | Cancel | Resume | Ping
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_frame(data: str, limits: Limits | None = None) -> ClientFrame:
+    """Parse and validate one client text frame; raises :class:`ProtocolError`."""
+    limits = limits or Limits()
+    try:
+        obj = json.loads(data, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError("bad_request", f"frame is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("bad_request", "frame must be a JSON object")
+    if _SURROGATE_ESCAPE.search(data):  # "\ud800" alone parses, but is no UTF-8 text
+        try:
+            json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ProtocolError("bad_request", "frame holds an unpaired UTF-16 surrogate") from None
+    kind = obj.get("type")
+    if kind is None:
+        raise ProtocolError("bad_request", "missing field 'type'")
+    if not isinstance(kind, str):
+        raise ProtocolError("bad_request", "field 'type' must be a string")
+    if kind == "generate":
+        return _parse_generate(obj, limits)
+    if kind == "cancel":
+        sid = _stream_id(obj)
+        token = obj.get("resume_token")
+        if token is not None and not isinstance(token, str):
+            raise ProtocolError("bad_request", "resume_token must be a string", stream_id=sid)
+        return Cancel(sid, token)
+    if kind == "resume":
+        return _parse_resume(obj)
+    if kind == "ping":
+        return Ping()
+    shown = kind if len(kind) <= 40 else kind[:40] + "..."
+    raise ProtocolError("bad_request", f"unknown frame type {shown!r}")
+
+
+def _stream_id(obj: dict[str, Any]) -> str:
+    sid = obj.get("stream_id")
+    if sid is None:
+        raise ProtocolError("bad_request", "missing field 'stream_id'")
+    if not isinstance(sid, str):
+        raise ProtocolError("bad_request", "stream_id must be a string")
+    if not STREAM_ID_RE.match(sid):
+        shown = sid if len(sid) <= 64 else None
+        raise ProtocolError("not_found", "no such stream", stream_id=shown)
+    return sid
+
+
+def _parse_resume(obj: dict[str, Any]) -> Resume:
+    sid = _stream_id(obj)
+    token = obj.get("resume_token")
+    if token is None:
+        raise ProtocolError("bad_request", "missing field 'resume_token'", stream_id=sid)
+    if not isinstance(token, str):
+        raise ProtocolError("bad_request", "resume_token must be a string", stream_id=sid)
+    after = obj.get("after", 0)
+    if isinstance(after, bool) or not isinstance(after, int):
+        raise ProtocolError("bad_request", "after must be an integer", stream_id=sid)
+    if after < 0:
+        raise ProtocolError("bad_request", "after must be >= 0", stream_id=sid)
+    return Resume(sid, token, after)
+
+
+def _parse_generate(obj: dict[str, Any], limits: Limits) -> Generate:
+    rid = obj.get("request_id")
+    if rid is not None:
+        if not isinstance(rid, str):
+            raise ProtocolError("bad_request", "request_id must be a string")
+        if not rid or len(rid) > limits.max_request_id:
+            raise ProtocolError(
+                "bad_request", f"request_id must be 1 to {limits.max_request_id} characters"
+            )
+
+    def fail(code: str, message: str) -> ProtocolError:
+        return ProtocolError(code, message, request_id=rid)
+
+    messages, prompt = obj.get("messages"), obj.get("prompt")
+    if messages is not None and prompt is not None:
+        raise fail("bad_request", "give either 'messages' or 'prompt', not both")
+    if messages is None and prompt is None:
+        raise fail("bad_request", "missing field 'messages' (or 'prompt')")
+    parsed: tuple[Message, ...] | None = None
+    if messages is not None:
+        parsed = _parse_messages(messages, limits, fail)
+        size = sum(len(m.content) for m in parsed)
+    else:
+        if not isinstance(prompt, str):
+            raise fail("bad_request", "prompt must be a string")
+        if not prompt:
+            raise fail("bad_request", "prompt must not be empty")
+        size = len(prompt)
+    if size > limits.max_input_chars:
+        raise fail(
+            "too_large", f"input is {size} characters; the limit is {limits.max_input_chars}"
+        )
+    params = _parse_params(obj.get("params"), limits, fail)
+    return Generate(rid, params, parsed, prompt if parsed is None else None)
+
+
+def _parse_messages(messages: Any, limits: Limits, fail: Any) -> tuple[Message, ...]:
+    if not isinstance(messages, list):
+        raise fail("bad_request", "messages must be a list")
+    if not messages:
+        raise fail("bad_request", "messages must not be empty")
+    if len(messages) > limits.max_messages:
+        raise fail("too_large", f"at most {limits.max_messages} messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise fail("bad_request", f"messages[{i}] must be an object")
+        role, content = m.get("role"), m.get("content")
+        if role not in ROLES:
+            raise fail("bad_request", f"messages[{i}].role must be system, user or assistant")
+        if not isinstance(content, str):
+            raise fail("bad_request", f"messages[{i}].content must be a string")
+        out.append(Message(role, content))
+    return tuple(out)
+
+
+def _parse_params(raw: Any, limits: Limits, fail: Any) -> SamplingParams:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise fail("bad_request", "params must be an object")
+    unknown = sorted(set(raw) - PARAM_NAMES)
+    if unknown:
+        raise fail("bad_request", f"unknown param {unknown[0]!r}")
+    stop = raw.get("stop")
+    if isinstance(stop, list):
+        if len(stop) > limits.max_stop:
+            raise fail("too_large", f"at most {limits.max_stop} stop strings")
+        if any(isinstance(s, str) and len(s) > limits.max_stop_chars for s in stop):
+            raise fail("too_large", f"stop strings are limited to {limits.max_stop_chars} chars")
+    try:
+        params = SamplingParams(**raw)
+    except ValueError as exc:
+        raise fail("bad_request", f"params: {exc}") from None
+    except TypeError as exc:  # defensive: a field SamplingParams refused by signature
+        raise fail("bad_request", f"params: {exc}") from None
+    if params.max_tokens > limits.max_tokens:
+        raise fail("bad_request", f"params: max_tokens must be <= {limits.max_tokens}")
+    if params.seed is not None and not 0 <= params.seed < MAX_SEED:
+        raise fail("bad_request", "params: seed must be in [0, 2**63)")
+    return params
+
+
+# --- server frames ---------------------------------------------------------
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+_json_str = json.encoder.encode_basestring  # a JSON string literal, non-ASCII kept as is
+
+
+def encode(frame: dict[str, Any]) -> str:
+    """Serialise a server frame (compact JSON, UTF-8 kept as is)."""
+    return _ENCODER.encode(frame)
+
+
+def hello_frame(heartbeat_s: float, *, max_frame_bytes: int, server: str) -> dict[str, Any]:
+    return {
+        "type": "hello",
+        "protocol": PROTOCOL_VERSION,
+        "heartbeat_s": heartbeat_s,
+        "max_frame_bytes": max_frame_bytes,
+        "server": server,
+    }
+
+
+def started_frame(
+    request_id: str | None, stream_id: str, resume_token: str, prompt_tokens: int
+) -> dict[str, Any]:
+    return {
+        "type": "started",
+        "request_id": request_id,
+        "stream_id": stream_id,
+        "resume_token": resume_token,
+        "prompt_tokens": prompt_tokens,
+    }
+
+
+def token_frame(stream_id: str, seq: int, text: str) -> dict[str, Any]:
+    return {"type": "token", "stream_id": stream_id, "seq": seq, "text": text}
+
+
+def encode_token(stream_id: str, seq: int, text: str) -> str:
+    """``encode(token_frame(...))``, built directly: the one frame sent per token."""
+    return (
+        f'{{"type":"token","stream_id":{_json_str(stream_id)},'
+        f'"seq":{int(seq)},"text":{_json_str(text)}}}'
+    )
+
+
+def done_frame(
+    stream_id: str,
+    seq: int,
+    finish_reason: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    message: str | None = None,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "type": "done",
+        "stream_id": stream_id,
+        "seq": seq,
+        "finish_reason": finish_reason,
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
+    }
+    if message:
+        out["message"] = message
+    return out
+
+
+def resumed_frame(stream_id: str, after: int) -> dict[str, Any]:
+    return {"type": "resumed", "stream_id": stream_id, "after": after}
+
+
+def cancelled_frame(stream_id: str, state: str, finish_reason: str | None) -> dict[str, Any]:
+    """Answer to ``cancel``: ``state`` is ``cancelling`` or ``finished``."""
+    return {
+        "type": "cancelled",
+        "stream_id": stream_id,
+        "state": state,
+        "finish_reason": finish_reason,
+    }
+
+
+def error_frame(
+    code: str,
+    message: str,
+    *,
+    request_id: str | None = None,
+    stream_id: str | None = None,
+    retry_after: float | None = None,
+) -> dict[str, Any]:
+    """An ``error`` frame; ``retry_after`` (seconds) for rate_limited / overloaded."""
+    out: dict[str, Any] = {"type": "error", "code": code, "message": message}
+    if request_id is not None:
+        out["request_id"] = request_id
+    if stream_id is not None:
+        out["stream_id"] = stream_id
+    if retry_after is not None:
+        out["retry_after"] = max(1, math.ceil(retry_after))
+    return out
+
+
+def pong_frame() -> dict[str, Any]:
+    return {"type": "pong"}

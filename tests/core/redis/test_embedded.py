@@ -1,0 +1,125 @@
+"""The embedded Redis manager: a real redis-server that dies with its parent."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from core.redis.embedded import EmbeddedRedis, find_redis_server
+from tests.root import ROOT
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0); look at its state
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_finds_a_binary() -> None:
+    assert os.access(find_redis_server(), os.X_OK)
+
+
+def test_start_roundtrip_stop(tmp_path: Path) -> None:
+    server = EmbeddedRedis(tmp_path / "r1").start()
+    try:
+        assert server.proc is not None
+        pid = server.proc.pid
+        client = server.client()
+        first = client.xadd("s", {"seq": 1, "text": "héllo"}, id="1-1")
+        client.xadd("s", {"seq": 2, "text": "wörld"}, id="2-1")
+        entries = client.xrange("s")
+        assert [e[0] for e in entries] == [first, b"2-1"]
+        assert entries[0][1][b"text"].decode() == "héllo"
+        assert client.config_get("appendonly")["appendonly"] == "yes"
+        assert client.config_get("appendfsync")["appendfsync"] == "everysec"
+        client.close()
+    finally:
+        server.stop()
+    assert not _alive(pid)
+
+
+def test_restart_keeps_data_through_aof(tmp_path: Path) -> None:
+    server = EmbeddedRedis(tmp_path / "r").start()
+    try:
+        c = server.client()
+        c.xadd("s", {"k": "v"}, id="7-1")
+        c.close()
+        server.stop()
+        server.start()
+        c = server.client()
+        assert c.xrange("s")[0][0] == b"7-1"
+        c.close()
+    finally:
+        server.cleanup()
+
+
+def test_two_managers_side_by_side(tmp_path: Path) -> None:
+    with EmbeddedRedis(tmp_path / "a") as a, EmbeddedRedis(tmp_path / "b", use_tcp=True) as b:
+        assert a.url != b.url
+        ca, cb = a.client(), b.client()
+        ca.set("k", "a")
+        cb.set("k", "b")
+        assert ca.get("k") == b"a"
+        assert cb.get("k") == b"b"
+        ca.close()
+        cb.close()
+
+
+def test_long_data_dir_path_still_works(tmp_path: Path) -> None:
+    deep = tmp_path / ("x" * 60) / ("y" * 60)
+    with EmbeddedRedis(deep) as server:
+        c = server.client()
+        assert c.ping()
+        c.close()
+
+
+def test_child_dies_when_parent_is_sigkilled(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        import sys, time
+        sys.path.insert(0, {str(ROOT)!r})
+        from core.redis.embedded import EmbeddedRedis
+        server = EmbeddedRedis({str(tmp_path / "orphan")!r}).start()
+        print(server.proc.pid, flush=True)
+        time.sleep(600)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        child_pid = int(parent.stdout.readline())
+        assert _alive(child_pid)
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(10)
+        deadline = time.monotonic() + 10
+        while _alive(child_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child_pid), "redis-server outlived its SIGKILLed parent"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
+def test_bad_startup_timeout_is_rejected(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="startup_timeout"):
+        EmbeddedRedis(tmp_path, startup_timeout=0)
+
+
+def test_session_fixture_works(redis_server: EmbeddedRedis) -> None:
+    c = redis_server.client()
+    assert c.ping()
+    c.close()

@@ -1,0 +1,200 @@
+"""Paged attention (torch path, and flash-attn on GPU) against a dense reference."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from engine.kernels.cpu_attention import PagedDecode, paged_decode
+from engine.runner.attention import build_metadata, flash_attn_available, paged_attention, store_kv
+
+BLOCK = 4
+
+
+@pytest.fixture(params=["torch", "cpu-kernel"])
+def decode_kernel(request: pytest.FixtureRequest) -> PagedDecode | None:
+    """Each CPU case runs twice: torch's decode buckets, and the compiled kernel."""
+    if request.param == "torch":
+        return None
+    kernel = paged_decode()
+    if kernel is None:
+        pytest.skip("the CPU kernel did not build here (no C compiler?)")
+    return kernel
+
+
+def dense_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float
+) -> torch.Tensor:
+    """Causal attention of ``q`` [n, H, D] at positions start.. over k/v [start + n, Hkv, D]."""
+    n, heads, _ = q.shape
+    groups = heads // k.shape[1]
+    k = k.repeat_interleave(groups, dim=1)  # [L, H, D]
+    v = v.repeat_interleave(groups, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.double(), k.double()) * scale
+    qpos = torch.arange(start, start + n)[:, None]
+    kpos = torch.arange(k.shape[0])[None, :]
+    scores = scores.masked_fill(kpos > qpos, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v.double()).float()
+
+
+def run_case(
+    seqs: list[tuple[int, int]],
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    seed: int,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    block_size: int = BLOCK,
+    use_flash: bool = False,
+    decode_kernel: PagedDecode | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``seqs`` = [(cached prefix length, new tokens)]; returns (paged output, reference)."""
+    gen = torch.Generator().manual_seed(seed)
+    rnd = random.Random(seed)
+    need = [-(-(start + n) // block_size) for start, n in seqs]
+    num_blocks = sum(need) + 3
+    ids = list(range(num_blocks))
+    rnd.shuffle(ids)
+    tables, at = [], 0
+    for k in need:
+        tables.append(ids[at : at + k])
+        at += k
+    shape = (num_blocks, block_size, kv_heads, head_dim)
+    k_cache = torch.zeros(shape, dtype=dtype, device=device)
+    v_cache = torch.zeros(shape, dtype=dtype, device=device)
+    # full K/V history per sequence; write the cached prefixes first
+    hist = [
+        (
+            torch.randn(start + n, kv_heads, head_dim, generator=gen),
+            torch.randn(start + n, kv_heads, head_dim, generator=gen),
+        )
+        for start, n in seqs
+    ]
+    with_prefix = [i for i, (start, _) in enumerate(seqs) if start > 0]
+    if with_prefix:
+        meta = build_metadata(
+            [seqs[i][0] for i in with_prefix],
+            [0] * len(with_prefix),
+            [tables[i] for i in with_prefix],
+            block_size=block_size,
+            device=torch.device(device),
+            dtype=dtype,
+        )
+        k_pre = torch.cat([hist[i][0][: seqs[i][0]] for i in with_prefix]).to(device, dtype)
+        v_pre = torch.cat([hist[i][1][: seqs[i][0]] for i in with_prefix]).to(device, dtype)
+        store_kv(k_pre, v_pre, k_cache, v_cache, meta.slot_mapping)
+    meta = build_metadata(
+        [n for _, n in seqs],
+        [start for start, _ in seqs],
+        tables,
+        block_size=block_size,
+        device=torch.device(device),
+        dtype=dtype,
+        use_flash=use_flash,
+        decode_kernel=decode_kernel,
+    )
+    qs = [torch.randn(n, heads, head_dim, generator=gen) for _, n in seqs]
+    q = torch.cat(qs).to(device, dtype)
+    k_new = torch.cat([h[0][start:] for h, (start, _) in zip(hist, seqs, strict=True)])
+    v_new = torch.cat([h[1][start:] for h, (start, _) in zip(hist, seqs, strict=True)])
+    scale = head_dim**-0.5
+    out = paged_attention(
+        q, k_new.to(device, dtype), v_new.to(device, dtype), k_cache, v_cache, meta, scale
+    )
+    ref = torch.cat(
+        [
+            dense_reference(qi, h[0], h[1], start, scale)
+            for qi, h, (start, _) in zip(qs, hist, seqs, strict=True)
+        ]
+    )
+    return out.float().cpu(), ref
+
+
+@pytest.mark.parametrize(
+    "seqs",
+    [
+        [(0, 1)],  # first token
+        [(0, 9)],  # plain prefill
+        [(5, 1), (17, 1), (3, 1), (40, 1)],  # all decode, ragged contexts
+        [(6, 7), (0, 11)],  # chunked prefill with a cached prefix, and a fresh one
+        [(12, 1), (0, 5), (9, 1), (4, 6), (30, 1)],  # mixed prefill and decode
+        [(i * 7 % 45, 1) for i in range(20)] + [(0, 6), (10, 3)],  # several decode buckets
+    ],
+)
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (6, 2), (9, 3), (8, 1)])
+def test_torch_paged_attention_matches_dense(
+    seqs: list[tuple[int, int]], heads: int, kv_heads: int, decode_kernel: PagedDecode | None
+) -> None:
+    out, ref = run_case(
+        seqs, heads, kv_heads, head_dim=16, seed=len(seqs) * 31 + heads, decode_kernel=decode_kernel
+    )
+    assert out.shape == ref.shape
+    assert (out - ref).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_torch_paged_attention_random_shapes(seed: int, decode_kernel: PagedDecode | None) -> None:
+    rnd = random.Random(seed)
+    kv_heads = rnd.choice([1, 2, 3])
+    heads = kv_heads * rnd.choice([1, 2, 3, 4])
+    seqs = [
+        (rnd.choice([0, rnd.randrange(1, 50)]), rnd.choice([1, 1, rnd.randrange(1, 20)]))
+        for _ in range(rnd.randrange(1, 7))
+    ]
+    out, ref = run_case(
+        seqs,
+        heads,
+        kv_heads,
+        head_dim=rnd.choice([8, 20, 32, 64, 128]),
+        seed=seed,
+        block_size=rnd.choice([BLOCK, 16]),
+        decode_kernel=decode_kernel,
+    )
+    assert (out - ref).abs().max().item() < 1e-5
+
+
+def test_block_table_too_short_is_rejected() -> None:
+    with pytest.raises(ValueError, match="block_table"):
+        build_metadata(
+            [5], [8], [[0, 1, 2]], block_size=4, device=torch.device("cpu"), dtype=torch.float32
+        )
+
+
+def test_slot_mapping_follows_block_table() -> None:
+    meta = build_metadata(
+        [3, 1],
+        [2, 5],
+        [[7, 2], [4, 9]],
+        block_size=4,
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+    )
+    # seq 0: positions 2, 3 (block 7), 4 (block 2); seq 1: position 5 (block 9, offset 1)
+    assert meta.slot_mapping.tolist() == [7 * 4 + 2, 7 * 4 + 3, 2 * 4 + 0, 9 * 4 + 1]
+    assert meta.positions.tolist() == [2, 3, 4, 5]
+    assert meta.context_lens.tolist() == [5, 6]
+    assert meta.cu_seqlens_q.tolist() == [0, 3, 4]
+    assert not meta.all_decode
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("use_flash", [False, True])
+def test_cuda_paged_attention_matches_dense(use_flash: bool) -> None:
+    if use_flash and not flash_attn_available():
+        pytest.skip("flash_attn is not installed")
+    seqs = [(300, 1), (0, 40), (270, 20), (700, 1)]
+    out, ref = run_case(
+        seqs,
+        8,
+        2,
+        64,
+        seed=0,
+        device="cuda",
+        dtype=torch.bfloat16,
+        block_size=256 if use_flash else 16,
+        use_flash=use_flash,
+    )
+    assert (out - ref).abs().max().item() < 3e-2

@@ -1,0 +1,73 @@
+"""A worker in this process, on the session's engine and Redis: drain past its timeout.
+
+A stream that cannot finish within the drain timeout ends with ``error`` and a
+message saying so, with its summary line; the worker then leaves (heartbeat gone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any
+
+import pytest
+
+from core.redis.embedded import EmbeddedRedis
+from core.wire.events import Event
+from gateway.streams.store import StreamStore
+from worker.main import Heartbeat, Worker
+from worker.store import WorkerStore
+
+PREFIX = "wdrain:"
+
+
+async def _run_stream(url: str, worker: Worker) -> list[Event]:
+    slog = StreamStore(url, prefix=PREFIX, stream_ttl=60)
+    await slog.start()
+    try:
+        for _ in range(100):  # the heartbeat thread registers the worker
+            if await slog.live_workers(max_age=0):
+                break
+            await asyncio.sleep(0.05)
+        body = {"prompt": "Count slowly:", "params": {"max_tokens": 500, "ignore_eos": True}}
+        new = await slog.create(body, "drain-rq", attach=False)
+        events: list[Event] = []
+        async for ev in slog.tail(new.stream_id, -1):
+            events.append(ev)
+            if ev.kind == "token" and len([e for e in events if e.kind == "token"]) == 2:
+                worker.drain(0.3)  # far too short for 500 tokens
+        return events
+    finally:
+        await slog.close()
+
+
+def test_drain_timeout_ends_the_stream_with_a_clear_error(
+    llm_engine: Any, redis_server: EmbeddedRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = redis_server.url
+    wlog = WorkerStore(url, "drain-test-worker", prefix=PREFIX)
+    worker = Worker(llm_engine, wlog, detach_timeout=30, stream_ttl=60)
+    worker._publish_stats()
+    Heartbeat(worker, url, PREFIX).start()
+    thread = threading.Thread(target=worker.run, name="test-worker")
+    thread.start()
+    try:
+        with caplog.at_level(logging.INFO):
+            events = asyncio.run(_run_stream(url, worker))
+            thread.join(30)
+    finally:
+        worker.stop()
+        thread.join(30)
+        while llm_engine.has_unfinished():  # let the engine process the abort
+            llm_engine.step()
+        wlog.close()
+    assert not thread.is_alive()
+    done = events[-1]
+    assert done.kind == "done" and done.finish_reason == "error", done
+    assert done.message is not None and "(drain timeout)" in done.message
+    assert done.completion_tokens == len([e for e in events if e.kind == "token"]) >= 2
+    summaries = [r for r in caplog.records if r.getMessage() == "stream summary"]
+    assert len(summaries) == 1 and vars(summaries[0])["request_id"] == "drain-rq"
+    assert vars(summaries[0])["finish_reason"] == "error"
+    assert not redis_server.client().exists(f"{PREFIX}w:drain-test-worker")

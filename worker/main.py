@@ -1,0 +1,393 @@
+"""``tokenrelay worker``: the engine loop, fed from and streaming to Redis.
+
+One worker process owns one :class:`engine.llm_engine.LLMEngine`. Its loop:
+take requests from the consumer group (blocking briefly only when idle),
+apply cancels and detach timeouts, run one engine step, and append every
+stream's new events in one pipelined Redis round trip. Events are kept until
+Redis has confirmed them, so a Redis restart loses nothing: the worker waits,
+reconnects and writes them again (the log's continuity check turns a repeated
+write into a no-op and a lost one into a rewrite). A heartbeat thread
+publishes the engine's stats; gateways end the streams of a worker whose
+heartbeat stops. worker/store.py is the Redis side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import secrets
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+from core.redis.connection import Backoff, RedisHealth, is_outage
+from core.runtime import die_with_parent
+from core.wire.events import accepted_fields, done_fields, rejected_fields, token_fields
+from core.wire.keys import HEARTBEAT_INTERVAL
+from core.wire.params import SamplingParams
+from worker.outbox import Active, Outbox, hand_back
+from worker.store import Request, WorkerStore
+from worker.telemetry import WorkerTelemetry
+
+log = logging.getLogger("tokenrelay.worker")
+
+POLL_INTERVAL = 0.5  # seconds between attachment / cancel-flag checks
+CLAIM_INTERVAL = 5.0  # seconds between looks for requests of dead workers
+IDLE_BLOCK_MS = 200
+MAX_STEP_FAILURES = 3
+
+
+class Worker:
+    """Runs one engine against the stream log until :meth:`stop`."""
+
+    def __init__(
+        self, engine: Any, wlog: WorkerStore, *, detach_timeout: float, stream_ttl: float
+    ) -> None:
+        self.engine = engine
+        self.wlog = wlog
+        self.worker_id = wlog.worker_id
+        self.detach_timeout = detach_timeout
+        self.stream_ttl = stream_ttl
+        self.max_seqs = int(engine.stats().get("max_num_seqs", 64))
+        self.outbox = Outbox(wlog, engine.abort)
+        self.active = self.outbox.streams  # stream id -> Active
+        self.health = RedisHealth("worker")
+        self.stopping = threading.Event()
+        self.draining = threading.Event()  # SIGTERM: finish what runs, take nothing new
+        self.drain_deadline = 0.0
+        self._handed_back = False
+        self.telemetry = WorkerTelemetry(wlog, self.worker_id)
+        self.counters = dict.fromkeys(
+            ("requests", "rejected", "stop", "length", "cancelled", "expired", "error"), 0
+        )
+        self.snapshot: dict[str, Any] = {}
+        self._last_poll = self._last_claim = 0.0
+        self._step_failures = 0
+        self._last_error_log = 0.0
+
+    # --- loop ------------------------------------------------------------------------
+
+    def run(self) -> None:
+        backoff = Backoff(0.05, 1.0)
+        started = False
+        while not self.stopping.is_set():
+            try:
+                if not started:
+                    self.wlog.ensure_group()
+                    self._admit_all(self.wlog.read_own_pending())
+                    started = True
+                self._iteration()
+                self.health.ok()
+                backoff.reset()
+                if self.draining.is_set():
+                    if self._drained():
+                        break
+                    if not self.engine.has_unfinished():
+                        self.stopping.wait(0.05)  # waiting on Redis writes: don't spin
+            except Exception as exc:
+                if is_outage(exc):
+                    self.health.failed(exc)
+                elif time.monotonic() - self._last_error_log >= 10:
+                    self._last_error_log = time.monotonic()
+                    log.exception("worker loop error (continuing)")
+                self.stopping.wait(backoff.next())
+                if self.draining.is_set() and time.monotonic() >= self.drain_deadline:
+                    break
+        self.stopping.set()  # the heartbeat thread stops too
+        self._shutdown()
+
+    def stop(self) -> None:
+        """Stop now: streams still running end with ``error``."""
+        self.stopping.set()
+
+    def drain(self, timeout: float) -> None:
+        """Stop taking requests, finish the running ones within ``timeout`` seconds, then stop.
+
+        Safe to call from a signal handler (it only sets flags). Requests that
+        have not produced a token yet are handed back to the queue for another
+        worker; streams still running at the deadline end with ``error``.
+        """
+        if not self.draining.is_set():
+            self.drain_deadline = time.monotonic() + max(0.0, timeout)
+            self.draining.set()
+
+    def _drained(self) -> bool:
+        if not self._handed_back:
+            self._handed_back = True
+            self._hand_back()
+        return not self.active or time.monotonic() >= self.drain_deadline
+
+    def _hand_back(self) -> None:
+        """Give the engine's unstarted requests back to the queue (their entries stay pending)."""
+        for sid in self.engine.unstarted_requests():
+            a = self.active.get(sid)
+            if a is not None and hand_back(a, self.wlog, self.engine.abort):
+                self.telemetry.forget(sid)
+
+    def _iteration(self) -> None:
+        if self.outbox.unwritten():
+            self.outbox.flush()
+            if self.outbox.unwritten():  # Redis took only part: try again before more work
+                return
+        busy = self.engine.has_unfinished()
+        room = 0 if self.draining.is_set() else self.max_seqs - len(self.active)
+        if room > 0:
+            reqs = self.wlog.read_requests(room, None if busy else IDLE_BLOCK_MS)
+            if reqs:
+                self._admit_all(reqs)
+                self.outbox.flush()  # clients get `started` before the first step
+        for sid in self.wlog.read_control():
+            self._abort(sid, "cancelled")
+        now = time.monotonic()
+        if now - self._last_poll >= POLL_INTERVAL:
+            self._last_poll = now
+            self._poll(now)
+        if now - self._last_claim >= CLAIM_INTERVAL and not self.draining.is_set():
+            self._last_claim = now
+            self._admit_all(self.wlog.claim_dead())
+            # requests read just before an outage interrupted their admission
+            self._admit_all(self.wlog.read_own_pending())
+        if self.engine.has_unfinished():
+            self._step()
+            self.outbox.flush()
+        self.telemetry.finished(self.outbox.take_finished())
+        self._publish_stats()
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:
+            self._step_failures += 1
+            log.exception("engine step failed")
+            for broken in list(self.active.values()):
+                if broken.in_engine and not broken.final:
+                    self.engine.abort(broken.stream_id)
+                    self._end(broken, "error", f"engine error: {exc.__class__.__name__}")
+            if self._step_failures >= MAX_STEP_FAILURES:
+                raise SystemExit(1) from exc
+            return
+        self._step_failures = 0
+        for out in outputs:
+            a = self.active.get(out.request_id)
+            if a is None:
+                continue
+            if out.new_token_ids:
+                self.telemetry.token(a.stream_id)
+            if out.finished:
+                a.in_engine = False
+            if a.silent or a.final:
+                continue
+            if out.new_text:
+                a.events.append(token_fields(out.new_text))
+            if out.finished:
+                reason = out.finish_reason or "stop"
+                if reason == "abort":
+                    reason = a.abort_reason or "cancelled"
+                self.counters[reason] = self.counters.get(reason, 0) + 1
+                a.events.append(done_fields(reason, out.prompt_tokens, out.completion_tokens))
+                a.final = True
+
+    # --- requests --------------------------------------------------------------------
+
+    def _admit_all(self, reqs: list[Request]) -> None:
+        for req in reqs:
+            self._admit(req)
+
+    def _admit(self, req: Request) -> None:
+        meta = req.meta
+        ttl = float((meta or {}).get("ttl") or self.stream_ttl)
+        dt = req.detach_timeout if req.detach_timeout is not None else self.detach_timeout
+        extra = {"stream_id": req.stream_id, "request_id": req.request_id}
+        if req.stream_id in self.active:
+            return
+        if meta is None or meta.get("st") == "done":
+            self.wlog.ack([req.entry_id])  # expired, or ended before it ran
+            return
+        if meta.get("st") == "running":  # taken from a dead worker mid-stream
+            message = f"engine worker {meta.get('w', '?')} stopped responding"
+            if self.wlog.finish_foreign(req.stream_id, "error", message):
+                self.telemetry.ended_foreign(req.stream_id, req.request_id, meta)
+            self.wlog.ack([req.entry_id])
+            return
+        a = Active(req.stream_id, req.request_id, req.entry_id, dt, ttl)
+        self.active[a.stream_id] = a
+        self.counters["requests"] += 1
+        if meta.get("cx") == "1":
+            a.events.append(rejected_fields("cancelled", "cancelled before it started"))
+            a.events.append(done_fields("cancelled", 0, 0))
+            a.final = True
+            return
+        try:
+            body = req.body
+            if body is None:
+                raise ValueError("request body is not valid JSON")
+            params = SamplingParams(**(body.get("params") or {}))
+            if "messages" in body:
+                prompt: str | list[int] = self.engine.apply_chat_template(body["messages"])
+            else:
+                prompt = body.get("prompt")  # type: ignore[assignment]
+            n = self.engine.add_request(a.stream_id, prompt, params)
+        except (ValueError, TypeError) as exc:
+            self._reject(a, "bad_request", str(exc))
+            log.info("request rejected: %s", exc, extra=extra)
+            return
+        except Exception as exc:
+            log.exception("request could not be added", extra=extra)
+            self._reject(a, "internal", f"could not start: {exc.__class__.__name__}")
+            return
+        a.in_engine = True
+        self.telemetry.admitted(a.stream_id, meta)
+        a.events.append(accepted_fields(n, self.worker_id))
+        a.meta.update({"st": "running", "w": self.worker_id, "pt": str(n)})
+        log.info("request started", extra={**extra, "prompt_tokens": n})
+
+    def _reject(self, a: Active, code: str, message: str) -> None:
+        self.counters["rejected"] += 1
+        a.events += [rejected_fields(code, message), done_fields("error", 0, 0, message)]
+        a.final = True
+
+    def _end(self, a: Active, reason: str, message: str | None = None) -> None:
+        """End a stream now (its engine request is already aborted or gone)."""
+        if a.final or a.silent:
+            return
+        prompt = int(a.meta.get("pt", 0) or 0)
+        a.events.append(done_fields(reason, prompt, a.completion_events, message))
+        a.final = True
+        self.counters[reason] = self.counters.get(reason, 0) + 1
+
+    def _abort(self, sid: str, reason: str) -> None:
+        a = self.active.get(sid)
+        if a is None or a.final or a.silent or a.abort_reason is not None:
+            return
+        a.abort_reason = reason
+        if a.in_engine:
+            self.engine.abort(sid)
+        extra = {"stream_id": sid, "request_id": a.request_id, "reason": reason}
+        log.info("aborting stream", extra=extra)
+
+    def _poll(self, now: float) -> None:
+        keep = set(self.active) | {a.stream_id for a in self.outbox.finished}
+        self.telemetry.prune(keep)
+        live = [a for a in self.active.values() if a.in_engine and a.abort_reason is None]
+        state = self.wlog.poll([a.stream_id for a in live])
+        for a in live:
+            attached, cancel = state.get(a.stream_id, (1, False))
+            if cancel:
+                self._abort(a.stream_id, "cancelled")
+            elif attached:
+                a.detached_since = None
+            elif a.detached_since is None:
+                a.detached_since = now
+            elif now - a.detached_since >= a.detach_timeout:
+                self._abort(a.stream_id, "expired")
+
+    # --- stats and shutdown ------------------------------------------------------------
+
+    def _publish_stats(self) -> None:
+        stats = dict(self.engine.stats())
+        stats.update(self.counters)
+        stats["active_streams"] = len(self.active)
+        stats["worker_id"] = self.worker_id
+        stats["draining"] = self.draining.is_set()
+        stats["hist"] = self.telemetry.snapshot()
+        self.snapshot = stats
+
+    def _shutdown(self) -> None:
+        message = "engine worker shut down before the stream finished"
+        if self.draining.is_set() and time.monotonic() >= self.drain_deadline:
+            message += " (drain timeout)"
+        for a in list(self.active.values()):
+            if a.in_engine:
+                self.engine.abort(a.stream_id)
+                a.in_engine = False  # no further step will report it
+            self._end(a, "error", message)
+        with contextlib.suppress(Exception):
+            self.outbox.flush()
+        with contextlib.suppress(Exception):
+            self.telemetry.finished(self.outbox.take_finished())
+        with contextlib.suppress(Exception):
+            self.wlog.unregister()
+
+
+class Heartbeat(threading.Thread):
+    """Publishes the worker's stats snapshot every second (independent of steps)."""
+
+    def __init__(self, worker: Worker, url: str, prefix: str) -> None:
+        super().__init__(name="heartbeat", daemon=True)
+        self.worker = worker
+        self.wlog = WorkerStore(url, worker.worker_id, prefix=prefix)
+        self.health = RedisHealth("heartbeat")
+
+    def run(self) -> None:
+        while not self.worker.stopping.is_set():
+            try:
+                self.wlog.heartbeat(self.worker.snapshot)
+                self.health.ok()
+            except Exception as exc:
+                if not is_outage(exc):
+                    log.exception("heartbeat failed")
+                self.health.failed(exc)
+            self.worker.stopping.wait(HEARTBEAT_INTERVAL)
+
+
+def _die_with_parent() -> None:
+    """Get SIGTERM when the parent dies (Linux; set by ``tokenrelay serve``).
+
+    ``TOKENRELAY_PARENT_PID`` names the parent; if it is already gone, exit.
+    """
+    parent = os.environ.pop("TOKENRELAY_PARENT_PID", None)
+    if parent and not die_with_parent(signal.SIGTERM, int(parent)):
+        raise SystemExit(0)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Entry point of ``tokenrelay worker``."""
+    _die_with_parent()
+    if not args.redis_url:
+        raise ValueError("--redis-url is required (or TOKENRELAY_REDIS_URL)")
+    worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
+    stop = threading.Event()
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+
+    config = EngineConfig(
+        model=args.model,
+        device=args.device,
+        kv_cache_memory=args.kv_cache_memory,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+    )
+    log.info("loading model", extra={"model": args.model, "worker": worker_id})
+    engine = LLMEngine(config)  # a signal while loading just ends the process
+
+    prefix = getattr(args, "redis_prefix", "tr:")
+    wlog = WorkerStore(args.redis_url, worker_id, prefix=prefix)
+    worker = Worker(engine, wlog, detach_timeout=args.detach_timeout, stream_ttl=args.stream_ttl)
+    worker.stopping = stop
+    drain_timeout = float(getattr(args, "drain_timeout", 30.0))
+
+    def on_signal(signum: int, frame: object) -> None:
+        if worker.draining.is_set():  # a second signal: stop now
+            stop.set()
+        else:
+            worker.drain(drain_timeout)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    worker._publish_stats()
+    Heartbeat(worker, args.redis_url, prefix).start()
+    log.info("worker ready", extra={"worker": worker_id, **engine.stats()})
+    worker.run()
+    log.info("worker stopped", extra={"worker": worker_id, "drained": worker.draining.is_set()})
+    return 0
+
+
+if __name__ == "__main__":
+    from core.cli import main as cli_main
+
+    sys.exit(cli_main(["worker", *sys.argv[1:]]))

@@ -1,0 +1,141 @@
+"""The streams an engine worker produces, and their events until Redis has them.
+
+Every stream's events are kept here (seq = index) and written with
+:meth:`Outbox.flush`: one pipelined round trip for all streams with new
+events. Writes are compare-and-set on the offset (core/wire/scripts.py,
+``APPEND_LUA``), so a refused write tells the worker exactly what happened:
+
+- an earlier attempt whose reply was lost did land: move on;
+- Redis lost acknowledged events (a crash between AOF fsyncs): write them again;
+- a gateway ended the stream (its worker looked dead) or it expired: stop
+  producing it and abort the engine request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from core.wire.events import decode_event, entry_id
+from core.wire.scripts import AppendResult
+from worker.store import Batch, WorkerStore
+
+log = logging.getLogger("tokenrelay.worker")
+
+
+@dataclass
+class Active:
+    """A stream this worker is producing."""
+
+    stream_id: str
+    request_id: str | None
+    entry: str  # request stream entry id (acknowledged with the done event)
+    detach_timeout: float
+    stream_ttl: float
+    events: list[list[str]] = field(default_factory=list)  # index = seq
+    written: int = 0  # events[:written] are confirmed in Redis
+    meta: dict[str, str] = field(default_factory=dict)  # set with the write of seq 0
+    final: bool = False  # the done event is in ``events``
+    in_engine: bool = False
+    silent: bool = False  # ended by someone else: write nothing more
+    abort_reason: str | None = None
+    detached_since: float | None = None
+
+    @property
+    def completion_events(self) -> int:
+        return sum(1 for ev in self.events if ev[1] == "t")
+
+
+class Outbox:
+    """Active streams by id, flushed to Redis in one round trip."""
+
+    def __init__(self, wlog: WorkerStore, abort: Callable[[str], object]) -> None:
+        self.wlog = wlog
+        self._abort = abort  # stops an engine request
+        self.streams: dict[str, Active] = {}
+        self.finished: list[Active] = []  # done and confirmed in Redis (see take_finished)
+
+    def __len__(self) -> int:
+        return len(self.streams)
+
+    def unwritten(self) -> list[Active]:
+        return [a for a in self.streams.values() if not a.silent and a.written < len(a.events)]
+
+    def flush(self) -> None:
+        """Write every stream's unconfirmed events; raises on a Redis outage (nothing lost)."""
+        todo = self.unwritten()
+        batches = [
+            Batch(
+                a.stream_id,
+                a.written,
+                a.events[a.written :],
+                a.meta if a.written == 0 else {},
+                a.stream_ttl,
+                a.entry if a.final else None,
+            )
+            for a in todo
+        ]
+        for a, res in zip(todo, self.wlog.flush(batches), strict=True):
+            if res.status == 1:
+                a.written = len(a.events)
+            else:
+                self._reconcile(a, res)
+        for a in list(self.streams.values()):
+            done = a.final and a.written >= len(a.events)
+            if (done or a.silent) and not a.in_engine:
+                del self.streams[a.stream_id]
+                if done and not a.silent:
+                    self.finished.append(a)
+
+    def take_finished(self) -> list[Active]:
+        """Streams whose ``done`` event Redis confirmed since the last call."""
+        out, self.finished = self.finished, []
+        return out
+
+    def _reconcile(self, a: Active, res: AppendResult) -> None:
+        """A write was refused: already written, lost by Redis, or ended elsewhere."""
+        last = res.last_seq
+        mine = 0 <= last < len(a.events) and res.top == decode_event(
+            entry_id(last), dict(zip(a.events[last][0::2], a.events[last][1::2], strict=True))
+        )
+        if res.status in (0, -2) and mine and last >= a.written - 1:
+            a.written = last + 1  # an earlier attempt did land
+            return
+        if res.status == 0 and last < a.written - 1:
+            extra = {"stream_id": a.stream_id, "request_id": a.request_id, "from_seq": last + 1}
+            log.warning("redis lost events; writing them again", extra=extra)
+            a.written = last + 1
+            return
+        a.silent = True  # expired, or ended by a gateway: stop producing it
+        if a.in_engine:
+            self._abort(a.stream_id)
+        with contextlib.suppress(Exception):
+            self.wlog.ack([a.entry])
+        extra = {"stream_id": a.stream_id, "request_id": a.request_id}
+        log.info("stream ended elsewhere; dropping it", extra=extra)
+
+
+def hand_back(a: Active, wlog: WorkerStore, abort: Callable[[str], object]) -> bool:
+    """Hand an unstarted stream back to the request queue; True when done.
+
+    Its stream log is reset to ``queued`` (:meth:`WorkerStore.release`), the
+    engine request is aborted and the stream goes silent here. Its request
+    entry is *not* acknowledged: it stays pending under this worker's name and
+    another worker claims it once this one's heartbeat is gone.
+    """
+    if a.final or a.silent or a.abort_reason is not None:
+        return False
+    extra = {"stream_id": a.stream_id, "request_id": a.request_id}
+    try:
+        released = a.written == 0 or wlog.release(a.stream_id)
+    except Exception as exc:
+        log.warning("could not hand a request back: %r", exc, extra=extra)
+        return False
+    if not released:
+        return False
+    abort(a.stream_id)
+    a.silent = True  # write nothing more
+    log.info("request handed back to the queue", extra=extra)
+    return True

@@ -1,0 +1,297 @@
+"""The stream log as engine workers see it (blocking redis-py, no asyncio).
+
+A worker takes requests from the ``requests`` stream as a member of the
+consumer group, appends each engine step's events for all its streams in one
+pipelined round trip (:meth:`WorkerStore.flush`), learns about cancels from the
+``control`` stream and the stream metadata, checks whether clients are still
+attached, publishes a heartbeat with its stats, and claims the requests of
+workers that died. core/wire/keys.py has the key layout.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from core.redis.connection import connect_sync, queue_script
+from core.wire.events import plan_finish, seq_of
+from core.wire.keys import DEFAULT_PREFIX, GROUP, HEARTBEAT_TTL, MAXLEN, WORKER_DEAD_GRACE, Keys
+from core.wire.scripts import (
+    APPEND_CHUNK,
+    APPEND_LUA,
+    ATTACHED_LUA,
+    RELEASE_LUA,
+    Append,
+    AppendResult,
+    append_call,
+    decode_append,
+)
+from core.wire.telemetry import DISCONNECTS_FIELD, RESUMES_FIELD
+
+log = logging.getLogger("tokenrelay.workerlog")
+
+
+def _s(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+@dataclass
+class Request:
+    """One generate request taken from the request stream."""
+
+    entry_id: str
+    stream_id: str
+    request_id: str | None
+    body: dict[str, Any] | None  # None when the entry is not valid JSON
+    detach_timeout: float | None
+    meta: dict[str, str] | None  # the stream's metadata (None: unknown or expired)
+
+
+@dataclass(frozen=True)
+class Batch(Append):
+    """A worker's :class:`Append`, with the request it finishes (if any)."""
+
+    ack_entry: str | None = None  # acknowledge (and drop) this request once written
+
+
+class WorkerStore:
+    """Blocking Redis access for one engine worker."""
+
+    def __init__(self, url: str, worker_id: str, *, prefix: str = DEFAULT_PREFIX) -> None:
+        self.keys = Keys(prefix)
+        self.worker_id = worker_id
+        self.redis = connect_sync(url)
+        self._release = self.redis.register_script(RELEASE_LUA)
+        self._control_cursor: str | None = None
+
+    def close(self) -> None:
+        self.redis.close()
+
+    # --- setup ---------------------------------------------------------------------
+
+    def ensure_group(self) -> None:
+        """Create the request stream and its consumer group if missing."""
+        try:
+            self.redis.xgroup_create(self.keys.requests, GROUP, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    # --- requests --------------------------------------------------------------------
+
+    def read_requests(self, count: int, block_ms: int | None) -> list[Request]:
+        """Up to ``count`` new requests for this worker (waits ``block_ms`` when idle)."""
+        reply: Any = self.redis.xreadgroup(
+            GROUP, self.worker_id, {self.keys.requests: ">"}, count=count, block=block_ms
+        )
+        entries = [e for _, es in (reply or []) for e in es]
+        return self._with_meta(entries)
+
+    def read_own_pending(self) -> list[Request]:
+        """Requests this worker id took before (a restart with a fixed ``--worker-id``)."""
+        reply: Any = self.redis.xreadgroup(
+            GROUP, self.worker_id, {self.keys.requests: "0"}, count=1000
+        )
+        entries = [e for _, es in (reply or []) for e in es if e[1]]
+        return self._with_meta(entries)
+
+    def _with_meta(self, entries: list[Any]) -> list[Request]:
+        if not entries:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for _, fields in entries:
+            pipe.hgetall(self.keys.meta(_s(fields.get(b"sid", b""))))
+        metas = pipe.execute()
+        out = []
+        for (eid, fields), meta in zip(entries, metas, strict=True):
+            f = {_s(k): _s(v) for k, v in fields.items()}
+            try:
+                body = json.loads(f.get("body", ""))
+                if not isinstance(body, dict):
+                    body = None
+            except ValueError:
+                body = None
+            try:
+                dt: float | None = float(f["dt"]) if f.get("dt") else None
+            except ValueError:
+                dt = None
+            out.append(
+                Request(
+                    entry_id=_s(eid),
+                    stream_id=f.get("sid", ""),
+                    request_id=f.get("rid") or None,
+                    body=body,
+                    detach_timeout=dt,
+                    meta={_s(k): _s(v) for k, v in meta.items()} if meta else None,
+                )
+            )
+        return out
+
+    def ack(self, entry_ids: list[str]) -> None:
+        """Acknowledge and delete finished requests."""
+        if entry_ids:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.xack(self.keys.requests, GROUP, *entry_ids)
+            pipe.xdel(self.keys.requests, *entry_ids)
+            pipe.execute()
+
+    # --- appending -----------------------------------------------------------------------
+
+    def flush(self, batches: list[Batch]) -> list[AppendResult]:
+        """Append every batch in one pipelined round trip; one result per batch.
+
+        The batches go to Redis as a few :data:`APPEND_LUA` calls of up to
+        ``APPEND_CHUNK`` streams each, every call publishing what it wrote.
+        """
+        if not batches:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for at in range(0, len(batches), APPEND_CHUNK):
+            keys, args = append_call(self.keys, batches[at : at + APPEND_CHUNK], maxlen=MAXLEN)
+            queue_script(pipe, APPEND_LUA, keys, args)
+        calls = (len(batches) + APPEND_CHUNK - 1) // APPEND_CHUNK
+        acks = [b.ack_entry for b in batches if b.ack_entry]
+        if acks:
+            pipe.xack(self.keys.requests, GROUP, *acks)
+            pipe.xdel(self.keys.requests, *acks)
+        replies = pipe.execute(raise_on_error=False)
+        out: list[AppendResult] = []
+        for raw in replies[:calls]:
+            if isinstance(raw, Exception):
+                raise raw
+            out.extend(decode_append(answer) for answer in raw)
+        return out
+
+    def finish_foreign(self, stream_id: str, reason: str, message: str) -> bool:
+        """End a stream this worker does not run (its worker died); race-safe."""
+        for _ in range(5):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.xrevrange(self.keys.stream(stream_id), count=1)
+            pipe.hmget(self.keys.meta(stream_id), "st", "pt", "ttl")
+            top, (st, pt, ttl) = pipe.execute()
+            if st is None or st == b"done":
+                return False
+            last = seq_of(top[0][0]) if top else -1
+            first, events = plan_finish(last, int(pt or 0), reason, message)
+            ttl_s = float(ttl or 3600.0)
+            res = self.flush([Batch(stream_id, first, events, {"fr": reason}, ttl_s)])[0]
+            if res.status == 1:
+                return True
+            if res.status != 0:
+                return False
+        return False
+
+    # --- control -----------------------------------------------------------------------
+
+    def read_control(self) -> list[str]:
+        """Stream ids with a cancel notice since the last call."""
+        if self._control_cursor is None:
+            top: Any = self.redis.xrevrange(self.keys.control, count=1)
+            self._control_cursor = _s(top[0][0]) if top else "0-0"
+            return []
+        reply: Any = self.redis.xread({self.keys.control: self._control_cursor}, count=500)
+        out = []
+        for _, entries in reply or []:
+            for eid, fields in entries:
+                self._control_cursor = _s(eid)
+                sid = fields.get(b"cancel")
+                if sid:
+                    out.append(_s(sid))
+        return out
+
+    def poll(self, stream_ids: list[str]) -> dict[str, tuple[int, bool]]:
+        """``{stream_id: (live attachments, cancel requested)}`` in one round trip."""
+        if not stream_ids:
+            return {}
+        pipe = self.redis.pipeline(transaction=False)
+        queue_script(pipe, ATTACHED_LUA, [self.keys.attach(s) for s in stream_ids], [])
+        for sid in stream_ids:
+            pipe.hget(self.keys.meta(sid), "cx")
+        replies = pipe.execute()
+        counts, flags = replies[0], replies[1:]
+        return {
+            sid: (int(n), flag == b"1")
+            for sid, n, flag in zip(stream_ids, counts, flags, strict=True)
+        }
+
+    def stream_counts(self, stream_ids: list[str]) -> list[dict[str, str]]:
+        """Each stream's resume and disconnect counts (``rs``/``dc``, kept by gateways)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for sid in stream_ids:
+            pipe.hmget(self.keys.meta(sid), RESUMES_FIELD, DISCONNECTS_FIELD)
+        return [
+            {RESUMES_FIELD: _s(rs or b"0"), DISCONNECTS_FIELD: _s(dc or b"0")}
+            for rs, dc in pipe.execute()
+        ]
+
+    def release(self, stream_id: str) -> bool:
+        """Hand an unstarted stream back to the queue (see :data:`RELEASE_LUA`).
+
+        Its request entry stays pending under this worker's name, unacknowledged:
+        once this worker's heartbeat is gone another worker claims it.
+        """
+        keys = [self.keys.stream(stream_id), self.keys.meta(stream_id)]
+        return bool(self._release(keys=keys, args=[self.worker_id]))
+
+    # --- liveness --------------------------------------------------------------------
+
+    def heartbeat(self, stats: dict[str, Any]) -> None:
+        """Refresh this worker's heartbeat key with its current stats."""
+        key = self.keys.worker(self.worker_id)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(
+            key,
+            mapping={
+                "stats": json.dumps(stats, default=str),
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "ts": f"{time.time():.3f}",
+            },
+        )
+        pipe.pexpire(key, int(HEARTBEAT_TTL * 1000))
+        pipe.sadd(self.keys.workers, self.worker_id)
+        pipe.execute()
+
+    def unregister(self) -> None:
+        """Remove this worker's heartbeat (clean exit)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.delete(self.keys.worker(self.worker_id))
+        pipe.srem(self.keys.workers, self.worker_id)
+        pipe.execute()
+
+    def claim_dead(self) -> list[Request]:
+        """Take over the pending requests of workers whose heartbeat is gone."""
+        pending: Any = self.redis.xpending_range(self.keys.requests, GROUP, "-", "+", 200)
+        owners = sorted({_s(p["consumer"]) for p in pending} - {self.worker_id})
+        if not owners:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for w in owners:
+            pipe.exists(self.keys.worker(w))
+        dead = {w for w, up in zip(owners, pipe.execute(), strict=True) if not up}
+        min_idle = int(WORKER_DEAD_GRACE * 1000)
+        ids = [
+            _s(p["message_id"])
+            for p in pending
+            if _s(p["consumer"]) in dead and p["time_since_delivered"] >= min_idle
+        ]
+        if not ids:
+            return []
+        claimed: Any = self.redis.xclaim(
+            self.keys.requests, GROUP, self.worker_id, min_idle, list[Any](ids)
+        )
+        live = [(eid, f) for eid, f in claimed if f]
+        gone = [_s(eid) for eid, f in claimed if not f]  # deleted entries: just ack
+        if gone:
+            self.redis.xack(self.keys.requests, GROUP, *gone)
+        for w in dead:
+            log.warning("claimed the requests of a dead worker", extra={"dead_worker": w})
+            self.redis.srem(self.keys.workers, w)
+        return self._with_meta(live)
