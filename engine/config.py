@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from engine.models.store import resolve_model
+from engine.models.store import locate_model
 
 DTYPES = {
     "auto": None,
@@ -37,10 +37,11 @@ class EngineConfig:
     """Everything :class:`engine.LLMEngine` needs to start.
 
     ``model`` is ``"default"``, a local Hugging Face folder or a ``.gguf`` file;
-    it is resolved to a folder (``model_path``) here, so an unknown path fails
-    fast. ``max_num_batched_tokens`` and ``max_model_len`` left as ``None`` are
-    filled in by the engine (from the device and the model). ``num_blocks``
-    overrides the memory-based KV pool size (tests use it to force preemption).
+    an unknown one fails here, fast; nothing is converted until the engine
+    that uses this config loads it. ``max_num_batched_tokens`` and
+    ``max_model_len`` left as ``None`` are filled in by the engine (from the
+    device and the model). ``num_blocks`` overrides the memory-based KV pool
+    size (tests use it to force preemption).
     """
 
     model: str = "default"
@@ -53,7 +54,6 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None  # per-step token budget
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
-    model_path: Path = field(init=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str | Path) or not str(self.model).strip():
@@ -92,7 +92,7 @@ class EngineConfig:
                 f"enable_prefix_caching must be a boolean, got {self.enable_prefix_caching!r}"
             )
         # Raises ModelNotFoundError (a ValueError starting with "model:") for unknown models.
-        self.model_path = resolve_model(self.model)
+        locate_model(self.model)
 
     def default_batched_tokens(self, device_type: str) -> int:
         """The per-step token budget: the configured one, else a per-device default."""

@@ -52,15 +52,17 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         import torch
 
+        from engine.models.store import resolve_model
         from engine.runner.model_runner import ModelRunner
         from engine.text.detokenizer import IncrementalDetokenizer
         from engine.text.tokenizer import load_tokenizer
 
         self.config = config
+        self.model_path = resolve_model(config.model)  # converts a GGUF file once
         self._detokenizer_cls = IncrementalDetokenizer
-        self.tokenizer: Any = load_tokenizer(config.model_path)
+        self.tokenizer: Any = load_tokenizer(self.model_path)
         self.runner = ModelRunner(
-            config.model_path,
+            self.model_path,
             device=config.device,
             dtype=getattr(torch, config.dtype) if config.dtype else None,
             block_size=config.block_size,

@@ -13,9 +13,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from core.wire.keys import DEFAULT_PREFIX
-
 from core.runtime import version
+from core.wire.keys import DEFAULT_PREFIX
 from gateway.access.auth import SecuritySettings
 from gateway.access.guard import Guard
 from gateway.observe.metrics import GatewayMetrics

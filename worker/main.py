@@ -1,6 +1,7 @@
 """``tokenrelay worker``: the engine loop, fed from and streaming to Redis.
 
-One worker process owns one :class:`engine.llm_engine.LLMEngine`. Its loop:
+One worker process drives one engine through :class:`worker.client.EngineClient`
+(our :class:`engine.LLMEngine`). Its loop:
 take requests from the consumer group (blocking briefly only when idle),
 apply cancels and detach timeouts, run one engine step, and append every
 stream's new events in one pipelined Redis round trip. Events are kept until
@@ -23,13 +24,14 @@ import socket
 import sys
 import threading
 import time
-from typing import Any
 
 from core.redis.connection import Backoff, RedisHealth, is_outage
 from core.runtime import die_with_parent
 from core.wire.events import accepted_fields, done_fields, rejected_fields, token_fields
 from core.wire.keys import HEARTBEAT_INTERVAL
 from core.wire.params import SamplingParams
+from core.wire.stats import COUNTERS, WorkerStats
+from worker.client import EngineClient, local_engine
 from worker.outbox import Active, Outbox, hand_back
 from worker.store import Request, WorkerStore
 from worker.telemetry import WorkerTelemetry
@@ -46,7 +48,7 @@ class Worker:
     """Runs one engine against the stream log until :meth:`stop`."""
 
     def __init__(
-        self, engine: Any, wlog: WorkerStore, *, detach_timeout: float, stream_ttl: float
+        self, engine: EngineClient, wlog: WorkerStore, *, detach_timeout: float, stream_ttl: float
     ) -> None:
         self.engine = engine
         self.wlog = wlog
@@ -62,10 +64,8 @@ class Worker:
         self.drain_deadline = 0.0
         self._handed_back = False
         self.telemetry = WorkerTelemetry(wlog, self.worker_id)
-        self.counters = dict.fromkeys(
-            ("requests", "rejected", "stop", "length", "cancelled", "expired", "error"), 0
-        )
-        self.snapshot: dict[str, Any] = {}
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.snapshot = WorkerStats(worker_id=self.worker_id)
         self._last_poll = self._last_claim = 0.0
         self._step_failures = 0
         self._last_error_log = 0.0
@@ -289,13 +289,15 @@ class Worker:
     # --- stats and shutdown ------------------------------------------------------------
 
     def _publish_stats(self) -> None:
-        stats = dict(self.engine.stats())
-        stats.update(self.counters)
-        stats["active_streams"] = len(self.active)
-        stats["worker_id"] = self.worker_id
-        stats["draining"] = self.draining.is_set()
-        stats["hist"] = self.telemetry.snapshot()
-        self.snapshot = stats
+        engine = {k: v for k, v in self.engine.stats().items() if isinstance(v, int | float)}
+        self.snapshot = WorkerStats(
+            worker_id=self.worker_id,
+            draining=self.draining.is_set(),
+            active_streams=len(self.active),
+            counters=dict(self.counters),
+            engine=engine,
+            hist=self.telemetry.snapshot(),
+        )
 
     def _shutdown(self) -> None:
         message = "engine worker shut down before the stream finished"
@@ -352,18 +354,8 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError("--redis-url is required (or TOKENRELAY_REDIS_URL)")
     worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
     stop = threading.Event()
-    from engine.config import EngineConfig
-    from engine.llm_engine import LLMEngine
-
-    config = EngineConfig(
-        model=args.model,
-        device=args.device,
-        kv_cache_memory=args.kv_cache_memory,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-    )
     log.info("loading model", extra={"model": args.model, "worker": worker_id})
-    engine = LLMEngine(config)  # a signal while loading just ends the process
+    engine = local_engine(args)  # a signal while loading just ends the process
 
     prefix = getattr(args, "redis_prefix", "tr:")
     wlog = WorkerStore(args.redis_url, worker_id, prefix=prefix)

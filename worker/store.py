@@ -33,6 +33,7 @@ from core.wire.scripts import (
     append_call,
     decode_append,
 )
+from core.wire.stats import STATS_FIELD, WorkerStats
 from core.wire.telemetry import DISCONNECTS_FIELD, RESUMES_FIELD
 
 log = logging.getLogger("tokenrelay.workerlog")
@@ -242,14 +243,14 @@ class WorkerStore:
 
     # --- liveness --------------------------------------------------------------------
 
-    def heartbeat(self, stats: dict[str, Any]) -> None:
+    def heartbeat(self, stats: WorkerStats) -> None:
         """Refresh this worker's heartbeat key with its current stats."""
         key = self.keys.worker(self.worker_id)
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(
             key,
             mapping={
-                "stats": json.dumps(stats, default=str),
+                STATS_FIELD: stats.to_json(),
                 "pid": os.getpid(),
                 "host": socket.gethostname(),
                 "ts": f"{time.time():.3f}",

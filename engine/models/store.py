@@ -88,11 +88,11 @@ def is_prepared(path: Path) -> bool:
     return (path / COMPLETE_MARKER).is_file()
 
 
-def resolve_model(name: str, *, prepare: bool = True) -> Path:
-    """Turn a model name into a local HF directory with safetensors weights.
+def locate_model(name: str) -> tuple[Path | None, Path | None, Path | None]:
+    """Where ``name`` is, without converting anything: ``(ready_dir, gguf, target)``.
 
-    ``name`` is ``default``, a local HF directory, or a ``.gguf`` file. GGUF
-    models are converted on first use (when ``prepare`` is true).
+    ``ready_dir`` is a loadable Hugging Face folder when one exists already;
+    otherwise ``gguf`` is the file to convert into the cache folder ``target``.
     Raises :class:`ModelNotFoundError` (a ``ValueError``) with one clear line.
     """
     if not isinstance(name, str) or not name.strip():
@@ -103,7 +103,7 @@ def resolve_model(name: str, *, prepare: bool = True) -> Path:
         path = Path(name).expanduser()
         if path.is_dir():
             if _is_hf_dir(path):
-                return path
+                return path, None, None
             raise ModelNotFoundError(
                 f"model: {path} is not a Hugging Face model folder "
                 "(needs config.json and *.safetensors)"
@@ -111,14 +111,26 @@ def resolve_model(name: str, *, prepare: bool = True) -> Path:
         if path.is_file() and path.suffix == ".gguf":
             gguf, cache_name = path, _cache_name_for_gguf(path)
         elif (models_dir() / name).is_dir() and is_prepared(models_dir() / name):
-            return models_dir() / name
+            return models_dir() / name, None, None
         else:
             raise ModelNotFoundError(
                 f"model: {name!r} is neither 'default', a model folder nor a .gguf file"
             )
     target = models_dir() / cache_name
-    if is_prepared(target):
-        return target
+    return (target if is_prepared(target) else None), gguf, target
+
+
+def resolve_model(name: str, *, prepare: bool = True) -> Path:
+    """Turn a model name into a local HF directory with safetensors weights.
+
+    ``name`` is ``default``, a local HF directory, or a ``.gguf`` file. GGUF
+    models are converted on first use (when ``prepare`` is true).
+    Raises :class:`ModelNotFoundError` (a ``ValueError``) with one clear line.
+    """
+    ready, gguf, target = locate_model(name)
+    if ready is not None:
+        return ready
+    assert gguf is not None and target is not None
     if not prepare:
         raise ModelNotFoundError(f"model {name!r} is not prepared: run `tokenrelay model prepare`")
     return convert_gguf(gguf, target)

@@ -20,11 +20,10 @@ docs/operations.md lists every metric.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import (
@@ -36,6 +35,7 @@ from prometheus_client.registry import Collector
 
 from core.redis.connection import is_outage
 from core.wire.keys import GROUP
+from core.wire.stats import STATS_FIELD, WorkerStats
 from core.wire.telemetry import BUCKETS, Hist
 
 if TYPE_CHECKING:
@@ -94,17 +94,10 @@ HISTOGRAMS = {
 F = TypeVar("F", GaugeMetricFamily, CounterMetricFamily)
 
 
-def _num(stats: Mapping[str, Any], key: str) -> float | None:
-    value = stats.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
-
-
-def _per_worker(family: F, workers: Mapping[str, Mapping[str, Any]], key: str) -> F:
+def _per_worker(family: F, workers: Mapping[str, WorkerStats], key: str) -> F:
     """``family`` with one sample per worker whose stats hold a number under ``key``."""
     for wid, stats in workers.items():
-        value = _num(stats, key)
+        value = stats.number(key)
         if value is not None:
             family.add_metric([wid], value)
     return family
@@ -115,7 +108,7 @@ class ClusterView:
     """What the last scrape read from Redis."""
 
     redis_up: bool = False
-    workers: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> stats
+    workers: dict[str, WorkerStats] = field(default_factory=dict)  # by worker id
     queue_depth: int | None = None
 
 
@@ -146,7 +139,7 @@ class GatewayMetrics:
             ids = await slog.live_workers(max_age=0)
             pipe = slog.redis.pipeline(transaction=False)
             for wid in ids:
-                pipe.hget(slog.keys.worker(wid), "stats")
+                pipe.hget(slog.keys.worker(wid), STATS_FIELD)
             pipe.xlen(slog.keys.requests)
             pipe.xpending(slog.keys.requests, GROUP)
             replies = await pipe.execute(raise_on_error=False)
@@ -157,7 +150,7 @@ class GatewayMetrics:
             return
         view.redis_up = True
         for wid, raw in zip(ids, replies, strict=False):
-            stats = _parse_stats(raw)
+            stats = WorkerStats.from_json(raw)
             if stats is not None:
                 view.workers[wid] = stats
         length, pending = replies[len(ids)], replies[len(ids) + 1]
@@ -169,16 +162,6 @@ class GatewayMetrics:
     def render(self) -> bytes:
         """The text exposition of every metric (call :meth:`refresh` first)."""
         return bytes(generate_latest(self.registry))
-
-
-def _parse_stats(raw: object) -> dict[str, Any] | None:
-    if not isinstance(raw, bytes | str):
-        return None
-    try:
-        stats = json.loads(raw)
-    except ValueError:
-        return None
-    return stats if isinstance(stats, dict) else None
 
 
 class _Collector(Collector):
@@ -253,16 +236,14 @@ class _Collector(Collector):
             NS + "worker_draining", "1 while the worker drains for shutdown.", labels=["worker_id"]
         )
         for wid, stats in workers.items():
-            total, free = _num(stats, "blocks_total"), _num(stats, "blocks_free")
+            total, free = stats.number("blocks_total"), stats.number("blocks_free")
             if total is not None and free is not None:
                 used.add_metric([wid], max(0.0, total - free))
-            hit, query = (
-                _num(stats, "prefix_cache_hit_tokens"),
-                _num(stats, "prefix_cache_query_tokens"),
-            )
+            hit = stats.number("prefix_cache_hit_tokens")
+            query = stats.number("prefix_cache_query_tokens")
             if hit is not None and query:
                 rate.add_metric([wid], hit / query)
-            draining.add_metric([wid], 1.0 if stats.get("draining") is True else 0.0)
+            draining.add_metric([wid], 1.0 if stats.draining else 0.0)
         yield used
         yield rate
         yield draining
@@ -276,7 +257,7 @@ class _Collector(Collector):
         )
         for wid, stats in workers.items():
             for reason in FINISH_REASONS:
-                value = _num(stats, reason)
+                value = stats.number(reason)
                 if value is not None:
                     finished.add_metric([wid, reason], value)
         yield finished
@@ -286,8 +267,7 @@ class _Collector(Collector):
         for key, (name, doc) in HISTOGRAMS.items():
             total = Hist(BUCKETS[key])
             for stats in workers.values():
-                raw = stats.get("hist")
-                one = Hist.from_json(raw.get(key)) if isinstance(raw, dict) else None
+                one = Hist.from_json(stats.hist.get(key))
                 if one is not None:
                     total.add(one)
             yield HistogramMetricFamily(

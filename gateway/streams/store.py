@@ -24,6 +24,7 @@ from core.wire.events import Event, decode_event, entry_id, plan_finish, seq_of
 from core.wire.ids import hash_token, new_resume_token, new_stream_id, token_matches
 from core.wire.keys import ACTIVE_TTL, CONTROL_MAXLEN, DEFAULT_PREFIX, MAXLEN, Keys
 from core.wire.scripts import APPEND_LUA, COUNT_LUA, Append, append_call, decode_append
+from core.wire.stats import STATS_FIELD, WorkerStats
 from core.wire.telemetry import DISCONNECTS_FIELD, RESUMES_FIELD, log_summary
 from gateway.streams.attachments import Attachments
 from gateway.streams.tailer import RedisUnavailable, StreamNotFound, Tailer
@@ -188,14 +189,9 @@ class StreamStore:
         """For each worker, whether its last published stats say it is draining (SIGTERM)."""
         pipe = self.redis.pipeline(transaction=False)
         for w in workers:
-            pipe.hget(self.keys.worker(w), "stats")
-        out = []
-        for raw in await self._guard(pipe.execute()):
-            try:
-                out.append(bool(raw and json.loads(raw).get("draining")))
-            except (ValueError, AttributeError):
-                out.append(False)
-        return out
+            pipe.hget(self.keys.worker(w), STATS_FIELD)
+        snapshots = [WorkerStats.from_json(raw) for raw in await self._guard(pipe.execute())]
+        return [s is not None and s.draining for s in snapshots]
 
     # --- streams -----------------------------------------------------------------
 

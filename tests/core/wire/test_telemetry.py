@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from core.wire.stats import WorkerStats
 from core.wire.telemetry import BUCKETS, Hist, log_summary
 from gateway.app import Settings, create_app
 from gateway.observe.metrics import ClusterView
@@ -50,6 +52,12 @@ def test_malformed_hist_is_refused(raw: object) -> None:
     assert Hist.from_json(raw) is None
 
 
+def _stats(flat: dict[str, Any]) -> WorkerStats:
+    stats = WorkerStats.from_json(json.dumps(flat))
+    assert stats is not None
+    return stats
+
+
 def test_collector_skips_garbage_worker_stats() -> None:
     app = create_app(Settings(redis_url="redis://127.0.0.1:1/0"))
     metrics = app.state.gateway.metrics
@@ -58,21 +66,25 @@ def test_collector_skips_garbage_worker_stats() -> None:
     metrics.view = ClusterView(
         redis_up=True,
         workers={
-            "w-good": {
-                "running": 2,
-                "blocks_total": 10,
-                "blocks_free": 7,
-                "length": 3,
-                "prefix_cache_hit_tokens": 5,
-                "prefix_cache_query_tokens": 20,
-                "hist": {"e2e": good.to_json()},
-            },
-            "w-bad": {
-                "running": "many",
-                "blocks_total": None,
-                "length": True,
-                "hist": {"e2e": {"le": "bad"}, "ttft": [1, 2]},
-            },
+            "w-good": _stats(
+                {
+                    "running": 2,
+                    "blocks_total": 10,
+                    "blocks_free": 7,
+                    "length": 3,
+                    "prefix_cache_hit_tokens": 5,
+                    "prefix_cache_query_tokens": 20,
+                    "hist": {"e2e": good.to_json()},
+                }
+            ),
+            "w-bad": _stats(
+                {
+                    "running": "many",
+                    "blocks_total": None,
+                    "length": True,
+                    "hist": {"e2e": {"le": "bad"}, "ttft": [1, 2]},
+                }
+            ),
         },
         queue_depth=4,
     )

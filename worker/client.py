@@ -1,0 +1,77 @@
+"""What a worker needs of an engine: the :class:`EngineClient` protocol, and our engine behind it.
+
+:class:`worker.main.Worker` drives any object with these methods, one step at a
+time, from one thread. :class:`engine.LLMEngine` is one (it matches the
+protocol as it is; :func:`local_engine` builds it from the worker's options).
+A relay to an upstream OpenAI-compatible server is meant to be a second
+implementation of the same protocol.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from core.wire.params import SamplingParams
+
+
+class StepOutput(Protocol):
+    """What one request produced in one engine step."""
+
+    request_id: str
+    new_text: str  # the text delta (stop strings never appear)
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort" | None
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class EngineClient(Protocol):
+    """The step-level engine interface a worker drives (one thread, one call at a time)."""
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+        """Token ids of a chat; ``ValueError`` naming the field for a bad message."""
+        ...
+
+    def add_request(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None
+    ) -> int:
+        """Queue a request; its prompt token count. ``ValueError`` for a bad one."""
+        ...
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request at the next step and free what it holds; False if unknown."""
+        ...
+
+    def has_unfinished(self) -> bool:
+        """Whether any request is queued or running."""
+        ...
+
+    def unstarted_requests(self) -> list[str]:
+        """Ids of queued requests that have computed nothing yet (can be handed back)."""
+        ...
+
+    def step(self) -> Sequence[StepOutput]:
+        """Run one step; what each request with news produced."""
+        ...
+
+    def stats(self) -> Mapping[str, Any]:
+        """Numbers for the worker's published stats (core/wire/stats.py)."""
+        ...
+
+
+def local_engine(args: argparse.Namespace) -> EngineClient:
+    """Our engine (:class:`engine.LLMEngine`) built from ``tokenrelay worker``'s options."""
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+
+    config = EngineConfig(
+        model=args.model,
+        device=args.device,
+        kv_cache_memory=args.kv_cache_memory,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+    )
+    return LLMEngine(config)
