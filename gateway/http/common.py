@@ -21,20 +21,12 @@ from core.wire.events import Event
 from gateway.http.openai_render import ChunkEncoder, StreamFormat
 from gateway.http.openai_request import ApiError, error_for_code
 from gateway.http.sse_response import Pump
-from gateway.streams.store import (
-    BadOffset,
-    NoWorker,
-    Overloaded,
-    RedisUnavailable,
-    StreamForbidden,
-    StreamNotFound,
-    StreamStore,
-)
+from gateway.streams.errors import refusal
+from gateway.streams.store import RedisUnavailable, StreamNotFound, StreamStore
 
 log = logging.getLogger("tokenrelay.api")
 
 FORMAT_FIELD = "oa"  # the stream-metadata field holding the StreamFormat
-EXPOSED = "X-Stream-Id, X-Resume-Token, X-Request-Id"  # Access-Control-Expose-Headers
 
 
 def _env_number(name: str, default: float) -> float:
@@ -78,22 +70,10 @@ def error_response(exc: ApiError, headers: Mapping[str, str] | None = None) -> J
     return JSONResponse(exc.body(), exc.status, headers={**exc.headers(), **(headers or {})})
 
 
-def store_error(exc: Exception) -> ApiError:
-    """The :class:`ApiError` for a stream-log exception."""
-    if isinstance(exc, NoWorker):
-        return error_for_code("unavailable", str(exc), retry_after=2)
-    if isinstance(exc, Overloaded):
-        return error_for_code("overloaded", str(exc), retry_after=1)
-    if isinstance(exc, StreamNotFound):  # EventsTrimmed too
-        return error_for_code("not_found", str(exc) or "no such stream (unknown or expired)")
-    if isinstance(exc, StreamForbidden):
-        return error_for_code("forbidden", str(exc))
-    if isinstance(exc, BadOffset):
-        return error_for_code("bad_request", str(exc), param="after")
-    return error_for_code("unavailable", "the stream store is unreachable", retry_after=2)
-
-
-STORE_ERRORS = (NoWorker, Overloaded, StreamNotFound, StreamForbidden, BadOffset, RedisUnavailable)
+def store_error(exc: Exception, *, streaming: bool = False) -> ApiError:
+    """The :class:`ApiError` for a stream-log exception (see :func:`refusal`)."""
+    r = refusal(exc, streaming=streaming)
+    return error_for_code(r.code, r.message, param=r.param, retry_after=r.retry_after)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -152,10 +132,9 @@ async def event_frames(
         log.info("stream finished", extra=dict(extra))
     except StreamNotFound as exc:
         log.info("stream vanished while streaming", extra=dict(extra))
-        yield encoder.error(error_for_code("not_found", str(exc)))
-    except RedisUnavailable:
+        yield encoder.error(store_error(exc, streaming=True))
+    except RedisUnavailable as exc:
         log.warning("stream store unreachable while streaming", extra=dict(extra))
-        msg = "the stream store is unreachable; resume later"
-        yield encoder.error(error_for_code("unavailable", msg), final=False)
+        yield encoder.error(store_error(exc, streaming=True), final=False)
     finally:
         await cleanup()

@@ -1,6 +1,6 @@
 """OpenAI-compatible completions and models over the shared stream log.
 
-Routes (mounted by gateway/app.py, which picks up every ``gateway/api_*.py``):
+Routes (listed in gateway/app.py):
 ``POST /v1/chat/completions``, ``POST /v1/completions`` (streaming as SSE
 chunks with ``id: <seq>`` then ``data: [DONE]``, or not), ``GET /v1/models``
 and ``GET /v1/models/{model}``. gateway/http/streams.py resumes and cancels.
@@ -30,10 +30,9 @@ from starlette.routing import BaseRoute, Route
 
 from core.wire.events import Event
 from gateway.access.auth import AuthError
+from gateway.access.cors import EXPOSE_HEADERS
 from gateway.access.guard import Principal, RateLimited, TooManyStreams
 from gateway.http.common import (
-    EXPOSED,
-    STORE_ERRORS,
     HttpSettings,
     error_response,
     event_frames,
@@ -57,6 +56,7 @@ from gateway.http.openai_request import (
     parse_json,
 )
 from gateway.http.sse_response import GONE, Pump, SSEResponse, watch_disconnect
+from gateway.streams.errors import STORE_ERRORS
 
 if TYPE_CHECKING:
     from gateway.state import Gateway
@@ -226,7 +226,7 @@ class OpenAIApi:
             await self.gw.streams.detach(sid, new.attach_id)
 
         headers = {"X-Request-Id": rid, "X-Stream-Id": sid, "X-Resume-Token": new.resume_token,
-                   "Access-Control-Expose-Headers": EXPOSED}  # fmt: skip
+                   "Access-Control-Expose-Headers": EXPOSE_HEADERS}  # fmt: skip
         run = Running(sid, fmt, pump, watch_disconnect(request.receive), headers, extra, cleanup)
         if req.stream:
             return await self._stream(run)
@@ -283,5 +283,5 @@ class OpenAIApi:
 
 
 def routes(gw: Gateway) -> list[BaseRoute]:
-    """Completions and models (found by gateway/app.py's plugin discovery)."""
+    """Completions and models (listed in gateway/app.py)."""
     return OpenAIApi(gw).routes()

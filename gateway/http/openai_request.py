@@ -6,6 +6,8 @@ options), or raise :class:`ApiError`: the HTTP status and the OpenAI-style
 error body ``{"error": {"message", "type", "param", "code"}}`` the client
 gets. Unknown fields are ignored; known fields of the wrong type, or values
 this server cannot honour (``n`` > 1, ``logprobs``, ``echo``...), are 400s.
+Sampling fields and messages go through the validator every transport shares
+(:mod:`core.wire.requests`), so they are refused as on the WebSocket.
 docs/api.md ("HTTP API") lists the fields.
 """
 
@@ -18,8 +20,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.wire.params import SamplingParams
-from gateway.ws.protocol import MAX_SEED, Limits
+from core.wire.errors import lookup
+from core.wire.requests import (
+    Limits,
+    RequestError,
+    check_input_size,
+    validate_messages,
+    validate_params,
+)
 
 __all__ = [
     "ApiError",
@@ -31,19 +39,9 @@ __all__ = [
     "parse_json",
 ]
 
-# protocol error code -> (HTTP status, OpenAI error type)
-CODE_STATUS: dict[str, tuple[int, str]] = {
-    "bad_request": (400, "invalid_request_error"),
-    "unauthorized": (401, "authentication_error"),
-    "forbidden": (403, "permission_error"),
-    "not_found": (404, "invalid_request_error"),
-    "too_large": (413, "invalid_request_error"),
-    "rate_limited": (429, "rate_limit_error"),
-    "overloaded": (503, "server_error"),
-    "unavailable": (503, "server_error"),
-    "internal": (500, "server_error"),
-}
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+# the OpenAI fields that are SamplingParams fields of the same name (vLLM's top_k, ignore_eos too)
+SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
 
 
 class ApiError(Exception):
@@ -87,13 +85,22 @@ def error_body(
 def error_for_code(
     code: str, message: str, *, param: str | None = None, retry_after: float | None = None
 ) -> ApiError:
-    """An :class:`ApiError` for a protocol error code (``bad_request``, ``overloaded``...)."""
-    status, kind = CODE_STATUS.get(code, CODE_STATUS["internal"])
-    if code not in CODE_STATUS:
-        code = "internal"
-    if retry_after is None and status in (429, 503):
-        retry_after = 1.0
-    return ApiError(status, message, type=kind, param=param, code=code, retry_after=retry_after)
+    """An :class:`ApiError` for a protocol error code (``bad_request``, ``overloaded``...).
+
+    Status, OpenAI error type and default ``Retry-After`` come from
+    :data:`core.wire.errors.ERRORS`; an unknown code is ``internal``.
+    """
+    kind = lookup(code)
+    if retry_after is None:
+        retry_after = kind.retry_after
+    return ApiError(
+        kind.status, message, type=kind.type, param=param, code=kind.code, retry_after=retry_after
+    )
+
+
+def request_error(exc: RequestError) -> ApiError:
+    """The :class:`ApiError` for a refusal of the shared request validator."""
+    return error_for_code(exc.code, exc.message, param=exc.field)
 
 
 def _bad(message: str, param: str | None = None) -> ApiError:
@@ -187,57 +194,25 @@ def _params(obj: dict[str, Any], limits: Limits) -> dict[str, Any]:
         value = obj.get(name)
         if value not in (None, False, 0):
             raise _bad(f"'{name}' is not supported by this server.", name)
-    max_tokens = _opt(obj, "max_tokens", (int,), "an integer")
-    mct = _opt(obj, "max_completion_tokens", (int,), "an integer")
-    limit_name = "max_completion_tokens" if mct is not None else "max_tokens"
-    limit = mct if mct is not None else max_tokens
-    if limit is not None and not 1 <= limit <= limits.max_tokens:
-        raise _bad(f"'{limit_name}' must be between 1 and {limits.max_tokens}", limit_name)
-    temperature = _number(obj, "temperature", 0.0, 2.0)
-    top_p = _number(obj, "top_p", 0.0, 1.0)
-    top_k = _opt(obj, "top_k", (int,), "an integer")  # vLLM extension
-    if top_k is not None and top_k < -1:
-        raise _bad("'top_k' must be >= -1", "top_k")
-    seed = _opt(obj, "seed", (int,), "an integer")
-    if seed is not None and not 0 <= seed < MAX_SEED:
-        raise _bad("'seed' must be in [0, 2**63)", "seed")
-    ignore_eos = _opt(obj, "ignore_eos", (bool,), "a boolean")  # vLLM extension
-    stop = _stop(obj.get("stop"), limits)
-    kw: dict[str, Any] = {"max_tokens": limit or limits.max_tokens, "stop": stop}
-    if temperature is not None:
-        kw["temperature"] = temperature
-    if top_p is not None:
-        if top_p == 0:  # the limit of nucleus sampling as p -> 0 is greedy
-            kw["temperature"] = 0.0
-        else:
-            kw["top_p"] = top_p
-    if top_k is not None:
-        kw["top_k"] = top_k
-    if seed is not None:
-        kw["seed"] = seed
-    if ignore_eos is not None:
-        kw["ignore_eos"] = ignore_eos
+    # OpenAI names and shapes -> SamplingParams fields (null means "not given")
+    raw = {k: obj[k] for k in SAMPLING_FIELDS if obj.get(k) is not None}
+    names: dict[str, str] = {}
+    if obj.get("max_completion_tokens") is not None:  # wins over max_tokens
+        _opt(obj, "max_tokens", (int,), "an integer")
+        raw["max_tokens"] = obj["max_completion_tokens"]
+        names["max_tokens"] = "max_completion_tokens"
+    raw.setdefault("max_tokens", limits.max_tokens)  # default: as long as allowed
+    top_p = raw.get("top_p")
+    greedy = top_p == 0 and isinstance(top_p, int | float) and not isinstance(top_p, bool)
+    if greedy:  # the limit of nucleus sampling as p -> 0 is greedy
+        del raw["top_p"]
     try:
-        params = SamplingParams(**kw)
-    except ValueError as exc:
-        raise _bad(str(exc)) from None
+        params = validate_params(raw, limits, names=names)
+    except RequestError as exc:
+        raise request_error(exc) from None
+    if greedy:
+        params = dataclasses.replace(params, temperature=0.0)
     return dataclasses.asdict(params)
-
-
-def _stop(raw: Any, limits: Limits) -> list[str]:
-    if raw is None:
-        return []
-    stops = [raw] if isinstance(raw, str) else raw
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise _bad("'stop' must be a string or a list of strings", "stop")
-    if len(stops) > limits.max_stop:
-        raise _bad(f"'stop' may hold at most {limits.max_stop} strings", "stop")
-    for s in stops:
-        if not s:
-            raise _bad("'stop' strings must not be empty", "stop")
-        if len(s) > limits.max_stop_chars:
-            raise _bad(f"'stop' strings are limited to {limits.max_stop_chars} characters", "stop")
-    return list(stops)
 
 
 def _stream_options(obj: dict[str, Any]) -> tuple[bool, bool]:
@@ -258,17 +233,11 @@ def _common(obj: dict[str, Any]) -> tuple[bool, bool, str | None]:
     return stream, include_usage, user
 
 
-def _too_large(size: int, limits: Limits) -> None:
-    if size > limits.max_input_chars:
-        raise error_for_code(
-            "too_large", f"The input is {size} characters; the limit is {limits.max_input_chars}."
-        )
-
-
 # --- requests -------------------------------------------------------------------
 
 
 def _content(raw: Any, i: int, role: str) -> str:
+    """A message's content: a string, text parts, or null for an assistant turn."""
     param = f"messages[{i}].content"
     if isinstance(raw, str):
         return raw
@@ -278,14 +247,19 @@ def _content(raw: Any, i: int, role: str) -> str:
         parts = []
         for j, part in enumerate(raw):
             if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-                raise _bad(f"'{param}[{j}]' must be an object with a 'type'", param)
+                raise RequestError(
+                    "bad_request", f"'{param}[{j}]' must be an object with a 'type'", param
+                )
             if part["type"] != "text":
-                raise _bad(f"'{param}[{j}]': only text content is supported", param)
+                raise RequestError(
+                    "bad_request", f"'{param}[{j}]': only text content is supported", param
+                )
             if not isinstance(part.get("text"), str):
-                raise _bad(f"'{param}[{j}].text' must be a string", param)
+                raise RequestError("bad_request", f"'{param}[{j}].text' must be a string", param)
             parts.append(part["text"])
         return "".join(parts)
-    raise _bad(f"'{param}' must be a string or a list of text parts", param)
+    message = f"'{param}' must be a string or a list of text parts"
+    raise RequestError("bad_request", message, param)
 
 
 def parse_chat(obj: dict[str, Any], *, served_model: str, limits: Limits) -> ApiRequest:
@@ -294,28 +268,13 @@ def parse_chat(obj: dict[str, Any], *, served_model: str, limits: Limits) -> Api
     messages = obj.get("messages")
     if messages is None:
         raise _bad("Missing required parameter: 'messages'.", "messages")
-    if not isinstance(messages, list):
-        raise _bad("'messages' must be a list", "messages")
-    if not messages:
-        raise _bad("'messages' must not be empty", "messages")
-    if len(messages) > limits.max_messages:
-        raise error_for_code(
-            "too_large", f"At most {limits.max_messages} messages.", param="messages"
-        )
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise _bad(f"'messages[{i}]' must be an object", "messages")
-        role = m.get("role")
-        if not isinstance(role, str) or role not in CHAT_ROLES:
-            raise _bad(
-                f"'messages[{i}].role' must be one of system, developer, user, assistant",
-                f"messages[{i}].role",
-            )
-        out.append({"role": CHAT_ROLES[role], "content": _content(m.get("content"), i, role)})
-    _too_large(sum(len(m["content"]) for m in out), limits)
+    try:
+        parsed = validate_messages(messages, limits, roles=CHAT_ROLES, content=_content)
+    except RequestError as exc:
+        raise request_error(exc) from None
     params = _params(obj, limits)
     stream, include_usage, user = _common(obj)
+    out = [{"role": m.role, "content": m.content} for m in parsed]
     body = {"params": params, "messages": out}
     return ApiRequest("chat", model, body, stream, include_usage, user)
 
@@ -342,7 +301,10 @@ def parse_completion(obj: dict[str, Any], *, served_model: str, limits: Limits) 
     if obj.get("prompt") is None:
         raise _bad("Missing required parameter: 'prompt'.", "prompt")
     prompt = _prompt(obj["prompt"])
-    _too_large(len(prompt), limits)
+    try:
+        check_input_size(len(prompt), limits)
+    except RequestError as exc:
+        raise request_error(exc) from None
     if obj.get("echo") not in (None, False):
         raise _bad("'echo' is not supported by this server.", "echo")
     if obj.get("suffix") not in (None, ""):

@@ -22,12 +22,11 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from core.runtime import asset_dir, version
+from core.wire.requests import DEFAULT_MAX_TOKENS_LIMIT, MAX_SEED, MAX_TEMPERATURE
 
 TEMPLATES_DIR = asset_dir("web") / "templates"
 STATIC_DIR = asset_dir("static")
 
-MAX_TOKENS_LIMIT = 8192
-MAX_SEED = 2**63
 MAX_SYSTEM_CHARS = 8000
 
 templates = Jinja2Templates(directory=str(TEMPLATES_DIR))
@@ -72,8 +71,8 @@ def _text(raw: str) -> str:
 
 
 PRESET_PARSERS: dict[str, Callable[[str], Any]] = {
-    "temperature": _float_in(0.0, 2.0),
-    "max_tokens": _int_in(1, MAX_TOKENS_LIMIT + 1),
+    "temperature": _float_in(0.0, MAX_TEMPERATURE),
+    "max_tokens": _int_in(1, DEFAULT_MAX_TOKENS_LIMIT + 1),
     "top_p": _float_in(0.0, 1.0, lo_open=True),
     "top_k": _int_in(0, 1_000_001),
     "seed": _int_in(0, MAX_SEED),

@@ -10,7 +10,7 @@
 - ``POST /v1/streams/{stream_id}/cancel``: the token in the JSON body, the
   query or the header.
 
-Mounted by gateway/app.py's plugin discovery. docs/api.md is the reference.
+Mounted by gateway/app.py's route list. docs/api.md is the reference.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from core.wire.errors import NO_SUCH_STREAM
 from core.wire.events import Event
 from core.wire.keys import STREAM_ID_RE
+from gateway.access.cors import EXPOSE_HEADERS
 from gateway.http.common import (
-    EXPOSED,
-    STORE_ERRORS,
     HttpSettings,
     error_response,
     event_frames,
@@ -39,6 +39,7 @@ from gateway.http.openai_render import ChunkEncoder, StreamFormat
 from gateway.http.openai_request import ApiError, error_for_code, parse_json
 from gateway.http.sse import parse_event_id
 from gateway.http.sse_response import Pump, SSEResponse, watch_disconnect
+from gateway.streams.errors import STORE_ERRORS
 from gateway.streams.store import BadOffset
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ def resume_token(request: Request, body: dict[str, Any] | None = None) -> str:
 def stream_id_of(request: Request) -> str:
     sid = str(request.path_params["stream_id"])
     if not STREAM_ID_RE.match(sid):
-        raise error_for_code("not_found", "no such stream (unknown or expired)")
+        raise error_for_code("not_found", NO_SUCH_STREAM)
     return sid
 
 
@@ -133,7 +134,7 @@ class StreamsApi:
             await slog.detach(sid, attach_id)
 
         frames = event_frames(ChunkEncoder(fmt, sid), pump, [], extra, cleanup)
-        headers = {"X-Stream-Id": sid, "Access-Control-Expose-Headers": EXPOSED}
+        headers = {"X-Stream-Id": sid, "Access-Control-Expose-Headers": EXPOSE_HEADERS}
         if info.request_id:
             headers["X-Request-Id"] = info.request_id
         return SSEResponse(frames, headers=headers, keepalive=self.settings.keepalive,
@@ -165,5 +166,5 @@ class StreamsApi:
 
 
 def routes(gw: Gateway) -> list[BaseRoute]:
-    """Resume and cancel (found by gateway/app.py's plugin discovery)."""
+    """Resume and cancel (listed in gateway/app.py)."""
     return StreamsApi(gw).routes()

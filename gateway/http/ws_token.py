@@ -8,7 +8,7 @@ token that expires after ``--ws-token-ttl`` seconds (60 by default) and opens
 
 With no keys configured the answer is ``{"token": null, "auth_required":
 false}``: the WebSocket is open to everyone (from allowed origins).
-Mounted by gateway/app.py's plugin discovery. docs/api.md is the reference.
+Mounted by gateway/app.py's route list. docs/api.md is the reference.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ log = logging.getLogger("tokenrelay.api")
 
 
 def routes(gw: Gateway) -> list[BaseRoute]:
-    """``POST /v1/ws-token`` (found by gateway/app.py's plugin discovery)."""
+    """``POST /v1/ws-token`` (listed in gateway/app.py)."""
 
     async def ws_token(request: Request) -> Response:
         guard = gw.guard

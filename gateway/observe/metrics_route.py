@@ -1,6 +1,6 @@
 """``GET /metrics`` (Prometheus text format) and the count of HTTP errors by code.
 
-The route is mounted by gateway/app.py's plugin discovery; gateway/observe/metrics.py
+The route is listed in gateway/app.py; gateway/observe/metrics.py
 holds the registry. :class:`HttpErrorCounter` is an ASGI middleware that
 counts every HTTP error response under ``tokenrelay_errors_total`` with
 ``transport="http"``: the code is the ``error.code`` of the OpenAI-style JSON
@@ -81,7 +81,7 @@ class HttpErrorCounter:
 
 
 def routes(gw: Gateway) -> list[BaseRoute]:
-    """``/metrics`` (found by gateway/app.py's plugin discovery)."""
+    """``/metrics`` (listed in gateway/app.py)."""
 
     async def metrics(request: Request) -> Response:
         await gw.metrics.refresh()

@@ -6,6 +6,10 @@ with the resume token, replay events after an offset and tail live ones with
 no gap and no duplicate, cancel, and keep attachments alive so the worker
 knows whether anyone is still listening. core/wire/keys.py has the key
 layout; gateway/streams/tailer.py serves the live part.
+
+Long: it is the one façade every transport calls, and each method is a few
+Redis calls with its error handling; split, the pieces would share all their
+state (client, keys, attachments, counters) through the class anyway.
 """
 
 from __future__ import annotations
