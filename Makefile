@@ -58,7 +58,7 @@ pytest: $(STAMP) model browser
 test: lint typecheck pytest
 
 bench: model
-	$(PY) bench/engine_throughput.py
+	$(PY) -m bench.engine_throughput
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -18,9 +18,9 @@ the same time, so both see the same machine load; the idle server costs next
 to nothing meanwhile. The report gives the 1-minute load average before and
 after.
 
-    .venv/bin/python bench/api_overhead.py              # the full run
-    .venv/bin/python bench/api_overhead.py --quick      # a smaller one
-    .venv/bin/python bench/api_overhead.py --write-docs # also update docs/benchmarks.md
+    .venv/bin/python -m bench.api_overhead          # the full run
+    .venv/bin/python -m bench.api_overhead --quick  # a smaller one
+    .venv/bin/python -m bench.api_overhead --out    # also save the report in bench/results/
 """
 
 from __future__ import annotations
@@ -39,18 +39,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from bench.common import machine, write_docs_section  # noqa: E402
+import httpx
+
+from bench.common import ROOT, machine, result_path, write_result
+from gateway.http.sse import SSEParser
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads
-
-import httpx  # noqa: E402
-
-from gateway.http.sse import SSEParser  # noqa: E402
 
 TOPICS = (
     "rivers", "volcanoes", "bread", "chess", "owls", "trains", "glaciers", "jazz", "bees",
@@ -294,7 +291,9 @@ def table(engine: dict[int, Level], api: dict[int, Level]) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.api_overhead", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--quick", action="store_true", help="1 and 8 streams, 16 tokens each")
     ap.add_argument("--levels", default=None, help="comma-separated concurrency levels")
     ap.add_argument(
@@ -303,7 +302,13 @@ def main() -> int:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--model", default="default")
     ap.add_argument("--repeats", type=int, default=None, help="rounds per level (3; 1 quick)")
-    ap.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md")
+    ap.add_argument(
+        "--out",
+        nargs="?",
+        const=str(result_path("api_overhead.md")),
+        default=None,
+        help="also write the report here (bench/results/api_overhead.md if no path is given)",
+    )
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")] if args.levels else (
         [1, 8] if args.quick else [1, 8, 32, 64])  # fmt: skip
@@ -330,9 +335,7 @@ def main() -> int:
     finally:
         server.stop()
     result = table(engine, api)
-    cmd = "python bench/api_overhead.py" + " ".join(
-        [""] + [a for a in sys.argv[1:] if a != "--write-docs"]
-    )
+    cmd = " ".join(["python -m bench.api_overhead", *sys.argv[1:]])
     report = (
         f"{SECTION}\n\n"
         f"`{cmd}` on {where} (device `{device}`, torch {torch.__version__}, "
@@ -348,8 +351,8 @@ def main() -> int:
     )
     print()
     print(report)
-    if args.write_docs:
-        write_docs_section(SECTION, report)
+    if args.out:
+        write_result(Path(args.out), report)
     return 0
 
 

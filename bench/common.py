@@ -1,4 +1,4 @@
-"""What every benchmark in bench/ reports the same way: the machine, its load, the docs section."""
+"""What every benchmark in bench/ reports the same way: the machine, its load, its saved table."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHMARKS_MD = ROOT / "docs" / "benchmarks.md"
+RESULTS = ROOT / "bench" / "results"  # gitignored: a run's saved tables and JSON
 
 
 def machine() -> str:
@@ -36,18 +36,16 @@ def load_average() -> str:
         return "n/a"
 
 
-def write_docs_section(section: str, text: str, path: Path = BENCHMARKS_MD) -> None:
-    """Replace the ``section`` heading's part of docs/benchmarks.md with ``text`` (or append it)."""
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    start = old.find(section + "\n")
-    if start < 0:
-        new = old.rstrip("\n") + "\n\n" + text
-    else:
-        end = old.find("\n## ", start + len(section))
-        rest = old[end + 1 :] if end >= 0 else ""
-        new = old[:start] + text.rstrip("\n") + ("\n\n" + rest if rest else "\n")
-    path.write_text(new)
-    print(f"updated {path}")
+def result_path(name: str) -> Path:
+    """``bench/results/<name>``: where a bench's ``--out`` saves when given no path."""
+    return RESULTS / name
+
+
+def write_result(path: Path, text: str) -> None:
+    """Write a bench's report (its table, or JSON) to ``path`` and say where it went."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text.rstrip("\n") + "\n")
+    print(f"wrote {path}")
 
 
 @contextlib.contextmanager

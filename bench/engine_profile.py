@@ -23,10 +23,10 @@ Measurements, tables on stdout:
   engine/text/tokenizer.py against ``AutoTokenizer`` (the peer), three fresh
   processes each.
 
-    .venv/bin/python bench/engine_profile.py            # both
-    .venv/bin/python bench/engine_profile.py omp        # one of them
-    .venv/bin/python bench/engine_profile.py attention  # C kernel against torch buckets
-    .venv/bin/python bench/engine_profile.py start      # engine and tokenizer load times
+    .venv/bin/python -m bench.engine_profile            # both
+    .venv/bin/python -m bench.engine_profile omp        # one of them
+    .venv/bin/python -m bench.engine_profile attention  # C kernel against torch buckets
+    .venv/bin/python -m bench.engine_profile start      # engine and tokenizer load times
 """
 
 from __future__ import annotations
@@ -39,11 +39,9 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import load_average, machine
+from bench.common import ROOT, load_average, machine
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -85,7 +83,11 @@ def _omp_child(policy: str, spin: str | None) -> dict[str, float]:
     if spin is not None:
         env["GOMP_SPINCOUNT"] = spin
     out = subprocess.run(
-        [sys.executable, __file__, "_single"], env=env, capture_output=True, text=True
+        [sys.executable, "-m", "bench.engine_profile", "_single"],
+        cwd=ROOT,  # the repository root, so that ``-m bench.engine_profile`` imports
+        env=env,
+        capture_output=True,
+        text=True,
     )
     if out.returncode != 0:
         raise SystemExit(f"child with {policy} / {spin} failed:\n{out.stderr[-2000:]}")
@@ -246,7 +248,9 @@ def run_start(repeats: int = 3) -> None:
     for _ in range(repeats):
         for name, code in START_CHILDREN.items():
             timed = f"import time\nt = time.perf_counter()\n{code}\nprint(time.perf_counter() - t)"
-            out = subprocess.run([sys.executable, "-c", timed], capture_output=True, text=True)
+            out = subprocess.run(
+                [sys.executable, "-c", timed], cwd=ROOT, capture_output=True, text=True
+            )
             if out.returncode != 0:
                 raise SystemExit(f"{name} failed:\n{out.stderr[-2000:]}")
             seconds[name].append(float(out.stdout.strip().splitlines()[-1]))
@@ -260,7 +264,11 @@ def run_start(repeats: int = 3) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.engine_profile",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     ap.add_argument(
         "what",
         nargs="?",
@@ -283,7 +291,7 @@ def main() -> int:
     if args.what == "start":
         run_start()
     print(f"\nload average at the end: {load_average()}")
-    print(f"command: python bench/engine_profile.py {' '.join(sys.argv[1:])}".rstrip())
+    print(f"command: python -m bench.engine_profile {' '.join(sys.argv[1:])}".rstrip())
     return 0
 
 

@@ -13,9 +13,9 @@ latency percentiles of our engine at 1, 8 and 32 concurrent requests whose
 arrivals are spread over time (one every ``--arrival-gap`` seconds), driven
 through ``LLMEngine.step`` by an arrival schedule.
 
-    .venv/bin/python bench/engine_throughput.py            # the full run
-    .venv/bin/python bench/engine_throughput.py --quick    # a smaller one
-    .venv/bin/python bench/engine_throughput.py --rounds 3 # ours and generate alternated 3x
+    .venv/bin/python -m bench.engine_throughput            # the full run
+    .venv/bin/python -m bench.engine_throughput --quick    # a smaller one
+    .venv/bin/python -m bench.engine_throughput --rounds 3 # ours and generate alternated 3x
 
 With ``--rounds N`` ours and transformers ``generate`` alternate N times (a shared
 machine's slow spells then land on both); each row is the system's median, and
@@ -32,10 +32,8 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import load_average, machine
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -227,7 +225,11 @@ def run_latency(
 
 # ------------------------------------------------------------------------ main
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.engine_throughput",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     ap.add_argument("--quick", action="store_true", help="16 prompts x 32 tokens, short latency")
     ap.add_argument("--model", default="default")
     ap.add_argument("--device", default="cpu")
@@ -306,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
             from transformers import AutoModelForCausalLM
 
             model = AutoModelForCausalLM.from_pretrained(
-                str(engine.config.model_path), dtype=engine.runner.dtype
+                str(engine.model_path), dtype=engine.runner.dtype
             )
             model = model.to(engine.runner.device).eval()
             with torch.inference_mode():  # warm up
@@ -375,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     print(f"\nload average at the end: {load_average()} (other processes share the CPU)")
-    print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
+    print(f"command: {' '.join(['python -m bench.engine_throughput', *sys.argv[1:]])}")
     return 0
 
 

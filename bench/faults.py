@@ -19,8 +19,8 @@ For every stream: seqs contiguous from 1 (no gap, no duplicate), the text
 equal to the uninterrupted greedy text for its prompt, and equal to a replay of
 the stream log. ``lost`` counts missing or wrong tokens and must be 0.
 
-    .venv/bin/python bench/faults.py               # prints the table
-    .venv/bin/python bench/faults.py --streams 8   # more streams per case
+    .venv/bin/python -m bench.faults               # prints the table
+    .venv/bin/python -m bench.faults --streams 8   # more streams per case
 """
 
 from __future__ import annotations
@@ -36,13 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.netproxy import TcpProxy  # noqa: E402
-from core.redis.embedded import EmbeddedRedis  # noqa: E402
-from tests.gateway.procs import Client, start_gateway, start_worker, wait_ready  # noqa: E402
-from worker.store import WorkerStore  # noqa: E402
+from bench.netproxy import TcpProxy
+from core.redis.embedded import EmbeddedRedis
+from tests.gateway.procs import Client, start_gateway, start_worker, wait_ready
+from worker.store import WorkerStore
 
 PREFIX = "flt:"
 TOPICS = ["rivers", "owls", "bread", "Mars", "chess", "tea", "glass", "maps"]
@@ -388,7 +385,11 @@ def format_row(r: Row) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.faults",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     ap.add_argument("--streams", type=int, default=4, help="streams per case")
     ap.add_argument("--tokens", type=int, default=24, help="max_tokens of each stream")
     ap.add_argument("--json", type=Path, help="also write the rows here")

@@ -24,9 +24,9 @@ the client process), and whether every event arrived once and in order. Then
 the resume time: from sending ``resume`` (``after: 0``) to the last replayed
 event of a finished stream with a ``--backlog``-event log.
 
-    .venv/bin/python bench/gateway.py                # 100 and 1,000 streams, 10 s each
-    .venv/bin/python bench/gateway.py --quick        # 100 streams, 3 s
-    .venv/bin/python bench/gateway.py --write-docs   # also update docs/benchmarks.md
+    .venv/bin/python -m bench.gateway          # 100 and 1,000 streams, 10 s each
+    .venv/bin/python -m bench.gateway --quick  # 100 streams, 3 s
+    .venv/bin/python -m bench.gateway --out    # also save the report in bench/results/
 """
 
 from __future__ import annotations
@@ -48,17 +48,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-import httpx  # noqa: E402
-from websockets.asyncio.client import connect  # noqa: E402
+import httpx
+from websockets.asyncio.client import connect
 
-from bench.common import load_generator_gc, machine, write_docs_section  # noqa: E402
-from bench.token_source import backlog_stream, parse_stamp  # noqa: E402
-from bench.ws_client import LightClient  # noqa: E402
-from core.redis.embedded import EmbeddedRedis  # noqa: E402
-from gateway.server import loop_factory  # noqa: E402
-from worker.store import WorkerStore  # noqa: E402
+from bench.common import ROOT, load_generator_gc, machine, result_path, write_result
+from bench.token_source import backlog_stream, parse_stamp
+from bench.ws_client import LightClient
+from core.redis.embedded import EmbeddedRedis
+from gateway.server import loop_factory
+from worker.store import WorkerStore
 
 SECTION = "## Gateway"
 PREFIX = "bench:"
@@ -149,13 +147,13 @@ def free_port() -> int:
 
 
 class Child:
-    """A child process driven over stdin/stdout JSON lines (bench/token_source.py)."""
+    """A child process driven over stdin/stdout JSON lines (``python -m bench.token_source``)."""
 
     def __init__(self, args: list[str], log: Path) -> None:
         self._err = open(log, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "bench" / "token_source.py"), *args],
-            cwd=ROOT,
+            [sys.executable, "-m", "bench.token_source", *args],
+            cwd=ROOT,  # the repository root, so that ``-m bench.token_source`` imports
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._err,
@@ -561,7 +559,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.gateway", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--quick", action="store_true", help="100 streams, 3 s, 3 resumes")
     ap.add_argument("--levels", default=None, help="comma-separated stream counts (100,1000)")
     ap.add_argument("--rate", type=float, default=20.0, help="tokens/s per stream (20)")
@@ -575,7 +575,13 @@ def main() -> int:
         help="split the streams over G simulated engine workers with staggered steps (1)",
     )
     ap.add_argument("--json", default=None, help="also write the results here (JSON)")
-    ap.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md")
+    ap.add_argument(
+        "--out",
+        nargs="?",
+        const=str(result_path("gateway.md")),
+        default=None,
+        help="also write the report here (bench/results/gateway.md if no path is given)",
+    )
     args = ap.parse_args()
     args.levels = args.levels or ("100" if args.quick else "100,1000")
     args.seconds = args.seconds or (3.0 if args.quick else 10.0)
@@ -593,7 +599,7 @@ def main() -> int:
         f"{max(rs, default=0):.1f} | {args.backlog / (pct(rs, 50) / 1000):,.0f} "
         f"| {'yes' if not out['resume_errors'] else 'no'} |"
     )
-    cmd = "python bench/gateway.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    cmd = "python -m bench.gateway " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     notes = verdicts(results, args.groups)
     cores = len(os.sched_getaffinity(0))
     if max(load_before, load_after) > cores:
@@ -672,8 +678,8 @@ def main() -> int:
                 indent=1,
             )
         )
-    if args.write_docs:
-        write_docs_section(SECTION, report)
+    if args.out:
+        write_result(Path(args.out), report)
     return 0
 
 

@@ -17,7 +17,7 @@ id ("t0" .. "t151935") in a temporary folder, then
    driven directly so each request gets its own ``max_new_tokens``). Each
    system has a time guard; a run cut short is reported as PARTIAL.
 
-Runs from a bare checkout (the repo root goes on ``sys.path``; no pip install)
+Runs from a bare checkout (``python -m`` in the repo root puts it on ``sys.path``; no pip install)
 with only torch, transformers, tokenizers and safetensors (our engine also
 imports numpy and filelock, which transformers and huggingface_hub require;
 flash-attn is used when present, never needed). ``--budget`` (330 s) bounds the
@@ -25,8 +25,8 @@ whole run: our engine gets about 45% of what is left after the correctness
 checks, transformers the rest. Markdown tables on stdout (progress on stderr);
 ``--json`` is rewritten after every phase, so a killed run still leaves data.
 
-    python3 bench/gpu_check.py --json $OUT/gpu_check.json                  # the GPU run
-    .venv/bin/python bench/gpu_check.py --tiny --device cpu --json /tmp/g.json  # smoke test
+    python3 -m bench.gpu_check --json $OUT/gpu_check.json                  # the GPU run
+    .venv/bin/python -m bench.gpu_check --tiny --device cpu --json /tmp/g.json  # smoke test
 """
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.common import machine
+
 T0 = time.monotonic()
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import machine  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -629,12 +629,16 @@ def print_tables(rep: Report, results: list[Result]) -> None:
             print(f"- {e.splitlines()[-1] if e else e}")
     phases = ", ".join(f"{k} {v:.1f}s" for k, v in rep.phases.items() if k != "total")
     print(f"\nphases: {phases}; total {elapsed():.1f}s")
-    print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
+    print(f"command: {' '.join(['python -m bench.gpu_check', *sys.argv[1:]])}")
 
 
 # ------------------------------------------------------------------ main
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.gpu_check",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     ap.add_argument("--tiny", action="store_true", help="tiny model, 16 requests of 8-32 tokens")
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     ap.add_argument("--dtype", default="bfloat16", help="model dtype for both systems")

@@ -9,8 +9,8 @@ config, the tokenizer and the weights, and rebuilds the name map per module.
 Each run is a fresh process (imports included) writing into its own temporary
 folder; the two alternate. The outputs are compared byte for byte.
 
-    .venv/bin/python bench/model_prepare.py            # 2 runs each
-    .venv/bin/python bench/model_prepare.py --runs 3
+    .venv/bin/python -m bench.model_prepare            # 2 runs each
+    .venv/bin/python -m bench.model_prepare --runs 3
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import ROOT, load_average, machine
 
@@ -56,7 +54,9 @@ def run(who: str, out: Path) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.model_prepare", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("--runs", type=int, default=2, help="runs of each, alternating")
     ns = ap.parse_args()
     if ns.runs < 1:
@@ -80,7 +80,7 @@ def main() -> int:
     ratio = statistics.median(seconds["peer"]) / statistics.median(seconds["ours"])
     print(f"\npeer / ours: {ratio:.2f}x; outputs byte-identical: {'yes' if identical else 'NO'}")
     print(f"load average at the end: {load_average()}")
-    print("command: python bench/model_prepare.py " + " ".join(sys.argv[1:]))
+    print("command: python -m bench.model_prepare " + " ".join(sys.argv[1:]))
     return 0 if identical else 1
 
 

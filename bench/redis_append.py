@@ -14,9 +14,9 @@ that carried several steps' tokens would). Reported: the step's wall time as the
 worker sees it (p50 / p90), and Redis' own time per step and per token event from
 ``INFO commandstats``.
 
-    .venv/bin/python bench/redis_append.py              # 1, 16, 64 and 256 streams
-    .venv/bin/python bench/redis_append.py --steps 500
-    .venv/bin/python bench/redis_append.py --sizes 256 --events 1 2 4 8
+    .venv/bin/python -m bench.redis_append              # 1, 16, 64 and 256 streams
+    .venv/bin/python -m bench.redis_append --steps 500
+    .venv/bin/python -m bench.redis_append --sizes 256 --events 1 2 4 8
 """
 
 from __future__ import annotations
@@ -26,11 +26,8 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 from unittest import mock
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import load_average, machine
 from bench.token_source import create_streams, stamp_text
@@ -90,7 +87,9 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.redis_append", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("--steps", type=int, default=300, help="steps per batch size and system")
     ap.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     ap.add_argument(
@@ -127,7 +126,7 @@ def main() -> int:
         finally:
             server.stop()
     print(f"\nload average at the end: {load_average()}")
-    print("command: python bench/redis_append.py " + " ".join(sys.argv[1:]))
+    print("command: python -m bench.redis_append " + " ".join(sys.argv[1:]))
     return 0
 
 

@@ -16,8 +16,8 @@ at least 20 s) they must stay flat: the last quarter's peak within the
 tolerance of the first post-warm-up samples. At the end, with no traffic, the
 worker's ``blocks_free`` must equal ``blocks_total`` (no leaked KV blocks).
 
-    .venv/bin/python bench/soak.py                  # 3-minute smoke (run by the tests)
-    .venv/bin/python bench/soak.py --seconds 1800   # 30 minutes
+    .venv/bin/python -m bench.soak                  # 3-minute smoke (run by the tests)
+    .venv/bin/python -m bench.soak --seconds 1800   # 30 minutes
 """
 
 from __future__ import annotations
@@ -37,11 +37,8 @@ from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from core.redis.embedded import EmbeddedRedis  # noqa: E402
-from tests.gateway.procs import Client, start_gateway, start_worker, wait_ready  # noqa: E402
+from core.redis.embedded import EmbeddedRedis
+from tests.gateway.procs import Client, start_gateway, start_worker, wait_ready
 
 PREFIX = "soak:"
 WORDS = ["river", "owl", "bread", "Mars", "chess", "tea", "glass", "map", "snow", "bee"]
@@ -283,7 +280,11 @@ async def soak(seconds: float, clients: int, every: float, workdir: Path) -> dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.soak",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     ap.add_argument("--seconds", type=float, default=180.0, help="traffic duration (180: smoke)")
     ap.add_argument("--clients", type=int, default=6, help="concurrent client loops")
     ap.add_argument("--sample", type=float, default=5.0, help="seconds between RSS/fd samples")

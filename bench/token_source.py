@@ -16,8 +16,8 @@ between that moment and its receipt. Both run as child processes driven over
 stdin/stdout by bench/gateway.py: they print one JSON line when ready, wait for
 a ``go`` line, stream, and print one JSON line of stats.
 
-    python bench/token_source.py redis --redis-url URL --streams N --rate R --events E [--groups G]
-    python bench/token_source.py bare --streams N --rate R --events E [--groups G]
+    python -m bench.token_source redis --redis-url URL --streams N --rate R --events E [--groups G]
+    python -m bench.token_source bare --streams N --rate R --events E [--groups G]
 
 ``--groups G`` splits the streams over G simulated engine workers whose steps
 are evenly staggered over a tick (group g hands over g/G of a tick after group
@@ -34,20 +34,18 @@ import os
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench.common import load_generator_gc  # noqa: E402
-from core.wire.events import accepted_fields, done_fields, token_fields  # noqa: E402
-from core.wire.ids import hash_token, new_resume_token, new_stream_id  # noqa: E402
-from core.wire.keys import ACTIVE_TTL, HEARTBEAT_INTERVAL  # noqa: E402
-from gateway.server import loop_factory  # noqa: E402
-from worker.store import Batch, WorkerStore  # noqa: E402
+from bench.common import load_generator_gc
+from core.wire.events import accepted_fields, done_fields, token_fields
+from core.wire.ids import hash_token, new_resume_token, new_stream_id
+from core.wire.keys import ACTIVE_TTL, HEARTBEAT_INTERVAL
+from core.wire.stats import WorkerStats
+from gateway.server import loop_factory
+from worker.store import Batch, WorkerStore
 
 SOURCE_ID = "bench-source"
+BENCH_STATS = WorkerStats(worker_id=SOURCE_ID)  # what its heartbeat publishes
 
 
 def stamp_text(t: float) -> str:
@@ -139,7 +137,7 @@ def heartbeat(url: str, prefix: str, stop: threading.Event) -> None:
     beat = WorkerStore(url, SOURCE_ID, prefix=prefix)
     try:
         while not stop.is_set():
-            beat.heartbeat({"bench": True})
+            beat.heartbeat(BENCH_STATS)
             stop.wait(HEARTBEAT_INTERVAL)
     finally:
         beat.close()
@@ -147,7 +145,7 @@ def heartbeat(url: str, prefix: str, stop: threading.Event) -> None:
 
 def run_redis(args: argparse.Namespace) -> None:
     wlog = WorkerStore(args.redis_url, SOURCE_ID, prefix=args.prefix)
-    wlog.heartbeat({"bench": True})
+    wlog.heartbeat(BENCH_STATS)
     stop = threading.Event()
     beater = threading.Thread(target=heartbeat, args=(args.redis_url, args.prefix, stop))
     beater.start()
@@ -262,7 +260,9 @@ async def run_bare(args: argparse.Namespace) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.token_source", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("mode", choices=["redis", "bare"])
     ap.add_argument("--redis-url", default=None)
     ap.add_argument("--prefix", default="bench:")

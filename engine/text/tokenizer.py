@@ -3,7 +3,7 @@
 ``AutoTokenizer.from_pretrained`` first resolves the model's configuration
 class, which imports a large part of transformers: 5.7 s to a loaded tokenizer
 in a fresh process on a 2-core CPU, against 1.6 s for the class directly
-(``python bench/engine_profile.py start``). A folder whose
+(``python -m bench.engine_profile start``). A folder whose
 ``tokenizer_config.json`` names the generic fast tokenizer (what transformers
 writes for a ``tokenizer.json``-backed tokenizer, as for the cached default
 model) is loaded with that class directly: the same object ``AutoTokenizer``

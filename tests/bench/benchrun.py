@@ -1,4 +1,4 @@
-"""Running a bench/ script from a test, as a user would: a child process in the repo root."""
+"""Running a bench from a test, as a user would: ``python -m bench.<name>`` in the repo root."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import sys
 from tests.root import ROOT
 
 
-def run_bench(script: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    """``python bench/<script> args...``; fails the test with its output if it fails."""
+def run_bench(name: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python -m bench.<name> args...``; fails the test with its output if it fails."""
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / script), *args],
+        [sys.executable, "-m", f"bench.{name}", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

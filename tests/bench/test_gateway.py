@@ -15,7 +15,7 @@ from tests.bench.benchrun import run_bench
 def test_gateway_bench_tiny_run(tmp_path: Path) -> None:
     out = tmp_path / "result.json"
     args = ["--levels", "5", "--seconds", "2", "--rate", "20", "--backlog", "300"]
-    proc = run_bench("gateway.py", *args, "--resume-reps", "2", "--json", str(out), timeout=180)
+    proc = run_bench("gateway", *args, "--resume-reps", "2", "--json", str(out), timeout=180)
     result = json.loads(out.read_text())
     levels = {lvl["server"]: lvl for lvl in result["levels"]}
     assert set(levels) == {"bare", "gateway"}

@@ -1,7 +1,7 @@
 """bench/soak.py in its smoke mode: mixed traffic with drops and cancels, nothing leaks or is lost.
 
 Three minutes by default (TOKENRELAY_SOAK_SECONDS to change it); the
-30-minute run is by hand: ``.venv/bin/python bench/soak.py --seconds 1800``.
+30-minute run is by hand: ``.venv/bin/python -m bench.soak --seconds 1800``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(int(SECONDS) + 600)]
 def test_soak_smoke(tmp_path: Path) -> None:
     out = tmp_path / "soak.json"
     args = ["--seconds", str(SECONDS), "--clients", "4", "--json", str(out)]
-    run_bench("soak.py", *args, timeout=SECONDS + 540)
+    run_bench("soak", *args, timeout=SECONDS + 540)
     result = json.loads(out.read_text())
     assert result["problems"] == [] and result["lost"] == 0
     assert result["leaked_blocks"] == 0 and result["blocks_total"] > 0

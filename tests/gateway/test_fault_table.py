@@ -1,4 +1,4 @@
-"""bench/faults.py end to end: network cut, gateway / Redis / worker SIGKILL, request takeover.
+"""bench.faults end to end: network cut, gateway / Redis / worker SIGKILL, request takeover.
 
 tests/gateway/test_faults.py covers a clean Redis restart and a killed worker
 in detail; this runs the cases it does not (and the worker kill with two
@@ -24,7 +24,7 @@ def test_fault_injection_loses_nothing(tmp_path: Path) -> None:
     out = tmp_path / "faults.json"
     args = ["--streams", "3", "--tokens", "16", "--json", str(out)]
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "faults.py"), *args],
+        [sys.executable, "-m", "bench.faults", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
