@@ -10,6 +10,8 @@ import argparse
 import os
 from typing import Any
 
+from core.wire.requests import DEFAULT_MAX_TOKENS_LIMIT
+
 
 def env_name(flag: str) -> str:
     return "TOKENRELAY_" + flag.lstrip("-").replace("-", "_").upper()
@@ -122,4 +124,5 @@ def add_security_options(p: argparse.ArgumentParser) -> None:
         help="requests a key may make at once (0: same as --rate-limit)")  # fmt: skip
     add(p, "--max-streams-per-key", default=256, type=int,
         help="concurrent streams per API key on one gateway (with keys configured)")  # fmt: skip
-    add(p, "--max-tokens-limit", default=8192, type=int, help="largest max_tokens accepted")
+    add(p, "--max-tokens-limit", default=DEFAULT_MAX_TOKENS_LIMIT, type=int,
+        help="largest max_tokens accepted")  # fmt: skip

@@ -30,6 +30,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.wire.requests import DEFAULT_MAX_TOKENS_LIMIT
+
 TOKEN_VERSION = "v1"
 _TOKEN_LABEL = b"tokenrelay ws-token v1"
 
@@ -185,7 +187,7 @@ class SecuritySettings:
     rate_limit: float = 0.0  # requests per minute per key (0: off)
     rate_burst: int = 0  # bucket size (0: same as rate_limit)
     max_streams_per_key: int = 256
-    max_tokens: int = 8192
+    max_tokens: int = DEFAULT_MAX_TOKENS_LIMIT
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SecuritySettings:
@@ -200,7 +202,7 @@ class SecuritySettings:
             rate_limit=getattr(args, "rate_limit", 0.0),
             rate_burst=getattr(args, "rate_limit_burst", 0),
             max_streams_per_key=getattr(args, "max_streams_per_key", 256),
-            max_tokens=getattr(args, "max_tokens_limit", 8192),
+            max_tokens=getattr(args, "max_tokens_limit", DEFAULT_MAX_TOKENS_LIMIT),
         )
         out.validate()
         return out

@@ -34,6 +34,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from core.redis.connection import is_outage
+from core.wire.events import FINISH_REASONS
 from core.wire.keys import GROUP
 from core.wire.stats import STATS_FIELD, WorkerStats
 from core.wire.telemetry import BUCKETS, Hist
@@ -46,7 +47,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("tokenrelay.metrics")
 
 NS = "tokenrelay_"
-FINISH_REASONS = ("stop", "length", "cancelled", "expired", "error")
 
 # Per-worker gauges: metric name -> (help, stats key).
 WORKER_GAUGES = {

@@ -24,15 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from core.wire.errors import NO_SUCH_STREAM
 from gateway.access.guard import AuthError, Principal, RateLimited, TooManyStreams
-from gateway.streams.store import (
-    BadOffset,
-    NoWorker,
-    Overloaded,
-    RedisUnavailable,
-    StreamForbidden,
-    StreamNotFound,
-)
+from gateway.streams.errors import STORE_ERRORS, refusal
+from gateway.streams.store import RedisUnavailable, StreamForbidden, StreamNotFound
 from gateway.ws import protocol as p
 
 if TYPE_CHECKING:
@@ -43,6 +38,15 @@ log = logging.getLogger("tokenrelay.ws")
 RATE_PER_S = 50.0  # client frames per second, sustained
 RATE_BURST = 200.0
 MAX_VIOLATIONS = 200  # rate-limited frames (with no calm spell between) before closing: 1008
+
+
+def _refused(
+    exc: Exception, rid: str | None = None, sid: str | None = None, streaming: bool = False
+) -> p.ProtocolError:
+    """The ``error`` for a stream-store exception (gateway/streams/errors.py)."""
+    r = refusal(exc, streaming=streaming)
+    retry = r.retry_after
+    return p.ProtocolError(r.code, r.message, request_id=rid, stream_id=sid, retry_after=retry)
 
 
 class _Close:
@@ -204,8 +208,8 @@ class Connection:
                            "stream_id": exc.stream_id, "reason": exc.message[:200]}  # fmt: skip
                 log.info("frame refused", extra=refused)
                 await self.send(exc.frame())
-            except RedisUnavailable:
-                await self.send(p.error_frame("unavailable", "the stream store is unreachable"))
+            except RedisUnavailable as exc:
+                await self.send(_refused(exc).frame())
             except Exception:
                 log.exception("frame handler failed")
                 await self.send(p.error_frame("internal", "internal error"))
@@ -233,11 +237,6 @@ class Connection:
 
     async def _generate(self, g: p.Generate) -> None:
         rid = g.request_id
-        if len(self.tails) >= self.gw.settings.max_streams_per_connection:
-            limit = self.gw.settings.max_streams_per_connection
-            raise p.ProtocolError(
-                "rate_limited", f"at most {limit} concurrent streams per socket", request_id=rid
-            )
         bucket = self._open_slot(rid, None)
         created = False
         try:
@@ -248,14 +247,8 @@ class Connection:
             raise p.ProtocolError(
                 "rate_limited", str(exc), request_id=rid, retry_after=exc.retry_after
             ) from None
-        except NoWorker as exc:
-            raise p.ProtocolError("unavailable", str(exc), request_id=rid) from None
-        except Overloaded as exc:
-            raise p.ProtocolError("overloaded", str(exc), request_id=rid, retry_after=1) from None
-        except RedisUnavailable:
-            raise p.ProtocolError(
-                "unavailable", "the stream store is unreachable", request_id=rid
-            ) from None
+        except STORE_ERRORS as exc:  # no worker, overloaded, Redis down
+            raise _refused(exc, rid) from None
         finally:
             if not created:  # the slot goes back whatever went wrong
                 self.gw.guard.close_stream(bucket)
@@ -269,27 +262,14 @@ class Connection:
         try:
             info = await self.gw.streams.authorize(sid, r.resume_token)
             await self.gw.streams.check_after(sid, r.after)
-        except StreamNotFound as exc:
-            raise p.ProtocolError("not_found", str(exc), stream_id=sid) from None
-        except StreamForbidden as exc:
-            raise p.ProtocolError("forbidden", str(exc), stream_id=sid) from None
-        except BadOffset as exc:
-            raise p.ProtocolError("bad_request", str(exc), stream_id=sid) from None
-        except RedisUnavailable:
-            raise p.ProtocolError(
-                "unavailable", "the stream store is unreachable", stream_id=sid
-            ) from None
+        except STORE_ERRORS as exc:  # not found, forbidden, bad offset, Redis down
+            raise _refused(exc, sid=sid) from None
         old = self.tails.pop(sid, None)
         if old is not None:  # one tail per stream per socket
             old.cancel()
             await asyncio.gather(old, return_exceptions=True)
             await self._release(sid)  # in case it was cancelled before it ran
-        elif len(self.tails) >= self.gw.settings.max_streams_per_connection:
-            limit = self.gw.settings.max_streams_per_connection
-            raise p.ProtocolError(
-                "rate_limited", f"at most {limit} concurrent streams per socket", stream_id=sid
-            )
-        self.slot_of[sid] = self._open_slot(None, sid)
+        self.slot_of[sid] = self._open_slot(None, sid, new_tail=old is None)
         attach_id = None
         if info.status != "done":
             with contextlib.suppress(RedisUnavailable):
@@ -300,8 +280,12 @@ class Connection:
         await self.send(p.resumed_frame(sid, r.after))
         self._start_tail(sid, r.after, attach_id, None)
 
-    def _open_slot(self, rid: str | None, sid: str | None) -> str:
-        """A ``--max-streams-per-key`` slot for a new tail, or a ``rate_limited`` error."""
+    def _open_slot(self, rid: str | None, sid: str | None, new_tail: bool = True) -> str:
+        """A ``--max-streams-per-key`` slot for a tail (one more on this socket: ``new_tail``)."""
+        limit = self.gw.settings.max_streams_per_connection
+        if new_tail and len(self.tails) >= limit:  # --max-streams-per-connection
+            msg = f"at most {limit} concurrent streams per socket"
+            raise p.ProtocolError("rate_limited", msg, request_id=rid, stream_id=sid)
         try:
             return self.gw.guard.open_stream(self.principal)
         except TooManyStreams as exc:
@@ -316,20 +300,14 @@ class Connection:
                 if c.resume_token is None:
                     info = await self.gw.streams.info(sid)
                     if info is None:
-                        raise StreamNotFound("no such stream (unknown or expired)")
+                        raise StreamNotFound(NO_SUCH_STREAM)
                     raise StreamForbidden(
                         "this socket did not start or resume the stream: send its resume_token"
                     )
                 await self.gw.streams.authorize(sid, c.resume_token)
             outcome = await self.gw.streams.request_cancel(sid)
-        except StreamNotFound as exc:
-            raise p.ProtocolError("not_found", str(exc), stream_id=sid) from None
-        except StreamForbidden as exc:
-            raise p.ProtocolError("forbidden", str(exc), stream_id=sid) from None
-        except RedisUnavailable:
-            raise p.ProtocolError(
-                "unavailable", "the stream store is unreachable", stream_id=sid
-            ) from None
+        except STORE_ERRORS as exc:  # not found, forbidden, Redis down
+            raise _refused(exc, sid=sid) from None
         if outcome.already_finished:
             frame = p.cancelled_frame(sid, "finished", outcome.info.finish_reason)
         else:
@@ -382,11 +360,8 @@ class Connection:
                             p.error_frame(code, ev.message or "rejected", request_id=rid)
                         )
                         return
-        except StreamNotFound as exc:  # expired, or the events after `after` were trimmed
-            await self.send(p.error_frame("not_found", str(exc), request_id=rid, stream_id=sid))
-        except RedisUnavailable:
-            msg = "the stream store is unreachable; resume later"
-            await self.send(p.error_frame("unavailable", msg, request_id=rid, stream_id=sid))
+        except (StreamNotFound, RedisUnavailable) as exc:  # expired/trimmed, or Redis is down
+            await self.send(_refused(exc, rid, sid, streaming=True).frame())
         except asyncio.CancelledError:
             raise
         except Exception:

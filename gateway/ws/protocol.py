@@ -17,38 +17,33 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from core.wire.errors import ERROR_CODES, ERRORS
+from core.wire.events import FINISH_REASONS as FINISH_REASONS  # re-exported: done reasons
 from core.wire.keys import STREAM_ID_RE
 from core.wire.params import SamplingParams
+from core.wire.requests import Limits as Limits  # re-exported: parse_frame takes them
+from core.wire.requests import Message as Message
+from core.wire.requests import (
+    RequestError,
+    check_input_size,
+    validate_messages,
+    validate_params,
+)
 
 PROTOCOL_VERSION = 1
-
-ERROR_CODES = frozenset(
-    {
-        "bad_request",
-        "unauthorized",
-        "forbidden",
-        "not_found",
-        "rate_limited",
-        "too_large",
-        "overloaded",
-        "unavailable",
-        "internal",
-    }
-)
-FINISH_REASONS = frozenset({"stop", "length", "cancelled", "error", "expired"})
 
 CLOSE_GOING_AWAY = 1001  # the gateway is shutting down
 CLOSE_POLICY = 1008  # the client broke a policy (e.g. kept flooding while rate limited)
 CLOSE_TOO_BIG = 1009  # a frame over --max-frame-bytes
 CLOSE_OVERLOADED = 1013  # too many connections: try again later
 
-ROLES = frozenset({"system", "user", "assistant"})
-PARAM_NAMES = frozenset(f.name for f in dataclasses.fields(SamplingParams))
-MAX_SEED = 2**63
-
 
 class ProtocolError(Exception):
-    """A client-visible error: becomes an ``error`` frame."""
+    """A client-visible error: becomes an ``error`` frame.
+
+    ``retry_after`` is kept only for the codes whose frame carries it
+    (``rate_limited``, ``overloaded``: :attr:`core.wire.errors.ErrorCode.retry_in_frame`).
+    """
 
     def __init__(
         self,
@@ -66,7 +61,7 @@ class ProtocolError(Exception):
         self.message = message
         self.request_id = request_id
         self.stream_id = stream_id
-        self.retry_after = retry_after
+        self.retry_after = retry_after if ERRORS[code].retry_in_frame else None
 
     def frame(self) -> dict[str, Any]:
         """The ``error`` frame for this error."""
@@ -77,24 +72,6 @@ class ProtocolError(Exception):
             stream_id=self.stream_id,
             retry_after=self.retry_after,
         )
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Size limits a frame must respect (beyond ``--max-frame-bytes``)."""
-
-    max_request_id: int = 128
-    max_messages: int = 256
-    max_input_chars: int = 200_000  # prompt, or all message contents together
-    max_stop: int = 16
-    max_stop_chars: int = 200
-    max_tokens: int = 8192
-
-
-@dataclass(frozen=True)
-class Message:
-    role: str
-    content: str
 
 
 @dataclass(frozen=True)
@@ -219,78 +196,30 @@ def _parse_generate(obj: dict[str, Any], limits: Limits) -> Generate:
             raise ProtocolError(
                 "bad_request", f"request_id must be 1 to {limits.max_request_id} characters"
             )
-
-    def fail(code: str, message: str) -> ProtocolError:
-        return ProtocolError(code, message, request_id=rid)
-
     messages, prompt = obj.get("messages"), obj.get("prompt")
     if messages is not None and prompt is not None:
-        raise fail("bad_request", "give either 'messages' or 'prompt', not both")
-    if messages is None and prompt is None:
-        raise fail("bad_request", "missing field 'messages' (or 'prompt')")
-    parsed: tuple[Message, ...] | None = None
-    if messages is not None:
-        parsed = _parse_messages(messages, limits, fail)
-        size = sum(len(m.content) for m in parsed)
-    else:
-        if not isinstance(prompt, str):
-            raise fail("bad_request", "prompt must be a string")
-        if not prompt:
-            raise fail("bad_request", "prompt must not be empty")
-        size = len(prompt)
-    if size > limits.max_input_chars:
-        raise fail(
-            "too_large", f"input is {size} characters; the limit is {limits.max_input_chars}"
+        raise ProtocolError(
+            "bad_request", "give either 'messages' or 'prompt', not both", request_id=rid
         )
-    params = _parse_params(obj.get("params"), limits, fail)
-    return Generate(rid, params, parsed, prompt if parsed is None else None)
-
-
-def _parse_messages(messages: Any, limits: Limits, fail: Any) -> tuple[Message, ...]:
-    if not isinstance(messages, list):
-        raise fail("bad_request", "messages must be a list")
-    if not messages:
-        raise fail("bad_request", "messages must not be empty")
-    if len(messages) > limits.max_messages:
-        raise fail("too_large", f"at most {limits.max_messages} messages")
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise fail("bad_request", f"messages[{i}] must be an object")
-        role, content = m.get("role"), m.get("content")
-        if role not in ROLES:
-            raise fail("bad_request", f"messages[{i}].role must be system, user or assistant")
-        if not isinstance(content, str):
-            raise fail("bad_request", f"messages[{i}].content must be a string")
-        out.append(Message(role, content))
-    return tuple(out)
-
-
-def _parse_params(raw: Any, limits: Limits, fail: Any) -> SamplingParams:
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise fail("bad_request", "params must be an object")
-    unknown = sorted(set(raw) - PARAM_NAMES)
-    if unknown:
-        raise fail("bad_request", f"unknown param {unknown[0]!r}")
-    stop = raw.get("stop")
-    if isinstance(stop, list):
-        if len(stop) > limits.max_stop:
-            raise fail("too_large", f"at most {limits.max_stop} stop strings")
-        if any(isinstance(s, str) and len(s) > limits.max_stop_chars for s in stop):
-            raise fail("too_large", f"stop strings are limited to {limits.max_stop_chars} chars")
+    if messages is None and prompt is None:
+        raise ProtocolError("bad_request", "missing field 'messages' (or 'prompt')", request_id=rid)
     try:
-        params = SamplingParams(**raw)
-    except ValueError as exc:
-        raise fail("bad_request", f"params: {exc}") from None
-    except TypeError as exc:  # defensive: a field SamplingParams refused by signature
-        raise fail("bad_request", f"params: {exc}") from None
-    if params.max_tokens > limits.max_tokens:
-        raise fail("bad_request", f"params: max_tokens must be <= {limits.max_tokens}")
-    if params.seed is not None and not 0 <= params.seed < MAX_SEED:
-        raise fail("bad_request", "params: seed must be in [0, 2**63)")
-    return params
+        parsed: tuple[Message, ...] | None = None
+        if messages is not None:
+            parsed = validate_messages(messages, limits)
+        else:
+            if not isinstance(prompt, str):
+                raise RequestError("bad_request", "prompt must be a string", "prompt")
+            if not prompt:
+                raise RequestError("bad_request", "prompt must not be empty", "prompt")
+            check_input_size(len(prompt), limits)
+        raw = obj.get("params")
+        if raw is not None and not isinstance(raw, dict):
+            raise RequestError("bad_request", "params must be an object", "params")
+        params = validate_params(raw or {}, limits)
+    except RequestError as exc:
+        raise ProtocolError(exc.code, exc.message, request_id=rid) from None
+    return Generate(rid, params, parsed, prompt if parsed is None else None)
 
 
 # --- server frames ---------------------------------------------------------

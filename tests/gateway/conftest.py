@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from core.redis.embedded import EmbeddedRedis
+from core.wire.stats import WorkerStats
 from gateway.streams.store import StreamStore
 from tests.gateway.procs import Proc, start_gateway, start_worker, stop_all, wait_ready
 from worker.store import WorkerStore
@@ -46,7 +47,7 @@ async def slog(redis_server: EmbeddedRedis, prefix: str) -> AsyncIterator[Stream
 def wlog(redis_server: EmbeddedRedis, prefix: str) -> Iterator[WorkerStore]:
     log = WorkerStore(redis_server.url, "w-test", prefix=prefix)
     log.ensure_group()
-    log.heartbeat({"test": True})
+    log.heartbeat(WorkerStats())
     try:
         yield log
     finally:

@@ -16,6 +16,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from core.redis.embedded import EmbeddedRedis
+from core.wire.stats import WorkerStats
 from tests.gateway.procs import Client, start_gateway, wait_ready
 from worker.store import WorkerStore
 
@@ -35,7 +36,7 @@ def limited(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactor
 def fake_worker(redis_server: EmbeddedRedis) -> WorkerStore:
     wlog = WorkerStore(redis_server.url, "lim-worker", prefix="lim:")
     wlog.ensure_group()
-    wlog.heartbeat({})
+    wlog.heartbeat(WorkerStats())
     return wlog
 
 

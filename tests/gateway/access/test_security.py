@@ -18,6 +18,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from core.redis.embedded import EmbeddedRedis
+from core.wire.stats import WorkerStats
 from gateway.access.auth import Authenticator, AuthError, key_id, load_keys
 from gateway.access.cors import OriginPolicy
 from tests.gateway.procs import Client, Proc, start_gateway, stop_all, wait_ready
@@ -113,7 +114,7 @@ def secured(
     try:
         for addr, proc in ((a, gw_a), (b, gw_b), (o, gw_o)):
             wait_ready(addr, proc, 60, need_worker=False)
-        wlog.heartbeat({})
+        wlog.heartbeat(WorkerStats())
         yield Secured(redis_server, a, b, gw_a, gw_b, o)
     finally:
         stop_all([gw_a, gw_b, gw_o])

@@ -139,7 +139,7 @@ BAD_CHAT: list[tuple[str, dict[str, Any], int, str | None]] = [
     ("stop int", {"stop": 5}, 400, "stop"),
     ("stop list of int", {"stop": [1]}, 400, "stop"),
     ("stop empty string", {"stop": [""]}, 400, "stop"),
-    ("too many stops", {"stop": ["x"] * 17}, 400, "stop"),
+    ("too many stops", {"stop": ["x"] * 17}, 413, "stop"),  # as on the WebSocket
     ("stream str", {"stream": "yes"}, 400, "stream"),
     ("stream_options list", {"stream": True, "stream_options": []}, 400, "stream_options"),
     (

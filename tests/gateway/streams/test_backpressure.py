@@ -18,6 +18,7 @@ import pytest
 
 from core.redis.embedded import EmbeddedRedis
 from core.wire.events import accepted_fields, done_fields, token_fields
+from core.wire.stats import WorkerStats
 from gateway.streams.store import NewStream, StreamStore
 from tests.gateway.procs import Client, Proc, start_gateway, wait_ready
 from worker.store import Batch, WorkerStore
@@ -42,7 +43,7 @@ async def bp_gateway(
     slog = StreamStore(redis_server.url, prefix=prefix)
     wlog = WorkerStore(redis_server.url, "bp-source", prefix=prefix)
     wlog.ensure_group()
-    wlog.heartbeat({})
+    wlog.heartbeat(WorkerStats())
     await slog.start()
     try:
         wait_ready(addr, gw, 60, need_worker=False)
@@ -65,7 +66,7 @@ def produce(wlog: WorkerStore, sid: str, entry: str) -> None:
         res = wlog.flush([Batch(sid, seq, [token_fields(TEXT)] * n)])
         assert res[0].status == 1
         seq += n
-        wlog.heartbeat({})
+        wlog.heartbeat(WorkerStats())
     done = done_fields("length", 1, EVENTS - 1)
     assert wlog.flush([Batch(sid, EVENTS, [done], {"fr": "length"}, 60, entry)])[0].status == 1
 

@@ -19,6 +19,7 @@ from core.wire.events import Event, accepted_fields, done_fields, entry_id, toke
 from core.wire.ids import new_stream_id
 from core.wire.keys import GROUP, WORKER_DEAD_GRACE
 from core.wire.scripts import decode_published
+from core.wire.stats import WorkerStats
 from gateway.streams.store import (
     BadOffset,
     EventsTrimmed,
@@ -359,7 +360,7 @@ async def test_redis_outage_and_recovery(tmp_path, prefix: str) -> None:  # type
     wlog = WorkerStore(server.url, "w-test", prefix=prefix)
     try:
         wlog.ensure_group()
-        wlog.heartbeat({})
+        wlog.heartbeat(WorkerStats())
         sid, _ = await start_stream(slog, wlog)
         tail = asyncio.create_task(collect(slog, sid, 0))
         await asyncio.sleep(0.2)
@@ -373,7 +374,7 @@ async def test_redis_outage_and_recovery(tmp_path, prefix: str) -> None:  # type
         assert not await slog.ping()
         server.start()
         assert await slog.ping()
-        wlog.heartbeat({})
+        wlog.heartbeat(WorkerStats())
         write_tokens(wlog, sid, 1, ["back"])  # the AOF kept the stream
         write_done(wlog, sid, 2)
         events = await asyncio.wait_for(collect(slog, sid, 0), 5)
@@ -404,7 +405,7 @@ async def test_requests_of_a_dead_worker_are_claimed(
     )
     heir = WorkerStore(redis_server.url, "w-heir", prefix=prefix)
     try:
-        heir.heartbeat({})
+        heir.heartbeat(WorkerStats())
         assert heir.claim_dead() == []  # w-test is alive
         await slog.redis.delete(slog.keys.worker("w-test"))
         assert heir.claim_dead() == []  # not idle long enough yet
@@ -457,7 +458,7 @@ async def test_script_pipelines_are_one_round_trip_and_survive_a_flushed_cache(
     wlog = WorkerStore(own.url, "w-test", prefix=prefix)
     try:
         wlog.ensure_group()
-        wlog.heartbeat({"test": True})
+        wlog.heartbeat(WorkerStats())
         await slog.start()
         admin = own.client()
         for flushed in (False, True):

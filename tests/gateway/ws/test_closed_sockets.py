@@ -21,6 +21,7 @@ import pytest
 
 from core.redis.connection import raise_if_cancel_swallowed
 from core.redis.embedded import EmbeddedRedis
+from core.wire.stats import WorkerStats
 from tests.gateway.procs import Client, start_gateway, wait_ready
 from worker.store import WorkerStore
 
@@ -39,7 +40,7 @@ def idle_gateway(
 
     def beat() -> None:
         while not stop.is_set():
-            wlog.heartbeat({})
+            wlog.heartbeat(WorkerStats())
             stop.wait(0.5)
 
     beater = threading.Thread(target=beat, daemon=True)

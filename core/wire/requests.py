@@ -1,0 +1,226 @@
+"""Validation of a generation request's sampling parameters and messages, sans I/O.
+
+One validator for every transport (the WebSocket ``generate`` frame, the
+OpenAI-style HTTP API, later gRPC): each maps its own field names and shapes
+onto :func:`validate_params` and :func:`validate_messages`, and turns the
+:class:`RequestError` they raise (a protocol error code, a message and the
+offending field) into its own error format. The limits (:class:`Limits`) and
+the constants clients see in the docs (:data:`DEFAULT_MAX_TOKENS_LIMIT`,
+:data:`MAX_SEED`, :data:`MAX_TEMPERATURE`) are defined here once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from core.wire.params import SamplingParams
+
+__all__ = [
+    "DEFAULT_MAX_TOKENS_LIMIT",
+    "MAX_SEED",
+    "MAX_TEMPERATURE",
+    "PARAM_NAMES",
+    "ROLES",
+    "Limits",
+    "Message",
+    "RequestError",
+    "check_input_size",
+    "validate_messages",
+    "validate_params",
+]
+
+DEFAULT_MAX_TOKENS_LIMIT = 8192  # --max-tokens-limit: the largest max_tokens accepted
+MAX_SEED = 2**63  # seeds are in [0, MAX_SEED)
+MAX_TEMPERATURE = 2.0
+PARAM_NAMES = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+ROLES: Mapping[str, str] = {"system": "system", "user": "user", "assistant": "assistant"}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Size limits of one request (beyond the transport's own frame/body limit)."""
+
+    max_request_id: int = 128
+    max_messages: int = 256
+    max_input_chars: int = 200_000  # prompt, or all message contents together
+    max_stop: int = 16
+    max_stop_chars: int = 200
+    max_tokens: int = DEFAULT_MAX_TOKENS_LIMIT
+
+
+class RequestError(ValueError):
+    """A refused request: ``code`` (``bad_request`` or ``too_large``), message, field."""
+
+    def __init__(self, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.field = field
+
+    def __repr__(self) -> str:
+        return f"RequestError({self.code!r}, {self.message!r}, {self.field!r})"
+
+
+@dataclass(frozen=True)
+class Message:
+    """One chat message, its role one of :data:`ROLES`."""
+
+    role: str
+    content: str
+
+
+# --- sampling parameters --------------------------------------------------------
+
+
+def _got(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if value is None:
+        return "null"
+    return type(value).__name__
+
+
+def _bad(name: str, message: str) -> RequestError:
+    return RequestError("bad_request", message, name)
+
+
+def _integer(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(name, f"{name} must be an integer, got {_got(value)}")
+    return value
+
+
+def _number(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _bad(name, f"{name} must be a number, got {_got(value)}")
+    return value
+
+
+def _stop(value: Any, name: str, limits: Limits) -> list[str]:
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise _bad(name, f"{name} must be a string or a list of strings")
+    if len(stops) > limits.max_stop:
+        raise RequestError("too_large", f"{name} may hold at most {limits.max_stop} strings", name)
+    for s in stops:
+        if not s:
+            raise _bad(name, f"{name} strings must not be empty")
+        if len(s) > limits.max_stop_chars:
+            message = f"{name} strings are limited to {limits.max_stop_chars} characters"
+            raise RequestError("too_large", message, name)
+    return list(stops)
+
+
+def validate_params(
+    raw: Mapping[str, Any], limits: Limits, *, names: Mapping[str, str] | None = None
+) -> SamplingParams:
+    """``raw`` (SamplingParams field names -> values) as checked :class:`SamplingParams`.
+
+    A field left out takes the SamplingParams default; ``None`` is a value (only
+    ``seed`` may be null). ``names`` renames fields in errors to the transport's own
+    names (``{"max_tokens": "max_completion_tokens"}``). Raises :class:`RequestError`:
+    ``bad_request`` for an unknown name, a wrong type or a value out of range,
+    ``too_large`` for stop strings over ``limits`` (a single string counts as a list
+    of one).
+    """
+    names = names or {}
+    unknown = sorted(set(raw) - PARAM_NAMES)
+    if unknown:
+        raise _bad(unknown[0], f"unknown param {unknown[0]!r}")
+    kw: dict[str, Any] = {}
+    if "max_tokens" in raw:
+        name = names.get("max_tokens", "max_tokens")
+        value = _integer(raw["max_tokens"], name)
+        if not 1 <= value <= limits.max_tokens:
+            message = f"{name} must be between 1 and {limits.max_tokens}, got {value}"
+            raise _bad(name, message)
+        kw["max_tokens"] = value
+    if "temperature" in raw:
+        name = names.get("temperature", "temperature")
+        number = _number(raw["temperature"], name)
+        if not 0 <= number <= MAX_TEMPERATURE:
+            message = f"{name} must be between 0 and {MAX_TEMPERATURE:g}, got {number}"
+            raise _bad(name, message)
+        kw["temperature"] = number
+    if "top_p" in raw:
+        name = names.get("top_p", "top_p")
+        number = _number(raw["top_p"], name)
+        if not 0 < number <= 1:
+            raise _bad(name, f"{name} must be in (0, 1], got {number}")
+        kw["top_p"] = number
+    if "top_k" in raw:
+        name = names.get("top_k", "top_k")
+        value = _integer(raw["top_k"], name)
+        if value < -1:
+            raise _bad(name, f"{name} must be >= -1 (0 or -1 disables it), got {value}")
+        kw["top_k"] = value
+    if raw.get("seed") is not None:
+        name = names.get("seed", "seed")
+        value = _integer(raw["seed"], name)
+        if not 0 <= value < MAX_SEED:
+            raise _bad(name, f"{name} must be in [0, 2**63)")
+        kw["seed"] = value
+    if "stop" in raw:
+        kw["stop"] = _stop(raw["stop"], names.get("stop", "stop"), limits)
+    if "ignore_eos" in raw:
+        name = names.get("ignore_eos", "ignore_eos")
+        if not isinstance(raw["ignore_eos"], bool):
+            raise _bad(name, f"{name} must be a boolean, got {_got(raw['ignore_eos'])}")
+        kw["ignore_eos"] = raw["ignore_eos"]
+    try:
+        return SamplingParams(**kw)
+    except ValueError as exc:  # defensive: everything was checked above
+        raise RequestError("bad_request", str(exc)) from None
+
+
+# --- messages ---------------------------------------------------------------------
+
+
+def _text(value: Any, index: int, role: str) -> str:
+    if not isinstance(value, str):
+        field = f"messages[{index}].content"
+        raise _bad(field, f"{field} must be a string")
+    return value
+
+
+def validate_messages(
+    raw: Any,
+    limits: Limits,
+    *,
+    roles: Mapping[str, str] = ROLES,
+    content: Callable[[Any, int, str], str] = _text,
+) -> tuple[Message, ...]:
+    """A chat's ``messages`` (a list of ``{"role", "content"}``) as :class:`Message` s.
+
+    ``roles`` maps the role names the transport accepts to one of :data:`ROLES`;
+    ``content(value, index, role)`` turns a message's content into text (the
+    default wants a string) or raises :class:`RequestError`. The contents
+    together must respect :func:`check_input_size`.
+    """
+    if not isinstance(raw, list):
+        raise _bad("messages", "messages must be a list")
+    if not raw:
+        raise _bad("messages", "messages must not be empty")
+    if len(raw) > limits.max_messages:
+        raise RequestError("too_large", f"at most {limits.max_messages} messages", "messages")
+    out = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict):
+            raise _bad("messages", f"messages[{i}] must be an object")
+        role = m.get("role")
+        if not isinstance(role, str) or role not in roles:
+            field = f"messages[{i}].role"
+            raise _bad(field, f"{field} must be one of {', '.join(roles)}")
+        out.append(Message(roles[role], content(m.get("content"), i, role)))
+    check_input_size(sum(len(m.content) for m in out), limits)
+    return tuple(out)
+
+
+def check_input_size(size: int, limits: Limits) -> None:
+    """``too_large`` when a prompt (or all message contents) is over the limit."""
+    if size > limits.max_input_chars:
+        message = f"input is {size} characters; the limit is {limits.max_input_chars}"
+        raise RequestError("too_large", message)

@@ -1,0 +1,184 @@
+"""The dependency rules of docs/architecture.md, checked from the source.
+
+Every import in core/, gateway/, worker/ and engine/ counts (module level or
+inside a function), except those under ``if TYPE_CHECKING:``, which never run.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.root import ROOT
+
+PACKAGES = ("core", "gateway", "worker", "engine")
+MAX_LINES = 400  # a longer module says why in its docstring ("Long: ...")
+
+# package (or module) prefix -> imports it must never make
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "core": ("gateway", "worker", "engine", "torch", "transformers", "starlette", "uvicorn"),
+    "gateway": ("engine", "worker", "torch", "transformers"),
+    "worker": ("gateway", "starlette", "uvicorn"),
+    "engine": (
+        *("gateway", "worker", "redis", "starlette", "uvicorn"),
+        *("core.redis", "core.cli", "core.serve", "core.options", "core.entry"),
+    ),
+    # torch-free bookkeeping (unit-tested fast and exactly)
+    "engine.scheduling": ("torch",),
+    # sans-I/O: no sockets, no event loop, no web framework, no Redis
+    "gateway.ws.protocol": ("asyncio", "socket", "starlette", "redis"),
+    "gateway.http.sse": ("asyncio", "socket", "starlette", "redis"),
+    "gateway.http.openai_request": ("asyncio", "socket", "starlette", "redis"),
+    "gateway.http.openai_render": ("asyncio", "socket", "starlette", "redis"),
+    "core.wire": ("asyncio", "socket", "redis"),
+}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            out[name] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _import_nodes(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                yield from _import_nodes(child)
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        yield from _import_nodes(node)
+
+
+def imports_of(module: str) -> set[str]:
+    """Every module ``module`` imports, absolute (``from a import b``: also a.b if a module)."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out: set[str] = set()
+    for node in _import_nodes(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+            continue
+        base = node.module or ""
+        if node.level:
+            anchor = package.split(".")
+            anchor = anchor[: len(anchor) - node.level + 1]
+            base = ".".join([*anchor, base] if base else anchor)
+        out.add(base)
+        out.update(f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in MODULES)
+    return out
+
+
+GRAPH = {m: {d for d in imports_of(m) if d in MODULES and d != m} for m in MODULES}
+
+
+def _matches(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def test_every_package_is_found() -> None:
+    for pkg in PACKAGES:
+        assert pkg in MODULES
+    assert len(MODULES) > 60
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_dependencies_point_one_way(module: str) -> None:
+    bad = sorted(
+        f"{module} imports {dep} (forbidden for {prefix})"
+        for prefix, banned in FORBIDDEN.items()
+        if _matches(module, prefix)
+        for dep in imports_of(module)
+        for ban in banned
+        if _matches(dep, ban)
+    )
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycles() -> None:
+    # Tarjan's strongly connected components over the module graph
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in GRAPH[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(GRAPH):
+        if v not in index:
+            visit(v)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_a_package_init_imports_nothing_of_its_own_subpackages_eagerly() -> None:
+    # `import core` must stay cheap and free of what sits below it
+    for pkg in ("core", "gateway", "worker"):
+        assert not GRAPH[pkg], f"{pkg}/__init__.py imports {sorted(GRAPH[pkg])}"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_modules_stay_small_or_say_why(module: str) -> None:
+    path = MODULES[module]
+    lines = len(path.read_text().splitlines())
+    if lines > MAX_LINES:
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        assert "Long:" in doc, f"{path.relative_to(ROOT)} has {lines} lines and no 'Long:' reason"
+
+
+def test_the_checker_sees_a_forbidden_import(tmp_path: Path) -> None:
+    """The import reader resolves relative, nested and TYPE_CHECKING imports as documented."""
+    src = (
+        "from typing import TYPE_CHECKING\n"
+        "from . import sibling\n"
+        "if TYPE_CHECKING:\n    import torch\n"
+        "def f():\n    import gateway.state\n"
+    )
+    path = ROOT / "core" / "_probe_for_test.py"
+    path.write_text(src)
+    try:
+        MODULES["core._probe_for_test"] = path
+        found = imports_of("core._probe_for_test")
+    finally:
+        path.unlink()
+        del MODULES["core._probe_for_test"]
+    assert "gateway.state" in found
+    assert "core.sibling" in found or "core" in found
+    assert "torch" not in found
