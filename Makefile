@@ -17,7 +17,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 STAMP := $(VENV)/.installed
 SOURCES := pyproject.toml
 
-.PHONY: run test lint typecheck pytest install model browser bench clean
+.PHONY: run test test-fast lint typecheck pytest install model browser bench clean
 
 $(STAMP): $(SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -56,6 +56,10 @@ pytest: $(STAMP) model browser
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 test: lint typecheck pytest
+
+# For iteration: the same checks without the browser, slow end-to-end and soak tests.
+test-fast: lint typecheck $(STAMP) model
+	$(PY) -m pytest -q -x -m "not slow and not browser" --deselect tests/bench/test_soak.py
 
 bench: model
 	$(PY) -m bench.engine_throughput
