@@ -10,7 +10,23 @@ import argparse
 import os
 from typing import Any
 
+from core.wire.keys import DEFAULT_PREFIX
 from core.wire.requests import DEFAULT_MAX_TOKENS_LIMIT
+
+# Defaults that settings dataclasses share with their flags (gateway/state.py,
+# gateway/access/auth.py, gateway/http/common.py): one definition each.
+DETACH_TIMEOUT = 30.0
+STREAM_TTL = 3600.0
+DRAIN_TIMEOUT = 30.0
+HEARTBEAT = 20.0
+MAX_FRAME_BYTES = 1 << 20
+MAX_CONNECTIONS = 10_000
+MAX_STREAMS_PER_CONNECTION = 64
+MAX_PENDING = 4096
+HTTP_MAX_STREAMS_PER_CLIENT = 256
+SSE_KEEPALIVE = 10.0
+WS_TOKEN_TTL = 60.0
+MAX_STREAMS_PER_KEY = 256
 
 
 def env_name(flag: str) -> str:
@@ -42,30 +58,45 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
 def add_redis_url(p: argparse.ArgumentParser, *, required: bool) -> None:
     hint = "shared Redis URL" if required else "Redis URL (default: start an embedded Redis)"
     add(p, "--redis-url", default=None, help=hint)
-    add(p, "--redis-prefix", default="tr:", help="prefix of every Redis key (one namespace)")
+    add(
+        p,
+        "--redis-prefix",
+        default=DEFAULT_PREFIX,
+        help="prefix of every Redis key (one namespace)",
+    )
 
 
 def add_stream_options(p: argparse.ArgumentParser) -> None:
-    add(p, "--detach-timeout", default=30.0, type=float,
+    add(p, "--detach-timeout", default=DETACH_TIMEOUT, type=float,
         help="seconds a stream keeps generating with no client attached")  # fmt: skip
-    add(p, "--stream-ttl", default=3600.0, type=float,
+    add(p, "--stream-ttl", default=STREAM_TTL, type=float,
         help="seconds a finished stream stays resumable")  # fmt: skip
-    add(p, "--drain-timeout", default=30.0, type=float,
+    add(p, "--drain-timeout", default=DRAIN_TIMEOUT, type=float,
         help="seconds running streams may take to finish on SIGTERM")  # fmt: skip
 
 
 def add_http_options(p: argparse.ArgumentParser) -> None:
     add(p, "--host", default="127.0.0.1", help="address to listen on")
     add(p, "--port", default=8000, type=int, help="port to listen on")
-    add(p, "--heartbeat", default=20.0, type=float, help="seconds between server pings")
-    add(p, "--max-frame-bytes", default=1 << 20, type=int, help="largest client frame accepted")
+    add(p, "--heartbeat", default=HEARTBEAT, type=float, help="seconds between server pings")
+    add(
+        p,
+        "--max-frame-bytes",
+        default=MAX_FRAME_BYTES,
+        type=int,
+        help="largest client frame accepted",
+    )
     add(p, "--model-name", default=None, help="model name reported by the API")
-    add(p, "--max-connections", default=10_000, type=int,
+    add(p, "--max-connections", default=MAX_CONNECTIONS, type=int,
         help="WebSockets accepted at once (more are closed with 1013)")  # fmt: skip
-    add(p, "--max-streams-per-connection", default=64, type=int,
+    add(p, "--max-streams-per-connection", default=MAX_STREAMS_PER_CONNECTION, type=int,
         help="concurrent streams one WebSocket may carry")  # fmt: skip
-    add(p, "--max-pending", default=4096, type=int,
+    add(p, "--max-pending", default=MAX_PENDING, type=int,
         help="queued + running requests before new ones get 'overloaded'")  # fmt: skip
+    add(p, "--http-max-streams-per-client", default=HTTP_MAX_STREAMS_PER_CLIENT, type=int,
+        help="concurrent HTTP generations per API key or client address")  # fmt: skip
+    add(p, "--sse-keepalive", default=SSE_KEEPALIVE, type=float,
+        help="seconds of silence before an SSE ': keep-alive' comment")  # fmt: skip
     add_security_options(p)
 
 
@@ -107,7 +138,7 @@ def add_security_options(p: argparse.ArgumentParser) -> None:
     add(p, "--api-keys", default=None,
         help="comma-separated API keys; when set, HTTP and WebSocket need one")  # fmt: skip
     add(p, "--api-keys-file", default=None, help="file with one API key per line")
-    add(p, "--ws-token-ttl", default=60.0, type=float,
+    add(p, "--ws-token-ttl", default=WS_TOKEN_TTL, type=float,
         help="seconds a token from POST /v1/ws-token stays valid")  # fmt: skip
     env = env_name("--allow-origin")
     raw = os.environ.get(env)
@@ -122,7 +153,7 @@ def add_security_options(p: argparse.ArgumentParser) -> None:
         help="requests per minute per API key (or address), across gateways; 0: off")  # fmt: skip
     add(p, "--rate-limit-burst", default=0, type=int,
         help="requests a key may make at once (0: same as --rate-limit)")  # fmt: skip
-    add(p, "--max-streams-per-key", default=256, type=int,
+    add(p, "--max-streams-per-key", default=MAX_STREAMS_PER_KEY, type=int,
         help="concurrent streams per API key on one gateway (with keys configured)")  # fmt: skip
     add(p, "--max-tokens-limit", default=DEFAULT_MAX_TOKENS_LIMIT, type=int,
         help="largest max_tokens accepted")  # fmt: skip

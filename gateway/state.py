@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
+from core import options
 from core.runtime import version
 from core.wire.keys import DEFAULT_PREFIX
 from gateway.access.auth import SecuritySettings
@@ -33,36 +34,31 @@ class Settings:
 
     redis_url: str
     redis_prefix: str = DEFAULT_PREFIX
-    heartbeat: float = 20.0
-    max_frame_bytes: int = 1 << 20
-    detach_timeout: float = 30.0
-    stream_ttl: float = 3600.0
-    max_connections: int = 10_000
-    max_streams_per_connection: int = 64
-    max_pending: int = 4096
+    heartbeat: float = options.HEARTBEAT
+    max_frame_bytes: int = options.MAX_FRAME_BYTES
+    detach_timeout: float = options.DETACH_TIMEOUT
+    stream_ttl: float = options.STREAM_TTL
+    max_connections: int = options.MAX_CONNECTIONS
+    max_streams_per_connection: int = options.MAX_STREAMS_PER_CONNECTION
+    max_pending: int = options.MAX_PENDING
     send_queue: int = 256
     model_name: str | None = None
-    drain_timeout: float = 30.0
+    drain_timeout: float = options.DRAIN_TIMEOUT
+    http_max_streams_per_client: int = options.HTTP_MAX_STREAMS_PER_CLIENT
+    sse_keepalive: float = options.SSE_KEEPALIVE
     security: SecuritySettings = field(default_factory=SecuritySettings)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Settings:
+        """The settings the parsed flags of ``gateway`` or ``serve`` give (core/options.py)."""
         if not args.redis_url:
             raise ValueError("--redis-url is required (or TOKENRELAY_REDIS_URL)")
-        return cls(
-            redis_url=args.redis_url,
-            redis_prefix=getattr(args, "redis_prefix", DEFAULT_PREFIX),
-            heartbeat=args.heartbeat,
-            max_frame_bytes=args.max_frame_bytes,
-            detach_timeout=args.detach_timeout,
-            stream_ttl=args.stream_ttl,
-            max_connections=getattr(args, "max_connections", 10_000),
-            max_streams_per_connection=getattr(args, "max_streams_per_connection", 64),
-            max_pending=getattr(args, "max_pending", 4096),
-            model_name=getattr(args, "model_name", None),
-            drain_timeout=getattr(args, "drain_timeout", 30.0),
-            security=SecuritySettings.from_args(args),
-        )
+        given = {
+            f.name: getattr(args, f.name)
+            for f in fields(cls)
+            if f.name != "security" and getattr(args, f.name, None) is not None
+        }
+        return cls(**given, security=SecuritySettings.from_args(args))
 
     def __post_init__(self) -> None:
         if self.heartbeat <= 0:
@@ -73,6 +69,8 @@ class Settings:
             raise ValueError("--detach-timeout must be >= 0 and --stream-ttl >= 1")
         if not self.drain_timeout >= 0:
             raise ValueError("--drain-timeout must be >= 0")
+        if self.http_max_streams_per_client < 1 or not self.sse_keepalive > 0:
+            raise ValueError("--http-max-streams-per-client must be >= 1, --sse-keepalive > 0")
 
 
 class Gateway:

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from core import options
 from core.wire.requests import DEFAULT_MAX_TOKENS_LIMIT
 
 TOKEN_VERSION = "v1"
@@ -182,11 +183,11 @@ class SecuritySettings:
     """Auth, origins and per-key limits (``tokenrelay gateway`` / ``serve`` flags)."""
 
     api_keys: tuple[str, ...] = ()
-    ws_token_ttl: float = 60.0
+    ws_token_ttl: float = options.WS_TOKEN_TTL
     allow_origins: tuple[str, ...] = ()
     rate_limit: float = 0.0  # requests per minute per key (0: off)
     rate_burst: int = 0  # bucket size (0: same as rate_limit)
-    max_streams_per_key: int = 256
+    max_streams_per_key: int = options.MAX_STREAMS_PER_KEY
     max_tokens: int = DEFAULT_MAX_TOKENS_LIMIT
 
     @classmethod
@@ -197,11 +198,11 @@ class SecuritySettings:
             origins += [o.strip().rstrip("/") for o in item.split(",") if o.strip()]
         out = cls(
             api_keys=keys,
-            ws_token_ttl=getattr(args, "ws_token_ttl", 60.0),
+            ws_token_ttl=getattr(args, "ws_token_ttl", options.WS_TOKEN_TTL),
             allow_origins=tuple(origins),
             rate_limit=getattr(args, "rate_limit", 0.0),
             rate_burst=getattr(args, "rate_limit_burst", 0),
-            max_streams_per_key=getattr(args, "max_streams_per_key", 256),
+            max_streams_per_key=getattr(args, "max_streams_per_key", options.MAX_STREAMS_PER_KEY),
             max_tokens=getattr(args, "max_tokens_limit", DEFAULT_MAX_TOKENS_LIMIT),
         )
         out.validate()

@@ -1,21 +1,21 @@
 """What the HTTP API modules share: settings, errors, body reading, stream formats.
 
 gateway/http/openai.py (completions, models) and gateway/http/streams.py
-(resume, cancel) both use these. Settings come from the environment when the
-app is built (see :class:`HttpSettings`).
+(resume, cancel) both use these. Settings come from the gateway's flags
+(see :class:`HttpSettings`).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from core import options
 from core.redis.connection import is_outage
 from core.wire.events import Event
 from gateway.http.openai_render import ChunkEncoder, StreamFormat
@@ -24,45 +24,26 @@ from gateway.http.sse_response import Pump
 from gateway.streams.errors import refusal
 from gateway.streams.store import RedisUnavailable, StreamNotFound, StreamStore
 
+if TYPE_CHECKING:
+    from gateway.state import Gateway
+
 log = logging.getLogger("tokenrelay.api")
 
 FORMAT_FIELD = "oa"  # the stream-metadata field holding the StreamFormat
 
 
-def _env_number(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    try:
-        value = float(raw) if raw else default
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number") from None
-    if not value > 0:
-        raise ValueError(f"{name} must be > 0")
-    return value
-
-
 @dataclass(frozen=True)
 class HttpSettings:
-    """HTTP-API settings, from the environment.
+    """HTTP-API settings: ``--sse-keepalive`` and ``--http-max-streams-per-client``."""
 
-    ``TOKENRELAY_SSE_KEEPALIVE``: seconds of silence before a keep-alive
-    comment (default 10). ``TOKENRELAY_HTTP_MAX_STREAMS_PER_CLIENT``:
-    concurrent generations per API key or client address (default 256).
-    ``TOKENRELAY_API_KEYS``: comma-separated keys; when set, completions and
-    models need ``Authorization: Bearer <key>``.
-    """
-
-    keepalive: float = 10.0
-    max_per_client: int = 256
-    api_keys: tuple[str, ...] = field(default=())
+    keepalive: float = options.SSE_KEEPALIVE  # seconds of silence before a keep-alive comment
+    max_per_client: int = options.HTTP_MAX_STREAMS_PER_CLIENT  # per API key or client address
 
     @classmethod
-    def from_env(cls) -> HttpSettings:
-        keys = os.environ.get("TOKENRELAY_API_KEYS", "")
-        return cls(
-            keepalive=_env_number("TOKENRELAY_SSE_KEEPALIVE", 10.0),
-            max_per_client=int(_env_number("TOKENRELAY_HTTP_MAX_STREAMS_PER_CLIENT", 256)),
-            api_keys=tuple(k.strip() for k in keys.split(",") if k.strip()),
-        )
+    def of(cls, gw: Gateway) -> HttpSettings:
+        """The HTTP settings of gateway ``gw``."""
+        s = gw.settings
+        return cls(keepalive=s.sse_keepalive, max_per_client=s.http_max_streams_per_client)
 
 
 def error_response(exc: ApiError, headers: Mapping[str, str] | None = None) -> JSONResponse:

@@ -89,7 +89,7 @@ class OpenAIApi:
 
     def __init__(self, gw: Gateway, settings: HttpSettings | None = None) -> None:
         self.gw = gw
-        self.settings = settings or HttpSettings.from_env()
+        self.settings = settings or HttpSettings.of(gw)
         self.model = gw.settings.model_name or "default"
         self.created = int(time.time())
         self.active: dict[str, int] = {}  # client key -> generations in flight

@@ -90,7 +90,7 @@ class StreamsApi:
 
     def __init__(self, gw: Gateway, settings: HttpSettings | None = None) -> None:
         self.gw = gw
-        self.settings = settings or HttpSettings.from_env()
+        self.settings = settings or HttpSettings.of(gw)
         self.model = gw.settings.model_name or "default"
 
     def routes(self) -> list[BaseRoute]:
