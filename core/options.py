@@ -103,6 +103,8 @@ def add_http_options(p: argparse.ArgumentParser) -> None:
 def add_engine_options(p: argparse.ArgumentParser) -> None:
     add(p, "--model", default="default", help="default, a HF model folder or a .gguf file")
     add(p, "--device", default="auto", help="auto, cpu or cuda[:N]")
+    add(p, "--weights", default="auto", choices=("auto", "native", "fp32", "bf16"),
+        help="native: a GGUF's quantized blocks as they are (CPU); fp32/bf16: dense")  # fmt: skip
     add(p, "--kv-cache-memory", default=None, type=float,
         help="GiB for the KV cache (default: share of free GPU memory; 1 GiB on CPU)")  # fmt: skip
     add(p, "--max-num-seqs", default=64, type=int, help="most sequences in one batch")

@@ -34,6 +34,7 @@ WORKER_FLAGS = (
     "redis_prefix",
     "model",
     "device",
+    "weights",
     "kv_cache_memory",
     "max_num_seqs",
     "max_num_batched_tokens",

@@ -19,6 +19,9 @@ DTYPES = {
     "fp16": "float16",
     "half": "float16",
 }
+# How the weights are held: "native" keeps a GGUF file's quantized blocks (CPU);
+# "fp32"/"bf16" dequantize into dense tensors of that dtype; "auto" is dense.
+WEIGHTS = ("auto", "native", "fp32", "bf16")
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 CPU_BATCHED_TOKENS = 1024
 GPU_BATCHED_TOKENS = 8192
@@ -54,6 +57,7 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None  # per-step token budget
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
+    weights: str = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str | Path) or not str(self.model).strip():
@@ -91,8 +95,19 @@ class EngineConfig:
             raise ValueError(
                 f"enable_prefix_caching must be a boolean, got {self.enable_prefix_caching!r}"
             )
+        if self.weights not in WEIGHTS:
+            raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {self.weights!r}")
+        if self.weights in ("fp32", "bf16"):
+            wanted = DTYPES[self.weights]
+            if self.dtype not in (None, wanted):
+                raise ValueError(f"weights={self.weights} contradicts dtype={self.dtype}")
+            self.dtype = wanted
+        if self.weights == "native" and self.dtype not in (None, "float32"):
+            raise ValueError("weights=native computes in float32; leave dtype unset")
         # Raises ModelNotFoundError (a ValueError starting with "model:") for unknown models.
-        locate_model(self.model)
+        _, gguf, _ = locate_model(self.model)
+        if self.weights == "native" and gguf is None:
+            raise ValueError(f"model: weights=native needs a .gguf model, got {self.model!r}")
 
     def default_batched_tokens(self, device_type: str) -> int:
         """The per-step token budget: the configured one, else a per-device default."""

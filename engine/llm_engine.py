@@ -52,17 +52,22 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         import torch
 
-        from engine.models.store import resolve_model
+        from engine.models.store import resolve_gguf, resolve_model
         from engine.runner.model_runner import ModelRunner
         from engine.text.detokenizer import IncrementalDetokenizer
         from engine.text.tokenizer import load_tokenizer
 
         self.config = config
-        self.model_path = resolve_model(config.model)  # converts a GGUF file once
+        gguf = None
+        if config.weights == "native":  # the GGUF's blocks as they are; config + tokenizer
+            self.model_path, gguf = resolve_gguf(config.model)
+        else:
+            self.model_path = resolve_model(config.model)  # converts a GGUF file once
         self._detokenizer_cls = IncrementalDetokenizer
         self.tokenizer: Any = load_tokenizer(self.model_path)
         self.runner = ModelRunner(
             self.model_path,
+            gguf=gguf,
             device=config.device,
             dtype=getattr(torch, config.dtype) if config.dtype else None,
             block_size=config.block_size,

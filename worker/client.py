@@ -70,6 +70,7 @@ def local_engine(args: argparse.Namespace) -> EngineClient:
     config = EngineConfig(
         model=args.model,
         device=args.device,
+        weights=getattr(args, "weights", "auto"),
         kv_cache_memory=args.kv_cache_memory,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,

@@ -9,7 +9,8 @@ The kernel is plain C with OpenMP, called through ``ctypes``; it needs no PyTorc
 headers and compiles in about a second. It is built on first use with
 ``$CC`` (else ``cc``) and ``-march=native`` into ``$TOKENRELAY_HOME/kernels``, under a
 name that hashes the source, the flags, the compiler's version and this CPU's feature
-flags, so a cache shared between machines never loads code built for another CPU.
+flags, so a cache shared between machines never loads code built for another CPU
+(:mod:`engine.kernels.build`, shared with the other compiled kernels).
 Where no compiler works the engine logs why and keeps the torch path;
 ``TOKENRELAY_CPU_KERNELS=0`` chooses the torch path outright.
 """
@@ -18,91 +19,24 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from core.runtime import env_switch, tokenrelay_home
+from core.runtime import env_switch
+from engine.kernels.build import BUILD_ERRORS, CSRC, ENV_SWITCH, build
 
 log = logging.getLogger("tokenrelay.engine")
 
-ENV_SWITCH = "TOKENRELAY_CPU_KERNELS"
-SOURCE = Path(__file__).with_name("csrc") / "paged_attention.c"
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
-COMPILE_TIMEOUT_S = 120
+__all__ = ["ENV_SWITCH", "SOURCE", "DecodeBatch", "PagedDecode", "build", "paged_decode"]
+
+SOURCE = CSRC / "paged_attention.c"
 # Fewer sequences than this many per thread: split each one's KV heads over tasks too.
 SEQS_PER_THREAD_FOR_WHOLE_HEADS = 4
 
 _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def _compiler_version(cc: str) -> str:
-    done = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
-    return done.stdout
-
-
-def build(source: Path = SOURCE, cache_dir: Path | None = None) -> Path:
-    """Compile ``source`` into a shared library (or reuse the cached one); returns its path.
-
-    Raises ``RuntimeError`` with the compiler's message when there is no compiler or
-    the compilation fails.
-    """
-    cc = shutil.which(os.environ.get("CC", "cc"))
-    if cc is None:
-        raise RuntimeError(f"no C compiler found ({os.environ.get('CC', 'cc')!r} not on PATH)")
-    code = source.read_bytes()
-    key = hashlib.sha256()
-    for part in (code, " ".join(FLAGS).encode(), _compiler_version(cc).encode()):
-        key.update(part)
-    key.update((platform.machine() + _cpu_flags()).encode())
-    out_dir = cache_dir or tokenrelay_home() / "kernels"
-    target = out_dir / f"{source.stem}-{key.hexdigest()[:16]}.so"
-    if target.exists():
-        return target
-    out_dir.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    log.info("compiling CPU kernel", extra={"source": source.name, "target": str(target)})
-    # Build beside the target, then rename: concurrent builders never see half a file.
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{source.stem}-", suffix=".so")
-    os.close(fd)
-    try:
-        done = subprocess.run(
-            [cc, *FLAGS, "-o", tmp, str(source)],
-            capture_output=True,
-            text=True,
-            timeout=COMPILE_TIMEOUT_S,
-        )
-        if done.returncode != 0:
-            tail = (done.stderr or done.stdout).strip()[-2000:]
-            raise RuntimeError(f"{Path(cc).name} failed on {source.name}: {tail}")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    log.info(
-        "CPU kernel compiled",
-        extra={"source": source.name, "seconds": round(time.monotonic() - started, 2)},
-    )
-    return target
 
 
 @dataclass(frozen=True)
@@ -233,8 +167,8 @@ def paged_decode() -> PagedDecode | None:
         log.info("CPU kernels off", extra={"switch": ENV_SWITCH})
         return None
     try:
-        return PagedDecode(build())
-    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        return PagedDecode(build(SOURCE))
+    except BUILD_ERRORS as exc:
         log.warning(
             "CPU kernel unavailable, using the torch attention path",
             extra={"error": str(exc)[-500:]},

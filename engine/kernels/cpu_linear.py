@@ -19,6 +19,7 @@ build without oneDNN.
 from __future__ import annotations
 
 import logging
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +32,20 @@ log = logging.getLogger("tokenrelay.engine")
 # and measured best, and decode batches lose nothing against a smaller hint.
 BATCH_HINT = 1024
 ENV_SWITCH = "TOKENRELAY_PACKED_LINEAR"
+
+
+@runtime_checkable
+class MatmulWeight(Protocol):
+    """A weight kept in its own format that multiplies itself (a quantized matrix)."""
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` ``[N, in]`` fp32 -> ``x @ W^T`` ``[N, out]`` fp32."""
+        ...
+
+
+# What a module keeps in place of a dense weight: oneDNN's blocked copy, or a weight
+# that multiplies itself (engine/kernels/quant.py).
+Prepared = torch.Tensor | MatmulWeight
 
 
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -54,12 +69,15 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 def linear(
     x: torch.Tensor,
     weight: torch.Tensor,
-    packed: torch.Tensor | None,
+    packed: Prepared | None,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``x`` ``[N, in]`` -> ``[N, out]``: through ``packed`` if given, else ``F.linear``."""
     if packed is None:
         return F.linear(x, weight, bias)
+    if not isinstance(packed, torch.Tensor):
+        y = packed.matmul(x)
+        return y if bias is None else y + bias
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
 
 

@@ -8,6 +8,8 @@ on the ``meta`` device and receives its tensors from :mod:`engine.models.weights
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -17,6 +19,14 @@ from engine.models.config import ModelConfig
 from engine.models.rope import RotaryEmbedding
 from engine.runner.attention import AttentionMetadata, paged_attention
 from engine.runner.kv_cache import KVCache
+
+
+class QuantRows(Protocol):
+    """An embedding table kept quantized: dequantizes only the rows looked up."""
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """``ids`` ``[T]`` -> fp32 rows ``[T, hidden]``."""
+        ...
 
 
 def _param(*shape: int) -> nn.Parameter:
@@ -61,8 +71,8 @@ class Attention(nn.Module):
         self.o_bias = _param(cfg.hidden_size) if cfg.o_bias else None
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.qkv_packed: torch.Tensor | None = None  # set by CausalLM.pack_linears()
-        self.o_packed: torch.Tensor | None = None
+        self.qkv_packed: cpu_linear.Prepared | None = None  # set by CausalLM.pack_linears()
+        self.o_packed: cpu_linear.Prepared | None = None
 
     def pack(self) -> None:
         """Move the q/k/v and output projections to oneDNN's layout (frees the dense ones)."""
@@ -110,8 +120,8 @@ class MLP(nn.Module):
         self.gate_up_bias = _param(2 * cfg.intermediate_size) if cfg.mlp_bias else None
         self.down_weight = _param(cfg.hidden_size, cfg.intermediate_size)
         self.down_bias = _param(cfg.hidden_size) if cfg.mlp_bias else None
-        self.gate_up_packed: torch.Tensor | None = None  # set by CausalLM.pack_linears()
-        self.down_packed: torch.Tensor | None = None
+        self.gate_up_packed: cpu_linear.Prepared | None = None  # set by CausalLM.pack_linears()
+        self.down_packed: cpu_linear.Prepared | None = None
 
     def pack(self) -> None:
         """Move both projections to oneDNN's layout (frees the dense ones)."""
@@ -149,7 +159,9 @@ class CausalLM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else _param(cfg.vocab_size, cfg.hidden_size)
         self.rope: RotaryEmbedding | None = None  # set by init_rope() once weights are on device
-        self.head_packed: torch.Tensor | None = None  # set by pack_linears()
+        self.head_packed: cpu_linear.Prepared | None = None  # pack_linears() or GGUF
+        # the token embedding kept quantized (engine/models/gguf_weights.py), if it is
+        self.embed_quant: QuantRows | None = None
 
     def pack_linears(self) -> None:
         """Reorder every projection and the LM head for oneDNN (CPU fp32; kernels/cpu_linear.py).
@@ -189,7 +201,10 @@ class CausalLM(nn.Module):
         rope = self.rope
         if rope is None:
             raise RuntimeError("CausalLM.init_rope() was not called")
-        x = F.embedding(input_ids, self.embed)  # [T, hidden]
+        if self.embed_quant is not None:
+            x = self.embed_quant.rows(input_ids)  # [T, hidden]
+        else:
+            x = F.embedding(input_ids, self.embed)  # [T, hidden]
         cos, sin = rope.cos_sin(positions, x.dtype)  # [T, 1, D/2]
         for layer in self.layers:
             assert isinstance(layer, DecoderLayer)

@@ -136,6 +136,62 @@ def resolve_model(name: str, *, prepare: bool = True) -> Path:
     return convert_gguf(gguf, target)
 
 
+def resolve_gguf(name: str, *, prepare: bool = True) -> tuple[Path, Path]:
+    """``(meta_dir, gguf_file)`` of a GGUF model, for serving its weights as they are.
+
+    ``meta_dir`` holds the ``config.json`` and tokenizer the engine needs beside the
+    weights; where the model was converted already, that folder serves, else a small
+    one is made once (``<name>.meta``: config and tokenizer only, no weights).
+    Raises :class:`ModelNotFoundError` for a model that is not a GGUF file.
+    """
+    ready, gguf, target = locate_model(name)
+    if gguf is None or target is None:
+        raise ModelNotFoundError(
+            f"model: {name!r} is not a GGUF file; native weights need one (use --weights fp32)"
+        )
+    if ready is not None:
+        return ready, gguf
+    meta = target.with_name(target.name + ".meta")
+    if is_prepared(meta):
+        return meta, gguf
+    if not prepare:
+        raise ModelNotFoundError(f"model {name!r} is not prepared: run `tokenrelay model prepare`")
+    meta.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(meta) + ".lock"):
+        if not is_prepared(meta):
+            started = time.monotonic()
+            tmp = meta.with_name(meta.name + f".tmp-{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                _write_metadata(gguf, tmp)
+                (tmp / COMPLETE_MARKER).write_text(str(gguf) + "\n")
+                shutil.rmtree(meta, ignore_errors=True)
+                os.replace(tmp, meta)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            seconds = round(time.monotonic() - started, 2)
+            log.info("model metadata prepared", extra={"path": str(meta), "seconds": seconds})
+    return meta, gguf
+
+
+def _write_metadata(gguf: Path, out: Path) -> None:
+    """The config and tokenizer of ``gguf`` (no weights) into ``out``."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    folder, filename = str(gguf.parent), gguf.name
+    print(f"tokenrelay: reading {gguf.name}'s config and tokenizer (one time) ...",
+          file=sys.stderr, flush=True)  # fmt: skip
+    with gguf_parsed_once():
+        config = AutoConfig.from_pretrained(folder, gguf_file=filename)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+    out.mkdir(parents=True, exist_ok=True)
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    config.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    GenerationConfig.from_model_config(config).save_pretrained(out)
+
+
 def convert_gguf(gguf: Path, target: Path) -> Path:
     """Dequantize ``gguf`` into ``target`` (safetensors + tokenizer + config), once."""
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -97,6 +97,7 @@ class ModelRunner:
         num_blocks: int | None = None,
         num_threads: int | None = None,
         seed: int | None = None,
+        gguf: Path | None = None,
     ) -> None:
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
             raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
@@ -114,7 +115,15 @@ class ModelRunner:
             configure_threads(num_threads)
         started = time.perf_counter()
         self.model_config = ModelConfig.from_pretrained(self.path)
-        self.model = load_model(self.path, self.model_config, self.device, self.dtype)
+        if gguf is not None:  # quantized weights as they are (engine/models/gguf_weights.py)
+            if self.device.type != "cpu" or self.dtype != torch.float32:
+                raise ValueError("weights=native runs on the CPU in float32")
+            from engine.models.gguf_weights import load_gguf_model
+
+            self.model = load_gguf_model(gguf, self.model_config)
+        else:
+            self.model = load_model(self.path, self.model_config, self.device, self.dtype)
+        self.weights = "native" if gguf is not None else str(self.dtype).replace("torch.", "")
         self.load_seconds = time.perf_counter() - started
         self.max_model_len = self.model_config.max_position_embeddings
         self.eos_token_ids: set[int] = set(self.model_config.eos_token_ids)
@@ -147,6 +156,7 @@ class ModelRunner:
                 "model": str(self.path),
                 "device": str(self.device),
                 "dtype": str(self.dtype),
+                "weights": self.weights,
                 "load_s": round(self.load_seconds, 3),
                 "num_blocks": self.num_blocks,
                 "attention": "flash-attn"

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from engine.kernels import cpu_attention
-from engine.kernels.cpu_attention import PagedDecode, build, paged_decode
+from engine.kernels.build import build
+from engine.kernels.cpu_attention import PagedDecode, paged_decode
 
 
 @pytest.fixture(scope="module")

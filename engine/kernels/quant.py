@@ -1,0 +1,283 @@
+"""GGUF-quantized weight matrices on the CPU, multiplied without dequantizing them in memory.
+
+A :class:`QuantWeight` holds a weight matrix ``W`` ``[N, K]`` exactly as a GGUF file
+stores it (``GGUFReader``'s ``tensor.data``: a uint8 array ``[N, K / 32 * block
+bytes]``, N rows of ggml blocks of 32 weights) in one of the formats in :data:`QTYPES`:
+
+* ``Q4_0``: 18 bytes a block, fp16 ``d`` and 16 bytes of nibbles;
+  ``w[j] = ((q[j] & 15) - 8) d``, ``w[j + 16] = ((q[j] >> 4) - 8) d``.
+* ``Q4_1``: 20 bytes, fp16 ``d``, fp16 ``m``, 16 bytes; ``w[j] = (q[j] & 15) d + m``, ...
+* ``Q8_0``: 34 bytes, fp16 ``d``, 32 int8 ``q``; ``w[j] = q[j] d``.
+
+:meth:`QuantWeight.matmul` (``x @ W^T``) and :meth:`QuantWeight.rows` (the embedding
+lookup) run ``csrc/quant_matmul.c``, built at first use like the other compiled kernels
+(:mod:`engine.kernels.build`): each weight is dequantized in registers, exactly, and
+multiplied against the fp32 activations, so results match a product with the
+dequantized matrix up to float rounding order. Where the kernel cannot be built, or
+``TOKENRELAY_CPU_KERNELS=0``, the same methods dequantize with torch ops and call
+``F.linear`` (slower, and it holds the fp32 matrix for the duration of the call).
+
+The C side checks nothing: every shape, dtype and index is checked here first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from core.runtime import env_switch
+from engine.kernels.build import BUILD_ERRORS, CSRC, ENV_SWITCH, load
+
+log = logging.getLogger("tokenrelay.engine")
+
+SOURCE = CSRC / "quant_matmul.c"
+BLOCK = 32  # weights per block, every format here
+# name -> (ggml type id, bytes per block of 32 weights)
+QTYPES: dict[str, tuple[int, int]] = {"Q4_0": (2, 18), "Q4_1": (3, 20), "Q8_0": (8, 34)}
+QUANT_TYPES: tuple[str, ...] = tuple(QTYPES)  # the names, for messages and membership
+_BY_ID = {type_id: name for name, (type_id, _) in QTYPES.items()}
+
+_i64, _int, _ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+
+
+class QuantKernel:
+    """The compiled library's two entry points, typed for ``ctypes``."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._matmul = library.tr_quant_matmul
+        self._matmul.restype = ctypes.c_int
+        self._matmul.argtypes = [_ptr, _i64, _i64, _i64, _ptr, _i64, _int, _ptr, _i64]
+        self._rows = library.tr_quant_rows
+        self._rows.restype = ctypes.c_int
+        self._rows.argtypes = [_ptr, _i64, _int, _ptr, _i64, _ptr]
+
+    def matmul(self, x: torch.Tensor, w: QuantWeight, y: torch.Tensor) -> None:
+        """``y`` ``[M, N]`` (contiguous) = ``x @ W^T``; ``x`` ``[M, K]`` with contiguous rows.
+
+        Shapes, dtypes and strides are checked by the caller (:meth:`QuantWeight.matmul`).
+        """
+        rc = self._matmul(
+            x.data_ptr(),
+            x.shape[0],
+            w.k,
+            x.stride(0),
+            w.data_ptr,
+            w.n,
+            w.type_id,
+            y.data_ptr(),
+            w.n,
+        )
+        if rc != 0:
+            raise ValueError(f"quant matmul kernel: refused qtype {w.qtype}")
+
+    def rows(self, w: QuantWeight, ids: torch.Tensor, out: torch.Tensor) -> None:
+        """``out[i]`` = row ``ids[i]`` of ``W``, dequantized; ids already checked."""
+        rc = self._rows(w.data_ptr, w.k, w.type_id, ids.data_ptr(), ids.shape[0], out.data_ptr())
+        if rc != 0:
+            raise ValueError(f"quant rows kernel: refused qtype {w.qtype}")
+
+
+@functools.cache
+def quant_kernel() -> QuantKernel | None:
+    """The compiled kernel, built on first call; ``None`` where disabled or not buildable."""
+    if not env_switch(ENV_SWITCH):
+        log.info("CPU kernels off", extra={"switch": ENV_SWITCH})
+        return None
+    try:
+        return QuantKernel(load(SOURCE))
+    except BUILD_ERRORS as exc:
+        log.warning(
+            "CPU quant kernel unavailable, dequantizing with torch instead",
+            extra={"error": str(exc)[-500:]},
+        )
+        return None
+
+
+def _qtype_name(qtype: str | int) -> str:
+    """``"Q4_1"``, ``3`` or ``GGMLQuantizationType.Q4_1`` -> ``"Q4_1"``."""
+    name = getattr(qtype, "name", None)  # an IntEnum like gguf's GGMLQuantizationType
+    if isinstance(name, str) and name in QTYPES:
+        return name
+    if isinstance(qtype, str) and qtype.upper() in QTYPES:
+        return qtype.upper()
+    if isinstance(qtype, int) and not isinstance(qtype, bool) and qtype in _BY_ID:
+        return _BY_ID[qtype]
+    raise ValueError(f"quant weight: unsupported qtype {qtype!r} (supported: {', '.join(QTYPES)})")
+
+
+def dequantize_blocks(blocks: torch.Tensor, qtype: str) -> torch.Tensor:
+    """uint8 blocks ``[N, K / 32 * bytes]`` -> fp32 ``[N, K]``, with torch ops only."""
+    _, size = QTYPES[qtype]
+    n = blocks.shape[0]
+    b = blocks.reshape(n, -1, size)
+    d = b[..., 0:2].contiguous().view(torch.float16).float()  # [N, nb, 1]
+    if qtype == "Q8_0":
+        q = b[..., 2:].contiguous().view(torch.int8).float()
+        return (q * d).reshape(n, -1)
+    nibbles = b[..., -16:]
+    q = torch.cat((nibbles & 15, nibbles >> 4), dim=-1).float()  # [N, nb, 32]
+    if qtype == "Q4_1":
+        m = b[..., 2:4].contiguous().view(torch.float16).float()
+        return torch.addcmul(m, q, d).reshape(n, -1)
+    return ((q - 8.0) * d).reshape(n, -1)
+
+
+class QuantWeight:
+    """A weight matrix ``[N, K]`` kept in GGUF blocks (Q4_0, Q4_1 or Q8_0), CPU only.
+
+    ``blocks`` is the uint8 tensor ``[N, K / 32 * block bytes]`` (a copy is made only
+    when it is not contiguous); ``qtype`` a name from :data:`QTYPES`, a ggml type id or
+    gguf's ``GGMLQuantizationType``. ``n`` and ``k``, when given, are checked against
+    the blocks' shape. Refuses anything else with a ``ValueError``.
+    """
+
+    def __init__(
+        self, blocks: torch.Tensor, qtype: str | int, n: int | None = None, k: int | None = None
+    ) -> None:
+        self.qtype = _qtype_name(qtype)
+        self.type_id, self.block_bytes = QTYPES[self.qtype]
+        if not isinstance(blocks, torch.Tensor):
+            raise ValueError("quant weight: blocks must be a torch.Tensor (uint8)")
+        if blocks.dtype != torch.uint8:
+            raise ValueError(f"quant weight: blocks must be uint8, not {blocks.dtype}")
+        if blocks.device.type != "cpu":
+            raise ValueError("quant weight: blocks must be on the CPU")
+        if blocks.dim() != 2:
+            raise ValueError(f"quant weight: blocks must be 2-D [N, bytes], not {blocks.dim()}-D")
+        rows, width = blocks.shape
+        if width == 0 or width % self.block_bytes:
+            raise ValueError(
+                f"quant weight: a {self.qtype} row is a positive multiple of "
+                f"{self.block_bytes} bytes, not {width}"
+            )
+        if n is not None and n != rows:
+            raise ValueError(f"quant weight: blocks hold {rows} rows, not N={n}")
+        if k is not None and k != width // self.block_bytes * BLOCK:
+            raise ValueError(
+                f"quant weight: rows of {width} bytes hold K={width // self.block_bytes * BLOCK}"
+                f" {self.qtype} weights, not K={k}"
+            )
+        self.blocks = blocks.contiguous()
+        self.data_ptr = self.blocks.data_ptr()  # fixed: the blocks are never written
+        self.n = int(rows)
+        self.k = width // self.block_bytes * BLOCK
+
+    @classmethod
+    def from_gguf(cls, tensor: Any) -> QuantWeight:
+        """From a ``gguf.GGUFReader`` tensor (its ``data`` and ``tensor_type``), copied."""
+        import numpy as np
+
+        data = np.ascontiguousarray(tensor.data, dtype=np.uint8).copy()
+        return cls(torch.from_numpy(data), tensor.tensor_type)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(N, K)``: output rows, input features."""
+        return self.n, self.k
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the blocks (what the weight costs in memory)."""
+        return self.blocks.numel()
+
+    def __repr__(self) -> str:
+        return f"QuantWeight({self.qtype}, N={self.n}, K={self.k})"
+
+    def matmul(self, x: torch.Tensor, *, use_kernel: bool = True) -> torch.Tensor:
+        """``x`` ``[..., K]`` fp32 -> ``x @ W^T`` ``[..., N]`` fp32.
+
+        ``use_kernel=False`` takes the torch path (dequantize, then ``F.linear``), as
+        happens anyway when the compiled kernel is unavailable. A 2-D ``x`` whose rows
+        are contiguous is read in place; other layouts are copied first.
+        """
+        # The decode path calls this a few hundred times a step: checks stay cheap.
+        if (
+            not isinstance(x, torch.Tensor)
+            or x.dtype != torch.float32
+            or not x.is_cpu
+            or x.dim() == 0
+            or x.shape[-1] != self.k
+        ):
+            self._refuse(x)
+        kernel = quant_kernel() if use_kernel else None
+        if kernel is None:
+            return F.linear(x, self.dequantize(use_kernel=False))
+        if x.dim() != 2:
+            return self.matmul(x.reshape(-1, self.k)).reshape(*x.shape[:-1], self.n)
+        if x.stride(1) != 1:  # rows may be strided, even overlapping: C only reads x
+            x = x.contiguous()
+        m = x.shape[0]
+        y = torch.empty(m, self.n, dtype=torch.float32)
+        if m and self.n:
+            kernel.matmul(x, self, y)
+        return y
+
+    def _refuse(self, x: object) -> None:
+        """Raise the ``ValueError`` that says what is wrong with ``x``."""
+        if not isinstance(x, torch.Tensor) or x.dtype != torch.float32:
+            raise ValueError("quant matmul: x must be an fp32 tensor")
+        if not x.is_cpu:
+            raise ValueError("quant matmul: x must be on the CPU")
+        raise ValueError(f"quant matmul: x must be [..., {self.k}], not {list(x.shape)}")
+
+    def _check_ids(self, ids: torch.Tensor | Sequence[int], what: str) -> torch.Tensor:
+        index = torch.as_tensor(ids)
+        if index.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+            raise ValueError(f"quant {what}: row ids must be integers, not {index.dtype}")
+        if index.dim() != 1:
+            raise ValueError(f"quant {what}: row ids must be 1-D, not {index.dim()}-D")
+        index = index.to(device="cpu", dtype=torch.int64).contiguous()
+        if index.numel():
+            lo, hi = (int(v) for v in index.aminmax())
+            if lo < 0 or hi >= self.n:
+                raise ValueError(f"quant {what}: a row id outside [0, {self.n})")
+        return index
+
+    def rows(self, ids: torch.Tensor | Sequence[int], *, use_kernel: bool = True) -> torch.Tensor:
+        """Rows ``ids`` (1-D ints in ``[0, N)``) dequantized: fp32 ``[len(ids), K]``."""
+        index = self._check_ids(ids, "rows")
+        kernel = quant_kernel() if use_kernel else None
+        if kernel is None:
+            return dequantize_blocks(self.blocks[index], self.qtype)
+        out = torch.empty(index.shape[0], self.k, dtype=torch.float32)
+        if index.numel():
+            kernel.rows(self, index, out)
+        return out
+
+    def dequantize(self, *, use_kernel: bool = True) -> torch.Tensor:
+        """The whole matrix, fp32 ``[N, K]``."""
+        if use_kernel and quant_kernel() is not None:
+            return self.rows(torch.arange(self.n))
+        return dequantize_blocks(self.blocks, self.qtype)
+
+    def take_rows(self, index: torch.Tensor | Sequence[int]) -> QuantWeight:
+        """A new weight of rows ``index`` of this one, in that order (a permutation, a slice).
+
+        Rows are whole blocks, so this is exact: e.g. undoing llama.cpp's q/k row
+        permutation.
+        """
+        return QuantWeight(self.blocks[self._check_ids(index, "take_rows")], self.qtype)
+
+    @staticmethod
+    def concat_rows(weights: Sequence[QuantWeight]) -> QuantWeight:
+        """:func:`concat_rows`: stack weights with the same K and qtype by rows."""
+        return concat_rows(weights)
+
+
+def concat_rows(weights: Sequence[QuantWeight]) -> QuantWeight:
+    """Stack weights with the same K and qtype by rows (fused q/k/v, gate/up)."""
+    if not weights:
+        raise ValueError("concat_rows: no weights")
+    first = weights[0]
+    for w in weights[1:]:
+        if w.qtype != first.qtype or w.k != first.k:
+            raise ValueError(
+                f"concat_rows: {w.qtype} K={w.k} does not stack on {first.qtype} K={first.k}"
+            )
+    return QuantWeight(torch.cat([w.blocks for w in weights], dim=0), first.qtype)

@@ -1,0 +1,164 @@
+"""Load a GGUF file's weights into :class:`engine.models.llama.CausalLM` as they are: quantized.
+
+The projections (and the token embedding, which is also the tied LM head) stay in
+the file's block format (Q4_0, Q4_1, Q8_0) as :class:`engine.kernels.quant.QuantWeight`
+and are multiplied by the C kernels of ``engine/kernels/csrc/quant_matmul.c``; only
+the norms and biases (F32 in the file) become dense tensors. Nothing is dequantized
+to fp32, so the default model takes 98 MB in memory, not 540 MB, and a decode step
+reads that much less.
+
+The architecture comes from the ``config.json`` prepared next to the tokenizer
+(:func:`engine.models.store.resolve_model_metadata`); the tensors are matched by
+their GGUF names. llama.cpp's converter permutes the rows of the q and k
+projections of Llama/Mistral models for its rotary layout; the permutation is
+undone here on whole rows of blocks.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from engine.kernels.quant import QUANT_TYPES, QuantWeight
+from engine.models.config import ModelConfig
+from engine.models.llama import CausalLM
+
+_BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
+# GGUF name (per layer) -> our parameter name, for the tensors that stay dense
+_DENSE = {
+    "attn_norm.weight": "input_norm.weight",
+    "ffn_norm.weight": "post_attn_norm.weight",
+    "attn_q_norm.weight": "attn.q_norm.weight",
+    "attn_k_norm.weight": "attn.k_norm.weight",
+    "attn_output.bias": "attn.o_bias",
+    "ffn_down.bias": "mlp.down_bias",
+}
+_FUSED_BIAS = {
+    "attn.qkv_bias": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
+    "mlp.gate_up_bias": ("ffn_gate.bias", "ffn_up.bias"),
+}
+_PERMUTED_ARCHS = ("llama", "mistral")  # q/k rows permuted by llama.cpp's converter
+
+
+def unpermute_rows(n_rows: int, n_heads: int) -> torch.Tensor:
+    """Row index that undoes llama.cpp's rotary permutation of a q or k projection.
+
+    The converter reorders each head's rows from ``[half0 | half1]`` interleaving to
+    pairs; ``w_hf = w_gguf[index]``.
+    """
+    dim = n_rows // n_heads // 2
+    return torch.arange(n_rows).reshape(n_heads, dim, 2).transpose(1, 2).reshape(n_rows)
+
+
+class GGUFTensors:
+    """The tensors of one GGUF file by name: quantized ones as :class:`QuantWeight`."""
+
+    def __init__(self, path: Path) -> None:
+        from gguf import GGUFReader
+
+        self.path = path
+        reader = GGUFReader(str(path))
+        self.arch = str(_field(reader, "general.architecture") or "")
+        self._tensors: dict[str, Any] = {t.name: t for t in reader.tensors}
+
+    def names(self) -> set[str]:
+        return set(self._tensors)
+
+    def quant(self, name: str) -> QuantWeight:
+        """Tensor ``name`` as a quantized matrix ``[N, K]`` (refused if it is not one)."""
+        t = self._tensors[name]
+        qtype = t.tensor_type.name
+        if qtype not in QUANT_TYPES:
+            raise ValueError(
+                f"model: {name} in {self.path.name} is {qtype}; native weights support "
+                f"{', '.join(QUANT_TYPES)} (use --weights fp32)"
+            )
+        n, k = int(t.shape[1]), int(t.shape[0])  # GGUF lists dims innermost first
+        data = torch.from_numpy(np.array(t.data, dtype=np.uint8, copy=True)).reshape(n, -1)
+        return QuantWeight(data, qtype, n, k)
+
+    def dense(self, name: str) -> torch.Tensor:
+        """Tensor ``name`` (F32 or F16 in the file) as an fp32 tensor, GGUF dims reversed."""
+        t = self._tensors[name]
+        if t.tensor_type.name not in ("F32", "F16"):
+            raise ValueError(f"model: {name} in {self.path.name} is {t.tensor_type.name}")
+        shape = [int(d) for d in reversed(t.shape)]
+        return torch.from_numpy(np.array(t.data, dtype=np.float32)).reshape(shape)
+
+
+def _field(reader: Any, key: str) -> Any:
+    f = reader.fields.get(key)
+    if f is None:
+        return None
+    part = f.parts[f.data[0]]
+    return bytes(part).decode() if part.dtype == np.uint8 else part[0]
+
+
+def _projection(g: GGUFTensors, prefix: str, name: str, heads: int | None) -> QuantWeight:
+    w = g.quant(prefix + name)
+    if heads is not None and g.arch in _PERMUTED_ARCHS:
+        w = w.take_rows(unpermute_rows(w.n, heads))
+    return w
+
+
+def load_gguf_model(path: Path, cfg: ModelConfig) -> CausalLM:
+    """Build :class:`CausalLM` for ``cfg`` on the CPU with ``path``'s quantized weights."""
+    g = GGUFTensors(path)
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    names = g.names()
+    dense: dict[str, torch.Tensor] = {"norm.weight": g.dense("output_norm.weight")}
+    for i, layer in enumerate(model.layers):
+        p = f"blk.{i}."
+        if p + "attn_q.weight" not in names:
+            raise ValueError(f"model: {path.name} has no layer {i} (config: {cfg.num_layers})")
+        for gguf_name, ours in _DENSE.items():
+            if p + gguf_name in names:
+                dense[f"layers.{i}.{ours}"] = g.dense(p + gguf_name)
+        for ours, parts in _FUSED_BIAS.items():
+            if all(p + n in names for n in parts):
+                dense[f"layers.{i}.{ours}"] = torch.cat([g.dense(p + n) for n in parts])
+        attn: Any = layer.attn  # type: ignore[union-attr]
+        mlp: Any = layer.mlp  # type: ignore[union-attr]
+        attn.qkv_packed = QuantWeight.concat_rows(
+            [
+                _projection(g, p, "attn_q.weight", cfg.num_heads),
+                _projection(g, p, "attn_k.weight", cfg.num_kv_heads),
+                _projection(g, p, "attn_v.weight", None),
+            ]
+        )
+        attn.o_packed = g.quant(p + "attn_output.weight")
+        mlp.gate_up_packed = QuantWeight.concat_rows(
+            [g.quant(p + "ffn_gate.weight"), g.quant(p + "ffn_up.weight")]
+        )
+        mlp.down_packed = g.quant(p + "ffn_down.weight")
+        for holder, attr in ((attn, "qkv_weight"), (attn, "o_weight"),
+                             (mlp, "gate_up_weight"), (mlp, "down_weight")):  # fmt: skip
+            setattr(holder, attr, torch.nn.Parameter(torch.empty(0), requires_grad=False))
+    extra = sorted(n for n in names if (m := _BLOCK.match(n)) and int(m.group(1)) >= cfg.num_layers)
+    if extra:
+        raise ValueError(f"model: {path.name} has layers beyond the config's {cfg.num_layers}")
+    model.embed_quant = g.quant("token_embd.weight")
+    if cfg.tie_word_embeddings or "output.weight" not in names:
+        model.head_packed = model.embed_quant
+    else:
+        model.head_packed = g.quant("output.weight")
+    model.embed = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+    if model.lm_head is not None:
+        model.lm_head = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+    expected = {name: p for name, p in model.named_parameters() if p.is_meta and p.numel() > 0}
+    missing = sorted(set(expected) - set(dense))
+    if missing:
+        raise ValueError(f"model: {path.name} lacks weights for {missing[:4]}")
+    for name, tensor in dense.items():
+        if name in expected and tuple(tensor.shape) != tuple(expected[name].shape):
+            raise ValueError(f"model: {name} has shape {tuple(tensor.shape)} in {path.name}")
+    model.load_state_dict(dense, strict=False, assign=True)
+    for param in model.parameters():
+        param.requires_grad_(False)
+    model.init_rope(torch.device("cpu"))
+    return model.eval()

@@ -1,0 +1,97 @@
+"""engine/models/gguf_weights.py: the default model served from its quantized blocks.
+
+The native path and the fp32 path hold the same numbers (transformers dequantizes
+the same blocks the kernels read), so their logits differ only by the order of
+the fp32 sums; greedy text may part late, where two logits nearly tie.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from core.wire.params import SamplingParams
+from engine import EngineConfig, LLMEngine
+from engine.models.gguf_weights import unpermute_rows
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "1, 2, 3, 4,",
+]
+TOKENS = 16
+
+
+def _reference_unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    # the inverse of llama.cpp's converter, as transformers writes it
+    dim = w.shape[0] // n_head // 2
+    return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
+
+
+@pytest.mark.parametrize(("rows", "heads"), [(576, 9), (192, 3), (128, 2), (64, 1)])
+def test_unpermute_matches_the_reference(rows: int, heads: int) -> None:
+    w = torch.randn(rows, 8)
+    assert torch.equal(w[unpermute_rows(rows, heads)], _reference_unpermute(w, heads))
+
+
+@pytest.fixture(scope="module")
+def native_engine() -> Any:
+    return LLMEngine(EngineConfig(model="default", device="cpu", weights="native"))
+
+
+def _greedy(engine: Any, prompts: list[str]) -> list[list[int]]:
+    params = SamplingParams(max_tokens=TOKENS, temperature=0.0, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        engine.add_request(f"g{i}", p, params)
+    out: dict[str, list[int]] = {f"g{i}": [] for i in range(len(prompts))}
+    while engine.has_unfinished():
+        for o in engine.step():
+            out[o.request_id].extend(o.new_token_ids)
+    return [out[f"g{i}"] for i in range(len(prompts))]
+
+
+def test_native_weights_stay_quantized(native_engine: Any) -> None:
+    model = native_engine.runner.model
+    assert native_engine.runner.weights == "native"
+    assert model.embed_quant is not None and model.embed.numel() == 0
+    layer = model.layers[0]
+    assert layer.mlp.down_weight.numel() == 0 and layer.attn.qkv_weight.numel() == 0
+    assert not isinstance(layer.mlp.down_packed, torch.Tensor)  # a quantized matrix
+    dense_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert dense_bytes < 2_000_000  # norms only: the 135M weights are not in fp32
+
+
+def test_native_logits_match_the_fp32_path(native_engine: Any, llm_engine: Any) -> None:
+    ids = native_engine.tokenizer("The capital of France is", return_tensors="pt")["input_ids"][0]
+    logits = []
+    for engine in (native_engine, llm_engine):
+        model = engine.runner.model
+        with torch.inference_mode():
+            emb = (
+                model.embed_quant.rows(ids)
+                if model.embed_quant is not None
+                else torch.nn.functional.embedding(ids, model.embed)
+            )
+            logits.append(model.compute_logits(model.norm(emb)))
+    # the embedding and the tied head: the same dequantized numbers either way
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-3)
+
+
+def test_greedy_text_agrees_with_the_fp32_path(native_engine: Any, llm_engine: Any) -> None:
+    native, dense = _greedy(native_engine, PROMPTS), _greedy(llm_engine, PROMPTS)
+    agree = [next((i for i, (a, b) in enumerate(zip(n, d, strict=True)) if a != b), TOKENS)
+             for n, d in zip(native, dense, strict=True)]  # fmt: skip
+    print(f"native vs fp32: tokens agreeing before the first difference: {agree}")
+    assert all(n for n in native)
+    assert sum(agree) >= TOKENS * len(PROMPTS) // 2, agree
+    assert max(agree) == TOKENS, agree
+
+
+def test_native_needs_a_gguf_model(model_path: Any) -> None:
+    with pytest.raises(ValueError, match="gguf"):
+        EngineConfig(model=str(model_path), weights="native")
+    with pytest.raises(ValueError, match="weights"):
+        EngineConfig(model="default", weights="int3")
