@@ -18,6 +18,11 @@ Measurements, tables on stdout:
   (engine/kernels/csrc/paged_attention.c) and with the torch path at several bucket
   sizes (``engine.runner.attention.CPU_DECODE_BUCKET_ROWS``; 8 is its default), median
   wall and CPU time per step.
+* ``weights`` (not part of ``both``): one chat prompt per sequence, greedy,
+  ``--output-len`` tokens, at decode batches of 1, 16 and 64, stepped with
+  dense fp32 weights and with the GGUF's quantized blocks (``--weights native``:
+  engine/kernels/csrc/quant_matmul.c) in turn, two rounds; the median decode
+  step of each and native's speed-up.
 * ``start`` (not part of ``both``): seconds to a ready ``LLMEngine`` in a fresh
   process (torch import included), and its tokenizer alone loaded by
   engine/text/tokenizer.py against ``AutoTokenizer`` (the peer), three fresh
@@ -27,6 +32,7 @@ Measurements, tables on stdout:
     .venv/bin/python -m bench.engine_profile omp        # one of them
     .venv/bin/python -m bench.engine_profile attention  # C kernel against torch buckets
     .venv/bin/python -m bench.engine_profile start      # engine and tokenizer load times
+    .venv/bin/python -m bench.engine_profile weights    # quantized against fp32 weights
 """
 
 from __future__ import annotations
@@ -263,6 +269,41 @@ def run_start(repeats: int = 3) -> None:
     print(f"AutoTokenizer / engine/text/tokenizer.py: {ratio:.1f}x")
 
 
+def _decode_step_ms(engine: Any, batch: int, output_len: int) -> float:
+    from engine import SamplingParams
+
+    params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+    for i in range(batch):
+        engine.add_request(f"w{i}-{time.monotonic_ns()}", "Tell me a story about a dragon.", params)
+    engine.step()  # the prefill
+    steps = []
+    while engine.has_unfinished():
+        start = time.perf_counter()
+        engine.step()
+        steps.append(time.perf_counter() - start)
+    return statistics.median(steps) * 1000
+
+
+def run_weights(output_len: int, rounds: int = 2) -> None:
+    from engine import EngineConfig, LLMEngine
+
+    engines = {
+        w: LLMEngine(EngineConfig(model="default", device="cpu", weights=w, max_num_seqs=64))
+        for w in ("fp32", "native")
+    }
+    print(f"\nmedian decode step (ms), {output_len} tokens a sequence, {rounds} rounds interleaved")
+    print("| batch | fp32 (ms) | native (ms) | native speed-up | native tok/s |")
+    print("|---:|---:|---:|---:|---:|")
+    for batch in (1, 16, 64):
+        ms: dict[str, list[float]] = {w: [] for w in engines}
+        for _ in range(rounds):
+            for w, engine in engines.items():
+                ms[w].append(_decode_step_ms(engine, batch, output_len))
+        dense, native = statistics.median(ms["fp32"]), statistics.median(ms["native"])
+        print(f"| {batch} | {dense:.1f} | {native:.1f} | {dense / native:.2f}x "
+              f"| {batch / native * 1000:.1f} |")  # fmt: skip
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         prog="python -m bench.engine_profile",
@@ -273,7 +314,7 @@ def main() -> int:
         "what",
         nargs="?",
         default="both",
-        choices=["both", "omp", "decode", "attention", "start", "_single"],
+        choices=["both", "omp", "decode", "attention", "start", "weights", "_single"],
     )
     ap.add_argument("--num-prompts", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=128)
@@ -290,6 +331,8 @@ def main() -> int:
         run_attention(args.num_prompts)
     if args.what == "start":
         run_start()
+    if args.what == "weights":
+        run_weights(args.output_len)
     print(f"\nload average at the end: {load_average()}")
     print(f"command: python -m bench.engine_profile {' '.join(sys.argv[1:])}".rstrip())
     return 0
