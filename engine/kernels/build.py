@@ -2,7 +2,8 @@
 
 Every compiled CPU kernel goes through :func:`build`: it compiles with ``$CC`` (else
 ``cc``) and :data:`FLAGS` (``-O3 -march=native -fopenmp``) into
-``$TOKENRELAY_HOME/kernels``, under a name that hashes the source, the flags, the
+``$TOKENRELAY_HOME/kernels``, under a name that hashes the source (with the files it
+``#include "..."``s from ``csrc``), the flags, the
 compiler's version and this CPU's feature flags, so a cache shared between machines
 never loads code built for another CPU. The library is written beside its final name,
 then renamed, so concurrent builders never see half a file. :func:`load` builds and
@@ -20,6 +21,7 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -54,6 +56,17 @@ def _compiler_version(cc: str) -> str:
     return done.stdout
 
 
+def _sources(source: Path, seen: tuple[Path, ...] = ()) -> list[bytes]:
+    """``source``'s bytes, then those of each local ``#include "x"`` it names, depth first."""
+    code = source.read_bytes()
+    parts = [code]
+    for name in re.findall(rb'^\s*#\s*include\s+"([^"]+)"', code, re.M):
+        dep = source.parent / name.decode()
+        if dep not in seen and dep.is_file():
+            parts += _sources(dep, (*seen, source))
+    return parts
+
+
 def build(source: Path, cache_dir: Path | None = None, extra_flags: Sequence[str] = ()) -> Path:
     """Compile ``source`` into a shared library (or reuse the cached one); returns its path.
 
@@ -64,10 +77,9 @@ def build(source: Path, cache_dir: Path | None = None, extra_flags: Sequence[str
     cc = shutil.which(os.environ.get("CC", "cc"))
     if cc is None:
         raise RuntimeError(f"no C compiler found ({os.environ.get('CC', 'cc')!r} not on PATH)")
-    code = source.read_bytes()
     key = hashlib.sha256()
     flags = (*FLAGS, *extra_flags)
-    for part in (code, " ".join(flags).encode(), _compiler_version(cc).encode()):
+    for part in (*_sources(source), " ".join(flags).encode(), _compiler_version(cc).encode()):
         key.update(part)
     key.update((platform.machine() + _cpu_flags()).encode())
     out_dir = cache_dir or tokenrelay_home() / "kernels"

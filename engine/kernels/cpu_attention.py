@@ -62,7 +62,7 @@ class PagedDecode:
         self.path = library
         fn = ctypes.CDLL(str(library)).tr_paged_decode_f32
         fn.restype = ctypes.c_int
-        fn.argtypes = [_ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr]
+        fn.argtypes = [_ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr]
         fn.argtypes += [_i64] * 6 + [_f32]
         self._fn = fn
 
@@ -148,6 +148,7 @@ class PagedDecode:
             batch.context_lens.data_ptr(),
             batch.rows.data_ptr(),
             batch.seqs.data_ptr(),
+            None,  # each row attends to its sequence's whole context
             n,
             num_heads,
             num_kv_heads,

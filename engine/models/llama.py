@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.kernels import cpu_linear
+from engine.kernels.decoder import FusedDecoder, LayerWeights, Shape, decoder_library
+from engine.kernels.quant import QuantWeight
 from engine.models.config import ModelConfig
 from engine.models.rope import RotaryEmbedding
 from engine.runner.attention import AttentionMetadata, paged_attention
@@ -162,6 +164,46 @@ class CausalLM(nn.Module):
         self.head_packed: cpu_linear.Prepared | None = None  # pack_linears() or GGUF
         # the token embedding kept quantized (engine/models/gguf_weights.py), if it is
         self.embed_quant: QuantRows | None = None
+        # every layer in one C call, where all projections are quantized (fuse())
+        self.fused: FusedDecoder | None = None
+
+    def fuse(self) -> bool:
+        """Run the layers through ``engine/kernels/csrc/decoder.c`` from now on, if it can.
+
+        It can when every projection is a :class:`QuantWeight` (GGUF weights served as
+        they are), the norms are fp32 and the compiled decoder is available (not switched
+        off, a C compiler present). Returns whether the fused path is on.
+        """
+        library = decoder_library()
+        if library is None:
+            return False
+        cfg = self.cfg
+        layers = []
+        for layer in self.layers:
+            assert isinstance(layer, DecoderLayer)
+            attn, mlp = layer.attn, layer.mlp
+            qkv, o, gate_up, down = (
+                attn.qkv_packed, attn.o_packed, mlp.gate_up_packed, mlp.down_packed
+            )  # fmt: skip
+            if not (
+                isinstance(qkv, QuantWeight)
+                and isinstance(o, QuantWeight)
+                and isinstance(gate_up, QuantWeight)
+                and isinstance(down, QuantWeight)
+            ):
+                return False
+            layers.append(LayerWeights(
+                input_norm=layer.input_norm.weight, qkv=qkv, o=o,
+                post_norm=layer.post_attn_norm.weight, gate_up=gate_up, down=down,
+                qkv_bias=attn.qkv_bias,
+                q_norm=None if attn.q_norm is None else attn.q_norm.weight,
+                k_norm=None if attn.k_norm is None else attn.k_norm.weight,
+                o_bias=attn.o_bias, gate_up_bias=mlp.gate_up_bias, down_bias=mlp.down_bias,
+            ))  # fmt: skip
+        shape = Shape(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                      cfg.intermediate_size, cfg.rms_norm_eps, cfg.head_dim**-0.5)  # fmt: skip
+        self.fused = FusedDecoder(library, shape, layers, self.norm.weight)
+        return True
 
     def pack_linears(self) -> None:
         """Reorder every projection and the LM head for oneDNN (CPU fp32; kernels/cpu_linear.py).
@@ -206,6 +248,13 @@ class CausalLM(nn.Module):
         else:
             x = F.embedding(input_ids, self.embed)  # [T, hidden]
         cos, sin = rope.cos_sin(positions, x.dtype)  # [T, 1, D/2]
+        if self.fused is not None:
+            if self.fused.kv is not kv_cache.data:
+                self.fused.bind_cache(kv_cache.data)
+            return self.fused.forward(
+                x, cos, sin, meta.slot_mapping, meta.block_tables, meta.seq_of_token,
+                meta.row_lens,
+            )  # fmt: skip
         for layer in self.layers:
             assert isinstance(layer, DecoderLayer)
             x = x + layer.attn(layer.input_norm(x), cos, sin, rope, meta, kv_cache)

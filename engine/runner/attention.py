@@ -100,6 +100,8 @@ class AttentionMetadata:
     cu_seqlens_k: torch.Tensor  # [B + 1] int32
     context_lens: torch.Tensor  # [B] int32 tokens in the cache after this step
     block_tables: torch.Tensor  # [B, max_blocks] int32, padded with 0
+    seq_of_token: torch.Tensor  # [T] int64 each token's sequence (row of block_tables)
+    row_lens: torch.Tensor  # [T] int32 tokens each token attends to (its position + 1)
     max_seqlen_q: int
     max_seqlen_k: int
     all_decode: bool
@@ -128,12 +130,14 @@ def build_metadata(
     use_flash: bool = False,
     scratch: AttentionScratch | None = None,
     decode_kernel: PagedDecode | None = None,
+    plan: bool = True,
 ) -> AttentionMetadata:
     """Build the step's metadata from per-sequence query lengths, offsets and block tables.
 
     Shapes: ``B = len(q_lens)``; ``T = sum(q_lens)``. Raises ``ValueError`` when a
     block table is too short for ``start_pos + q_len`` tokens. ``decode_kernel``
     (for fp32 on a CPU) takes the decode rows instead of the torch buckets.
+    ``plan=False`` skips the per-backend plans (the fused decoder reads only the tensors).
     """
     num_seqs = len(q_lens)
     q = np.asarray(q_lens, dtype=np.int64)
@@ -166,6 +170,8 @@ def build_metadata(
         cu_seqlens_k=tensor(cu_k, torch.int32),
         context_lens=tensor(ctx, torch.int32),
         block_tables=tensor(bt_np, torch.int32),
+        seq_of_token=tensor(seq_of_token, torch.int64),
+        row_lens=tensor(positions + 1, torch.int32),
         max_seqlen_q=int(q.max()),
         max_seqlen_k=int(ctx.max()),
         all_decode=bool((q == 1).all()),
@@ -174,7 +180,7 @@ def build_metadata(
         scratch=scratch or AttentionScratch(),
         decode_kernel=decode_kernel,
     )
-    if not use_flash:
+    if plan and not use_flash:
         _plan_decode(meta, q, ctx, cu_q, bt_np, device, dtype)
         _plan_prefill(meta, q, starts, ctx, cu_q, bt_np, device, dtype)
     return meta

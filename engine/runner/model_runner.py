@@ -121,6 +121,7 @@ class ModelRunner:
             from engine.models.gguf_weights import load_gguf_model
 
             self.model = load_gguf_model(gguf, self.model_config)
+            self.model.fuse()  # every layer in one C call (engine/kernels/decoder.py)
         else:
             self.model = load_model(self.path, self.model_config, self.device, self.dtype)
         self.weights = "native" if gguf is not None else str(self.dtype).replace("torch.", "")
@@ -163,6 +164,7 @@ class ModelRunner:
                 if self.use_flash
                 else ("cpu-kernel" if self.decode_kernel is not None else "torch"),
                 "threads": torch.get_num_threads(),
+                "decoder": "fused" if self.model.fused is not None else "op-by-op",
             },
         )
 
@@ -181,6 +183,7 @@ class ModelRunner:
             use_flash=self.use_flash,
             scratch=self.scratch,
             decode_kernel=self.decode_kernel,
+            plan=self.model.fused is None,
         )
         input_ids = torch.tensor(
             list(chain.from_iterable(it.token_ids for it in items)), dtype=torch.int64

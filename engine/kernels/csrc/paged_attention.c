@@ -10,6 +10,8 @@
  *   block_tables    [B, bt_stride] int32 block ids of each sequence, in order
  *   rows[i]         the q/out row of decode sequence i; seqs[i] its row in block_tables
  *   ctx_lens[s]     tokens of sequence s in the cache, this step's included
+ *   row_lens[i]     if not NULL: the tokens row i attends to instead (its position + 1),
+ *                   so every token of a prefill chunk is a row that sees its causal prefix
  *
  * Work is split over (sequence, run of `heads_per_task` KV heads) with OpenMP. A task
  * covering all KV heads reads each block as one contiguous run of memory; splitting heads
@@ -173,9 +175,9 @@ static void block_values(const task_shape *s, const float *vb, int64_t end, int6
 int tr_paged_decode_f32(const float *q, int64_t q_row_stride, float *out, const float *k_cache,
                         const float *v_cache, const int32_t *block_tables,
                         int64_t bt_stride, const int32_t *ctx_lens, const int64_t *rows,
-                        const int64_t *seqs, int64_t n, int64_t num_heads,
-                        int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-                        int64_t heads_per_task, float scale) {
+                        const int64_t *seqs, const int32_t *row_lens, int64_t n,
+                        int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                        int64_t block_size, int64_t heads_per_task, float scale) {
     const int64_t G = num_heads / num_kv_heads; /* query heads per KV head */
     const int64_t D = head_dim;
     const int64_t row_stride = num_heads * D;    /* out */
@@ -205,7 +207,7 @@ int tr_paged_decode_f32(const float *q, int64_t q_row_stride, float *out, const 
             if (stop || acc == NULL) continue;
             const int64_t i = task / parts, h0 = (task % parts) * hp;
             const int64_t seq = seqs[i];
-            const int64_t L = ctx_lens[seq];
+            const int64_t L = row_lens != NULL ? row_lens[i] : ctx_lens[seq];
             const int32_t *bt = block_tables + seq * bt_stride;
             const int64_t nb = (L + block_size - 1) / block_size;
             const float *qh = q + rows[i] * q_row_stride + h0 * G * D; /* [R, D] */

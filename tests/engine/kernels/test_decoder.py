@@ -1,0 +1,180 @@
+"""The fused decoder step (engine/kernels/decoder.py, csrc/decoder.c) against the op-by-op one.
+
+Tiny random models with quantized projections run the same steps both ways, each
+with its own KV pool: prefill chunks with and without a cached prefix and decode
+rows in one batch, scattered block tables, blocks smaller than a chunk. Both paths
+use the same matmul kernel; they differ in the order of fp32 sums (norms, attention),
+so hidden states and the KV pools they write agree to 1e-4.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from engine.kernels import decoder
+from engine.kernels.build import ENV_SWITCH
+from engine.kernels.cpu_attention import paged_decode
+from engine.kernels.quant import QTYPES, QuantWeight
+from engine.models.config import ModelConfig, RopeConfig
+from engine.models.llama import CausalLM, DecoderLayer
+from engine.runner.attention import build_metadata
+from engine.runner.kv_cache import KVCache
+
+BLOCK = 4
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _needs_the_library() -> None:
+    if decoder.decoder_library() is None:
+        pytest.skip("the fused decoder did not build here (no C compiler?)")
+
+
+def quant(n: int, k: int, qtype: str, rng: np.random.Generator) -> QuantWeight:
+    """Random blocks of ``qtype`` ``[n, k]`` with varied scales."""
+    _, size = QTYPES[qtype]
+    raw = rng.integers(0, 256, size=(n, k // 32, size), dtype=np.uint8)
+    d = (rng.standard_normal((n, k // 32)) * 0.05).astype(np.float16)
+    raw[..., 0:2] = d.view(np.uint8).reshape(n, k // 32, 2)
+    if qtype == "Q4_1":
+        m = (rng.standard_normal((n, k // 32)) * 0.2).astype(np.float16)
+        raw[..., 2:4] = m.view(np.uint8).reshape(n, k // 32, 2)
+    return QuantWeight(torch.from_numpy(raw.reshape(n, -1)), qtype)
+
+
+def tiny_model(*, head_dim: int, qwen3: bool, qtype: str, seed: int = 0) -> CausalLM:
+    """Two layers, GQA (4 query heads, 2 KV heads); ``qwen3``: biases and q/k norms."""
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator().manual_seed(seed)
+    cfg = ModelConfig(
+        model_type="qwen3" if qwen3 else "llama", vocab_size=96, hidden_size=128,
+        num_layers=2, num_heads=4, num_kv_heads=2, head_dim=head_dim,
+        intermediate_size=160, rms_norm_eps=1e-6, rope=RopeConfig(theta=10000.0),
+        max_position_embeddings=512, tie_word_embeddings=True, qkv_bias=qwen3,
+        o_bias=qwen3, mlp_bias=qwen3, qk_norm=qwen3,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    h, e, i = cfg.num_heads * head_dim, cfg.hidden_size, cfg.intermediate_size
+    qkv_n = h + 2 * cfg.num_kv_heads * head_dim
+    for layer in model.layers:
+        assert isinstance(layer, DecoderLayer)
+        attn, mlp = layer.attn, layer.mlp
+        attn.qkv_packed, attn.o_packed = quant(qkv_n, e, qtype, rng), quant(e, h, qtype, rng)
+        mlp.gate_up_packed = quant(2 * i, e, qtype, rng)
+        mlp.down_packed = quant(e, i, qtype, rng)
+        for holder, attr in ((attn, "qkv_weight"), (attn, "o_weight"),
+                             (mlp, "gate_up_weight"), (mlp, "down_weight")):  # fmt: skip
+            setattr(holder, attr, torch.nn.Parameter(torch.empty(0), requires_grad=False))
+    state = {}
+    for name, p in model.named_parameters():
+        if p.is_meta and p.numel():
+            base = 1.0 if name.endswith("norm.weight") else 0.0
+            state[name] = base + 0.1 * torch.randn(p.shape, generator=gen)
+    model.load_state_dict(state, strict=False, assign=True)
+    model.init_rope(CPU)
+    return model.eval()
+
+
+def run_steps(model: CausalLM, fused: bool, steps: list[list[tuple[int, int, list[int]]]]) -> Any:
+    """Run ``steps`` (each a list of (q_len, start, block table)) -> hidden states, KV pool."""
+    cfg = model.cfg
+    saved = model.fused
+    if not fused:
+        model.fused = None
+    cache = KVCache(cfg, num_blocks=12, block_size=BLOCK, dtype=torch.float32, device=CPU)
+    gen = torch.Generator().manual_seed(7)
+    outs = []
+    try:
+        for items in steps:
+            q_lens = [n for n, _, _ in items]
+            meta = build_metadata(
+                q_lens, [s for _, s, _ in items], [bt for _, _, bt in items],
+                block_size=BLOCK, device=CPU, dtype=torch.float32,
+                decode_kernel=paged_decode(), plan=not fused,
+            )  # fmt: skip
+            ids = torch.randint(0, cfg.vocab_size, (sum(q_lens),), generator=gen)
+            with torch.inference_mode():
+                outs.append(model(ids, meta.positions, meta, cache).clone())
+    finally:
+        model.fused = saved
+    return outs, cache.data.clone()
+
+
+# A: 10-token prompt, then decodes; B: 5 tokens, then a 7-token chunk on its cached prefix;
+# C joins with 3 tokens. Tables are scattered over the pool, blocks of 4 split every chunk.
+STEPS = [
+    [(10, 0, [3, 0, 9]), (5, 0, [5, 1])],
+    [(1, 10, [3, 0, 9]), (7, 5, [5, 1, 7]), (3, 0, [2])],
+    [(1, 11, [3, 0, 9]), (1, 12, [5, 1, 7, 4]), (1, 3, [2])],
+    [(1, 12, [3, 0, 9, 11]), (1, 13, [5, 1, 7, 4]), (1, 4, [2, 6])],
+]
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "qwen3", "qtype"),
+    [(32, False, "Q4_1"), (64, False, "Q4_0"), (64, True, "Q8_0"), (32, True, "Q4_1")],
+)
+def test_fused_steps_match_the_op_by_op_decoder(head_dim: int, qwen3: bool, qtype: str) -> None:
+    model = tiny_model(head_dim=head_dim, qwen3=qwen3, qtype=qtype)
+    assert model.fuse() and model.fused is not None
+    want, want_kv = run_steps(model, False, STEPS)
+    got, got_kv = run_steps(model, True, STEPS)
+    for w, g in zip(want, got, strict=True):
+        assert torch.isfinite(g).all()
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got_kv, want_kv, rtol=1e-4, atol=1e-4)
+    assert got_kv.abs().sum() > 0  # the fused path wrote the pool
+
+
+def test_fuse_needs_every_projection_quantized() -> None:
+    model = tiny_model(head_dim=32, qwen3=False, qtype="Q4_1")
+    layer = model.layers[1]
+    assert isinstance(layer, DecoderLayer)
+    layer.mlp.down_packed = None  # a dense projection (F.linear on down_weight)
+    assert not model.fuse() and model.fused is None
+
+
+def test_bad_step_inputs_are_refused() -> None:
+    model = tiny_model(head_dim=32, qwen3=False, qtype="Q4_1")
+    assert model.fuse() and model.fused is not None
+    fused = model.fused
+    cache = KVCache(model.cfg, num_blocks=4, block_size=BLOCK, dtype=torch.float32, device=CPU)
+    x, cs = torch.zeros(2, 128), torch.zeros(2, 16)
+    tables = torch.tensor([[0, 1]], dtype=torch.int32)
+    seqs, slots = torch.zeros(2, dtype=torch.int64), torch.tensor([0, 1])
+    lens = torch.tensor([1, 2], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="bind_cache"):
+        fused.forward(x, cs, cs, slots, tables, seqs, lens)
+    with pytest.raises(ValueError, match="KV pool"):
+        fused.bind_cache(cache.data[:1])
+    fused.bind_cache(cache.data)
+    bad = {
+        "slot outside": (x, slots + 100, tables, seqs, lens),
+        "block outside": (x, slots, tables + 10, seqs, lens),
+        "beyond its block table": (x, slots, tables, seqs, lens + 8),
+        "bad seq": (x, slots, tables, seqs + 1, lens),
+        "lens must be int32": (x, slots, tables, seqs, lens.long()),
+        "x must be": (torch.zeros(2, 64), slots, tables, seqs, lens),
+    }
+    for why, (xx, sl, tb, sq, ln) in bad.items():
+        with pytest.raises(ValueError, match=why):
+            fused.forward(xx, cs, cs, sl, tb, sq, ln)
+    out = fused.forward(x.clone(), cs, cs, slots, tables, seqs, lens)
+    assert out.shape == (2, 128) and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("switch", [ENV_SWITCH, decoder.FUSED_SWITCH])
+def test_the_switches_turn_it_off(switch: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    decoder.decoder_library.cache_clear()
+    monkeypatch.setenv(switch, "0")
+    try:
+        assert decoder.decoder_library() is None
+        assert not tiny_model(head_dim=32, qwen3=False, qtype="Q4_1").fuse()
+    finally:
+        monkeypatch.delenv(switch)
+        decoder.decoder_library.cache_clear()
