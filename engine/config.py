@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine.models.store import locate_model
+
+log = logging.getLogger("tokenrelay.engine")
 
 DTYPES = {
     "auto": None,
@@ -20,7 +23,8 @@ DTYPES = {
     "half": "float16",
 }
 # How the weights are held: "native" keeps a GGUF file's quantized blocks (CPU);
-# "fp32"/"bf16" dequantize into dense tensors of that dtype; "auto" is dense.
+# "fp32"/"bf16" dequantize into dense tensors of that dtype; "auto" is native for a GGUF
+# on the CPU in fp32 whose tensor types the kernels multiply, dense otherwise.
 WEIGHTS = ("auto", "native", "fp32", "bf16")
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 CPU_BATCHED_TOKENS = 1024
@@ -108,6 +112,25 @@ class EngineConfig:
         _, gguf, _ = locate_model(self.model)
         if self.weights == "native" and gguf is None:
             raise ValueError(f"model: weights=native needs a .gguf model, got {self.model!r}")
+
+    def weights_for(self, device_type: str) -> str:
+        """What ``auto`` means on ``device_type`` for this model: ``native`` or ``dense``.
+
+        Native for a GGUF file on the CPU computing in fp32, unless the file holds a
+        tensor type the quantized kernels do not multiply (then dense, logged).
+        """
+        if self.weights != "auto":
+            return self.weights
+        _, gguf, _ = locate_model(self.model)
+        if gguf is None or device_type != "cpu" or self.dtype not in (None, "float32"):
+            return "dense"
+        from engine.models.gguf_weights import native_unsupported
+
+        why = native_unsupported(gguf)
+        if why is not None:
+            log.info("weights auto: dequantizing", extra={"model": self.model, "reason": why})
+            return "dense"
+        return "native"
 
     def default_batched_tokens(self, device_type: str) -> int:
         """The per-step token budget: the configured one, else a per-device default."""

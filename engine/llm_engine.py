@@ -53,13 +53,14 @@ class LLMEngine:
         import torch
 
         from engine.models.store import resolve_gguf, resolve_model
-        from engine.runner.model_runner import ModelRunner
+        from engine.runner.model_runner import ModelRunner, resolve_device
         from engine.text.detokenizer import IncrementalDetokenizer
         from engine.text.tokenizer import load_tokenizer
 
         self.config = config
         gguf = None
-        if config.weights == "native":  # the GGUF's blocks as they are; config + tokenizer
+        # native: the GGUF's blocks as they are, only its config and tokenizer prepared
+        if config.weights_for(resolve_device(config.device).type) == "native":
             self.model_path, gguf = resolve_gguf(config.model)
         else:
             self.model_path = resolve_model(config.model)  # converts a GGUF file once

@@ -232,7 +232,7 @@ class FusedDecoder:
         rows = torch.arange(t, dtype=torch.int64)
         if t:
             num_slots = kv.shape[2] * kv.shape[3]
-            checks = (
+            checks: tuple[tuple[bool, str], ...] = (
                 (cos.dtype == sin.dtype == torch.float32, "cos/sin must be fp32"),
                 (slots.shape == (t,) and slots.dtype == torch.int64, "slots must be int64 [T]"),
                 (seqs.shape == (t,) and seqs.dtype == torch.int64, "seqs must be int64 [T]"),

@@ -90,6 +90,17 @@ class GGUFTensors:
         return torch.from_numpy(np.array(t.data, dtype=np.float32)).reshape(shape)
 
 
+def native_unsupported(path: Path) -> str | None:
+    """Why ``path`` cannot be served as it is (a tensor type we do not multiply), or None."""
+    from gguf import GGUFReader
+
+    for t in GGUFReader(str(path)).tensors:
+        kind = t.tensor_type.name
+        if kind not in QUANT_TYPES and kind not in ("F32", "F16"):
+            return f"{t.name} is {kind} (native weights support {', '.join(QUANT_TYPES)})"
+    return None
+
+
 def _field(reader: Any, key: str) -> Any:
     f = reader.fields.get(key)
     if f is None:

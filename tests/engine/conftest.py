@@ -51,13 +51,16 @@ def model_path() -> Path:
 
 @pytest.fixture(scope="session")
 def llm_engine() -> Iterator[Any]:
-    """The session's shared engine (default pool, prefix caching on).
+    """The session's shared engine (default pool, prefix caching on), dense fp32 weights.
+
+    fp32, not the default native blocks: the greedy tests compare it token for token
+    with transformers, which runs the same dequantized checkpoint.
 
     Tests must leave it with nothing unfinished.
     """
     from engine import EngineConfig, LLMEngine
 
-    engine = LLMEngine(EngineConfig(model="default", device="cpu"))
+    engine = LLMEngine(EngineConfig(model="default", device="cpu", weights="fp32"))
     yield engine
     assert not engine.has_unfinished()
 

@@ -48,7 +48,13 @@ def test_greedy_matches_transformers_one_at_a_time(
 def small_engine() -> LLMEngine:
     """A pool of 40 blocks x 16 = 640 token slots: the batch needs ~100 blocks at once."""
     return LLMEngine(
-        EngineConfig(model="default", device="cpu", num_blocks=40, max_num_batched_tokens=256)
+        EngineConfig(
+            model="default",
+            device="cpu",
+            weights="fp32",
+            num_blocks=40,
+            max_num_batched_tokens=256,
+        )
     )
 
 

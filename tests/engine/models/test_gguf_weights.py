@@ -112,3 +112,35 @@ def test_native_needs_a_gguf_model(model_path: Any) -> None:
         EngineConfig(model=str(model_path), weights="native")
     with pytest.raises(ValueError, match="weights"):
         EngineConfig(model="default", weights="int3")
+
+
+def test_auto_is_native_for_a_gguf_on_the_cpu(model_path: Any, tmp_path: Any) -> None:
+    from engine.models.gguf_weights import native_unsupported
+    from engine.models.store import default_gguf_path
+
+    assert native_unsupported(default_gguf_path()) is None
+    auto = EngineConfig(model="default")
+    assert auto.weights_for("cpu") == "native"
+    assert auto.weights_for("cuda") == "dense"  # the quantized kernels are CPU code
+    assert EngineConfig(model="default", dtype="bf16").weights_for("cpu") == "dense"
+    assert EngineConfig(model="default", weights="fp32").weights_for("cpu") == "fp32"
+    assert EngineConfig(model=str(model_path)).weights_for("cpu") == "dense"  # a HF folder
+
+
+def test_auto_dequantizes_a_gguf_with_other_tensor_types(tmp_path: Any) -> None:
+    import gguf as gg
+    import numpy as np
+
+    from engine.models.gguf_weights import native_unsupported
+
+    path = tmp_path / "mixed.gguf"
+    writer = gg.GGUFWriter(str(path), "llama")
+    writer.add_tensor("output_norm.weight", np.ones(64, dtype=np.float32))
+    raw = np.zeros((4, 84), dtype=np.uint8)  # one Q2_K super-block (84 bytes) per row
+    writer.add_tensor("blk.0.ffn_down.weight", raw, raw_dtype=gg.GGMLQuantizationType.Q2_K)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    why = native_unsupported(path)
+    assert why is not None and "blk.0.ffn_down.weight is Q2_K" in why
