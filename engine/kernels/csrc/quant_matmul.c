@@ -1,5 +1,5 @@
 /* Matrix products against GGUF-quantized weights, fp32 activations, without ever
- * dequantizing a weight matrix into memory.
+ * dequantizing a whole weight matrix into memory.
  *
  *   y[M, N] = x[M, K] @ W^T      x, y fp32 (rows `xs` / `ys` floats apart, elements
  *                                contiguous); W [N, K] in ggml blocks of 32 weights
@@ -12,25 +12,42 @@
  *   Q8_0 (8)  34 bytes: fp16 d, 32 int8 q;  w[j] = q[j] d
  * W's row n is K / 32 blocks, `row_bytes` = K / 32 * block bytes.
  *
- * Every weight is dequantized exactly (w = q d + offset, one fma, in registers) and
- * multiplied against the fp32 activations, so the product differs from the one against
- * the dequantized matrix only by float rounding order. (Quantizing x to int8 as
- * llama.cpp does would cut the dequantization work but add ~0.3% error per product.)
- * Work is a grid of tiles: R rows of x times C rows of W, R x C accumulators. Each W
- * block is dequantized once per tile and used for all R rows of x: R is 8 with AVX-512
- * (16 lanes, 32 registers: C = 2), 4 with AVX2 (8 lanes, C = 2), so prefill pays the
- * dequantization once per 8 (4) rows of x; with one or two rows (decode) each pair
- * keeps two accumulators, two independent fma chains that hide the fma latency.
- * Rows of x go in chunks of X_CHUNK (kept in L2); within a chunk the tiles of W rows are
- * split statically over the OpenMP threads, so each thread reads its own rows of W.
+ * Every weight is dequantized exactly (w = q d + offset, one fma) and multiplied against
+ * the fp32 activations with fp32 accumulation, so the product differs from the one against
+ * the dequantized matrix only by float rounding order. (Quantizing x to int8 as llama.cpp
+ * does would cut the dequantization work but add ~0.3% error per product.) Two paths:
+ *
+ * - Few rows of x (decode): a grid of tiles, R rows of x times C rows of W, R x C
+ *   accumulators along K summed at the end. Each W block is dequantized in registers once
+ *   per tile and used for all R rows of x: R is 8 with AVX-512 (16 lanes, 32 registers:
+ *   C = 2), 4 with AVX2 (8 lanes, C = 2); with one or two rows each pair keeps two
+ *   accumulators, two independent fma chains that hide the fma latency. Rows of x go in
+ *   chunks of X_CHUNK (kept in L2); within a chunk the tiles of W rows are split statically
+ *   over the OpenMP threads, so each thread reads its own rows of W.
+ * - From GEMM_M rows of x (prefill, batches; 10, or 16 for Q8_0 whose transposes cost
+ *   more; 16 with AVX2): each thread dequantizes a panel of PANEL rows of W (48 with
+ *   AVX-512, 16 with AVX2) into its own scratch, transposed (panel[k][c], in L2), then an
+ *   outer-product micro-kernel runs over it for GEMM_R rows of x at a time (8 with AVX-512,
+ *   6 with AVX2): per k, one load of the panel row's PV vectors, one broadcast of x per
+ *   row, GEMM_R x PV accumulators kept in registers. AVX-512 transposes 16 rows' quants as
+ *   bytes (vpermt2b, AVX512-VBMI) before converting them; AVX2 converts, then transposes
+ *   8 x 8 floats. Work units are (panel, chunk of at most X_ROWS rows of x), split
+ *   statically so each thread dequantizes each of its panels once (and prefetches the
+ *   next); the last panel is zero-padded when N is not a multiple of PANEL.
+ *
  * The OpenMP runtime is the one PyTorch loaded (same soname), so torch.set_num_threads
- * applies here too. Without AVX2 + FMA + F16C a portable path computes the same.
+ * applies here too. Without AVX2 + FMA + F16C a portable path computes the same (the tile
+ * path for every M).
  *
  * The caller (engine/kernels/quant.py) checks every shape and index: nothing is
  * checked here except the qtype.
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define TR_AVX2 1
@@ -280,10 +297,334 @@ static void run_tile(const float *x0, int64_t xs, const uint8_t *w0, int64_t rb,
 }
 #endif
 
+/* ---- Many rows of x: dequantized panels and an outer-product micro-kernel ---- */
+#if defined(TR_AVX512) && defined(__AVX512BW__) && defined(__AVX512VL__) &&                  \
+    defined(__AVX512DQ__) && defined(__AVX512VBMI__)
+#define PV 3            /* vectors of 16 per panel row */
+#define PANEL (16 * PV) /* rows of W per panel */
+#define GEMM_R 8        /* rows of x per micro-tile: 8 x 3 accumulators */
+/* Rows of x from which tr_quant_matmul takes the panel path: Q8_0's permutes cost more. */
+#define GEMM_M(qt) ((qt) == Q8_0 ? 16 : 10)
+
+/* The byte permutes that transpose 16 rows of W's quants (vpermt2b: 128 bytes in, 64 out). */
+typedef struct {
+    __m512i t[2], s[2], o[8];
+} perms;
+
+static void perms_init(perms *p) {
+    uint8_t b[64];
+    for (int h = 0; h < 2; h++) {
+        /* Q8_0: [4 rows] x quants 16h..16h+15 from [row 0 | row 1], [row 2 | row 3] (32 each) */
+        for (int i = 0; i < 64; i++)
+            b[i] = (uint8_t)(i / 32 * 64 + i / 16 % 2 * 32 + 16 * h + i % 16);
+        p->t[h] = _mm512_loadu_si512(b);
+        /* [8 rows] x 8 quants 8h..8h+7 from two [4 rows] x 16 quants */
+        for (int i = 0; i < 64; i++)
+            b[i] = (uint8_t)(i / 32 * 64 + i / 8 % 4 * 16 + 8 * h + i % 8);
+        p->s[h] = _mm512_loadu_si512(b);
+    }
+    /* every byte of dword lane c: row c's quant j from two [8 rows] x 8 quants */
+    for (int j = 0; j < 8; j++) {
+        for (int i = 0; i < 64; i++) b[i] = (uint8_t)(i / 32 * 64 + i / 4 % 8 * 8 + j);
+        p->o[j] = _mm512_loadu_si512(b);
+    }
+}
+
+/* d (and m) of one block of each of 16 rows of W (at b + c * rb), one lane per row. Q8_0:
+ * d * 2^-24, its quants arriving as q * 2^24 (exact both ways); Q4_0: m = -8 d. */
+static inline __attribute__((always_inline)) void scales16(const uint8_t *b, int64_t rb,
+                                                           const int qt, __m512 *d, __m512 *m) {
+    __m128i part[4]; /* per row 4 bytes: fp16 d, then fp16 m (Q4_1) or two quants (ignored) */
+    for (int i = 0; i < 4; i++) {
+        int32_t v[4];
+        for (int j = 0; j < 4; j++) memcpy(&v[j], b + (4 * i + j) * rb, 4);
+        part[i] = _mm_insert_epi32(_mm_insert_epi32(_mm_insert_epi32(_mm_cvtsi32_si128(v[0]),
+                                                                     v[1], 1), v[2], 2), v[3], 3);
+    }
+    const __m256i dm0 = _mm256_inserti128_si256(_mm256_castsi128_si256(part[0]), part[1], 1);
+    const __m256i dm1 = _mm256_inserti128_si256(_mm256_castsi128_si256(part[2]), part[3], 1);
+    const __m512 lo = _mm512_cvtph_ps(dm0), hi = _mm512_cvtph_ps(dm1); /* d0 m0 .. d7 m7, .. */
+    const __m512i even =
+        _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    *d = _mm512_permutex2var_ps(lo, even, hi);
+    if (qt == Q4_1) {
+        *m = _mm512_permutex2var_ps(lo, _mm512_add_epi32(even, _mm512_set1_epi32(1)), hi);
+    } else if (qt == Q4_0) {
+        *m = _mm512_mul_ps(*d, _mm512_set1_ps(-8.0f));
+    } else {
+        *d = _mm512_mul_ps(*d, _mm512_set1_ps(0x1p-24f));
+    }
+}
+
+/* One block of each of 16 rows of W (row c's at b0 + c * rb) into out[k * PANEL + c], k < 32:
+ * the quants transposed as bytes, then converted and scaled 16 rows at a time. */
+static inline __attribute__((always_inline)) void dequant16(const uint8_t *b0, int64_t rb,
+                                                            const int qt, const perms *p,
+                                                            float *out) {
+    const uint8_t *b[16];
+    for (int c = 0; c < 16; c++) b[c] = b0 + c * rb;
+    __m512 d, m;
+    scales16(b0, rb, qt, &d, &m);
+    __m512i s[2][4]; /* [8 rows] x [8 quants] per vector */
+    if (qt == Q8_0) {
+        __m512i z[8], t[8];
+        for (int i = 0; i < 8; i++)
+            z[i] = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b[2 * i] + 2))),
+                _mm256_loadu_si256((const __m256i *)(b[2 * i + 1] + 2)), 1);
+        for (int i = 0; i < 4; i++)
+            for (int h = 0; h < 2; h++)
+                t[2 * i + h] = _mm512_permutex2var_epi8(z[2 * i], p->t[h], z[2 * i + 1]);
+        for (int o = 0; o < 2; o++)
+            for (int q = 0; q < 4; q++)
+                s[o][q] = _mm512_permutex2var_epi8(t[4 * o + q / 2], p->s[q % 2],
+                                                   t[4 * o + 2 + q / 2]);
+#pragma GCC unroll 32
+        for (int k = 0; k < 32; k++) { /* the quant into the top byte: q * 2^24 */
+            const __m512i v = _mm512_maskz_permutex2var_epi8(0x8888888888888888ull, s[0][k / 8],
+                                                             p->o[k % 8], s[1][k / 8]);
+            _mm512_storeu_ps(out + k * PANEL, _mm512_mul_ps(_mm512_cvtepi32_ps(v), d));
+        }
+    } else {
+        const int qo = qt == Q4_1 ? 4 : 2;
+        __m512i z[4];
+        for (int i = 0; i < 4; i++) {
+            __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(b[4 * i] + qo)));
+            v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(b[4 * i + 1] + qo)), 1);
+            v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(b[4 * i + 2] + qo)), 2);
+            z[i] = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(b[4 * i + 3] + qo)), 3);
+        }
+        for (int o = 0; o < 2; o++)
+            for (int h = 0; h < 2; h++)
+                s[o][h] = _mm512_permutex2var_epi8(z[2 * o], p->s[h], z[2 * o + 1]);
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; j++) { /* byte j: weight j (low nibble), j + 16 (high) */
+            const __m512i v = _mm512_maskz_permutex2var_epi8(0x1111111111111111ull, s[0][j / 8],
+                                                             p->o[j % 8], s[1][j / 8]);
+            const __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)));
+            const __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+            _mm512_storeu_ps(out + j * PANEL, _mm512_fmadd_ps(lo, d, m));
+            _mm512_storeu_ps(out + (j + 16) * PANEL, _mm512_fmadd_ps(hi, d, m));
+        }
+    }
+}
+
+/* PANEL rows of W (from w0, rb bytes apart) into panel[k * PANEL + c]. */
+static inline __attribute__((always_inline)) void dequant_panel(const uint8_t *w0, int64_t rb,
+                                                                int64_t nb, const int qt,
+                                                                const perms *p, float *panel) {
+    const int bb = block_bytes(qt);
+    for (int64_t kb = 0; kb < nb; kb++)
+        for (int g = 0; g < PANEL / 16; g++)
+            dequant16(w0 + 16 * g * rb + kb * bb, rb, qt, p, panel + kb * 32 * PANEL + 16 * g);
+}
+
+/* y[r, c] for R rows of x from x0 and the panel's columns c < cols: R x PV accumulators, each
+ * panel row loaded once per k for the R rows (x broadcast). */
+static inline __attribute__((always_inline)) void gemm_tile(const float *x0, int64_t xs,
+                                                            const float *panel, int64_t K,
+                                                            float *y0, int64_t ys, const int R,
+                                                            int cols) {
+    __m512 a[GEMM_R][PV];
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < PV; v++) a[r][v] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        __m512 pv[PV];
+        for (int v = 0; v < PV; v++) pv[v] = _mm512_load_ps(panel + k * PANEL + 16 * v);
+        for (int r = 0; r < R; r++) {
+            const __m512 xb = _mm512_set1_ps(x0[r * xs + k]);
+            for (int v = 0; v < PV; v++) a[r][v] = _mm512_fmadd_ps(xb, pv[v], a[r][v]);
+        }
+    }
+    for (int v = 0; v < PV; v++) {
+        const int c = cols - 16 * v;
+        const __mmask16 keep = c >= 16 ? 0xffff : c <= 0 ? 0 : (__mmask16)((1u << c) - 1);
+        for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y0 + r * ys + 16 * v, keep, a[r][v]);
+    }
+}
+#elif defined(TR_AVX2)
+#define PV 2           /* vectors of 8 per panel row */
+#define PANEL (8 * PV) /* rows of W per panel */
+#define GEMM_R 6       /* rows of x per micro-tile: 6 x 2 accumulators */
+#define GEMM_M(qt) 16  /* rows of x from which tr_quant_matmul takes the panel path */
+
+typedef struct {
+    char unused;
+} perms; /* (no byte permutes here) */
+static void perms_init(perms *p) { (void)p; }
+
+/* 8 x 8 floats from src (rows ss apart) transposed into dst (rows ds apart). */
+static inline __attribute__((always_inline)) void transpose8(const float *src, int64_t ss,
+                                                             float *dst, int64_t ds) {
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + i * ss);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) { /* r[i + j]: column j (lane 0) and j + 4 (lane 1) */
+        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    for (int j = 0; j < 4; j++) {
+        _mm256_storeu_ps(dst + j * ds, _mm256_permute2f128_ps(r[j], r[j + 4], 0x20));
+        _mm256_storeu_ps(dst + (j + 4) * ds, _mm256_permute2f128_ps(r[j], r[j + 4], 0x31));
+    }
+}
+
+/* PANEL rows of W (from w0, rb bytes apart) into panel[k * PANEL + c]: each block
+ * dequantized into a PANEL x 32 buffer, then transposed 8 x 8 at a time. */
+static inline __attribute__((always_inline)) void dequant_panel(const uint8_t *w0, int64_t rb,
+                                                                int64_t nb, const int qt,
+                                                                const perms *p, float *panel) {
+    (void)p;
+    const int bb = block_bytes(qt);
+    float tmp[PANEL * 32] __attribute__((aligned(32)));
+    for (int64_t kb = 0; kb < nb; kb++) {
+        for (int c = 0; c < PANEL; c++) {
+            __m256 v[4];
+            dequant_avx(w0 + c * rb + kb * bb, qt, v);
+            for (int j = 0; j < 4; j++) _mm256_store_ps(tmp + c * 32 + 8 * j, v[j]);
+        }
+        for (int g = 0; g < PANEL / 8; g++)
+            for (int j = 0; j < 4; j++)
+                transpose8(tmp + 8 * g * 32 + 8 * j, 32, panel + (kb * 32 + 8 * j) * PANEL + 8 * g,
+                           PANEL);
+    }
+}
+
+/* y[r, c] for R rows of x from x0 and the panel's columns c < cols: R x 2 accumulators, each
+ * panel row loaded once per k for the R rows (x broadcast). */
+static inline __attribute__((always_inline)) void gemm_tile(const float *x0, int64_t xs,
+                                                            const float *panel, int64_t K,
+                                                            float *y0, int64_t ys, const int R,
+                                                            int cols) {
+    __m256 a[GEMM_R][PV];
+    for (int r = 0; r < R; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        const __m256 p0 = _mm256_load_ps(panel + k * PANEL);
+        const __m256 p1 = _mm256_load_ps(panel + k * PANEL + 8);
+        for (int r = 0; r < R; r++) {
+            const __m256 xb = _mm256_broadcast_ss(x0 + r * xs + k);
+            a[r][0] = _mm256_fmadd_ps(xb, p0, a[r][0]);
+            a[r][1] = _mm256_fmadd_ps(xb, p1, a[r][1]);
+        }
+    }
+    if (cols == PANEL) {
+        for (int r = 0; r < R; r++) {
+            _mm256_storeu_ps(y0 + r * ys, a[r][0]);
+            _mm256_storeu_ps(y0 + r * ys + 8, a[r][1]);
+        }
+    } else {
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        const __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(cols), lane);
+        const __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(cols - 8), lane);
+        for (int r = 0; r < R; r++) {
+            _mm256_maskstore_ps(y0 + r * ys, m0, a[r][0]);
+            _mm256_maskstore_ps(y0 + r * ys + 8, m1, a[r][1]);
+        }
+    }
+}
+#endif
+
+#ifdef PANEL
+#define X_ROWS 128 /* rows of x per work unit at most */
+
+#define GEMM_CASE(n)                                                                         \
+    case n: gemm_tile(x0, xs, panel, K, y0, ys, n, cols); break;
+/* Rows m0..m1 - 1 of y's panel columns from the dequantized panel. */
+static void gemm_rows(const float *x, int64_t m0, int64_t m1, int64_t xs, const float *panel,
+                      int64_t K, int cols, float *y, int64_t ys) {
+    for (int64_t r0 = m0; r0 < m1; r0 += GEMM_R) {
+        const float *x0 = x + r0 * xs;
+        float *y0 = y + r0 * ys;
+        switch (m1 - r0 < GEMM_R ? m1 - r0 : GEMM_R) {
+#if GEMM_R == 8
+            GEMM_CASE(8) GEMM_CASE(7)
+#endif
+            GEMM_CASE(6) GEMM_CASE(5) GEMM_CASE(4) GEMM_CASE(3) GEMM_CASE(2)
+            default: gemm_tile(x0, xs, panel, K, y0, ys, 1, cols); break;
+        }
+    }
+}
+
+/* The panel path: work units of (panel of W's rows, chunk of x's rows), split statically
+ * so that each thread dequantizes each of its panels once. Returns -1 (nothing written)
+ * when there is no memory for the panels. */
+static int gemm(const float *x, int64_t M, int64_t K, int64_t xs, const uint8_t *w, int64_t N,
+                int qt, float *y, int64_t ys) {
+    const int64_t nb = K / 32, rb = nb * block_bytes(qt), panels = (N + PANEL - 1) / PANEL;
+#ifdef _OPENMP
+    const int64_t threads = omp_get_max_threads();
+#else
+    const int64_t threads = 1;
+#endif
+    int64_t chunks = (M + X_ROWS - 1) / X_ROWS;
+    if (panels * chunks < 2 * threads) { /* few panels: split the rows too */
+        const int64_t most = (M + GEMM_R - 1) / GEMM_R;
+        chunks = (2 * threads + panels - 1) / panels;
+        if (chunks > most) chunks = most;
+    }
+    const int64_t mc = ((M + chunks - 1) / chunks + GEMM_R - 1) / GEMM_R * GEMM_R;
+    chunks = (M + mc - 1) / mc;
+    /* per thread: the panel (PANEL * K floats), then room for a zero-padded copy of the last
+     * rows of W when N is not a multiple of PANEL */
+    const int64_t units = panels * chunks, per = PANEL * K + (PANEL * rb + 63) / 64 * 16;
+    float *scratch = aligned_alloc(64, (size_t)(per * threads) * sizeof(float));
+    if (!scratch) return -1;
+    perms p;
+    perms_init(&p);
+#pragma omp parallel
+    {
+#ifdef _OPENMP
+        float *panel = scratch + per * omp_get_thread_num();
+#else
+        float *panel = scratch;
+#endif
+        int64_t have = -1;
+#pragma omp for schedule(static)
+        for (int64_t u = 0; u < units; u++) {
+            const int64_t pi = u / chunks, m0 = u % chunks * mc, n0 = pi * PANEL;
+            const int64_t m1 = m0 + mc < M ? m0 + mc : M;
+            const int cols = (int)(N - n0 < PANEL ? N - n0 : PANEL);
+            if (pi != have) {
+                const uint8_t *w0 = w + n0 * rb;
+                if (pi + 1 < panels) { /* the next panel's rows (contiguous) towards L2 */
+                    const uint8_t *next = w0 + PANEL * rb;
+                    const int64_t bytes = (pi + 2 < panels ? PANEL : N - n0 - PANEL) * rb;
+                    for (int64_t i = 0; i < bytes; i += 64)
+                        _mm_prefetch((const char *)next + i, _MM_HINT_T1);
+                }
+                if (cols < PANEL) { /* zero blocks dequantize to zeros */
+                    uint8_t *pad = (uint8_t *)(panel + PANEL * K);
+                    memcpy(pad, w0, (size_t)(cols * rb));
+                    memset(pad + cols * rb, 0, (size_t)((PANEL - cols) * rb));
+                    w0 = pad;
+                }
+                switch (qt) {
+                    case Q4_0: dequant_panel(w0, rb, nb, Q4_0, &p, panel); break;
+                    case Q4_1: dequant_panel(w0, rb, nb, Q4_1, &p, panel); break;
+                    default: dequant_panel(w0, rb, nb, Q8_0, &p, panel); break;
+                }
+                have = pi;
+            }
+            gemm_rows(x, m0, m1, xs, panel, K, cols, y + n0, ys);
+        }
+    }
+    free(scratch);
+    return 0;
+}
+#endif
+
 int tr_quant_matmul(const float *x, int64_t M, int64_t K, int64_t xs, const uint8_t *w,
                     int64_t N, int qt, float *y, int64_t ys) {
     if (qt != Q4_0 && qt != Q4_1 && qt != Q8_0) return -1;
     const int64_t nb = K / 32, rb = nb * block_bytes(qt);
+#ifdef PANEL
+    if (M >= GEMM_M(qt) && gemm(x, M, K, xs, w, N, qt, y, ys) == 0) return 0;
+#endif
     const int64_t tiles = (N + TILE_C - 1) / TILE_C;
 #pragma omp parallel
     for (int64_t m0 = 0; m0 < M; m0 += X_CHUNK) {

@@ -76,27 +76,38 @@ def test_the_reference_matches_the_documented_layouts() -> None:
         np.testing.assert_array_equal(w.reshape(3, 64), reference(raw, qtype))
 
 
+# Rows of x on both sides of the kernel's switch to its panel path (10 rows, 16 for Q8_0;
+# 16 with AVX2), and not multiples of its tiles (8 rows of x with AVX-512, 6 with AVX2).
+# Rows of W: whole panels (48 with AVX-512, 16 with AVX2) or not, fewer than one panel.
+ROWS = (1, 3, 8, 10, 17, 64, 100)
+
+
 @pytest.mark.parametrize("qtype", list(QTYPES))
 @pytest.mark.parametrize("use_kernel", [True, False], ids=["kernel", "torch"])
 def test_matmul_against_float64(qtype: str, use_kernel: bool, kernel: QuantKernel) -> None:
     rng = np.random.default_rng(QTYPES[qtype][0])
     gen = torch.Generator().manual_seed(0)
-    for k, n in ((32, 7), (576, 193), (1536, 37)):
+    for k, n in ((32, 7), (64, 40), (576, 192), (576, 193), (1536, 37)):
         raw = random_blocks(n, k, qtype, rng)
         w, w64 = QuantWeight(torch.from_numpy(raw), qtype), reference(raw, qtype)
         assert w.shape == (n, k) and w.nbytes == raw.size
-        for m in (1, 3, 64, 300):
+        for m in ROWS:
             x = torch.randn(m, k, generator=gen)
             y = w.matmul(x, use_kernel=use_kernel)
             assert y.shape == (m, n) and y.dtype == torch.float32
             assert_close(y, x, w64)
 
 
-@pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-mno-avx2", "-mno-fma", "-mno-f16c")])
+@pytest.mark.parametrize(
+    "flags",
+    [("-mno-avx512f",), ("-mno-avx512vbmi",), ("-mno-avx2", "-mno-fma", "-mno-f16c")],
+    ids=["avx2", "avx512-no-vbmi", "portable"],
+)
 def test_the_narrower_simd_paths(
     flags: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """The AVX2-only and the portable C paths, built on purpose, give the same answers."""
+    """The AVX2-only, AVX-512 without VBMI (AVX2 panels) and portable C paths, built on
+    purpose, give the same answers, with and without their panel paths."""
     try:
         narrow = QuantKernel(quant.load(quant.SOURCE, tmp_path, flags))
     except quant.BUILD_ERRORS as exc:
@@ -107,9 +118,11 @@ def test_the_narrower_simd_paths(
     for qtype in QTYPES:
         raw = random_blocks(67, 576, qtype, rng)
         w, w64 = QuantWeight(torch.from_numpy(raw), qtype), reference(raw, qtype)
-        for m in (1, 2, 3, 13):
+        for m in (1, 2, 3, 13, 17, 40):
             x = torch.randn(m, 576, generator=gen)
             assert_close(w.matmul(x), x, w64)
+        x = torch.randn(23, 600, generator=gen)[:, 7:583]  # rows 600 floats apart
+        assert_close(w.matmul(x), x, w64)
         ids = torch.tensor([66, 0, 5, 5])
         np.testing.assert_array_equal(w.rows(ids).numpy(), w64[ids.numpy()].astype(np.float32))
 
@@ -127,6 +140,13 @@ def test_strided_and_batched_x(kernel: QuantKernel) -> None:
     assert y3.shape == (2, 3, 9)
     assert_close(y3, x3, w64)
     assert w.matmul(torch.zeros(0, 64)).shape == (0, 9)
+    for qtype in QTYPES:  # enough rows for the panel path, 40 rows of W (a partial panel)
+        raw = random_blocks(40, 576, qtype, rng)
+        w, w64 = QuantWeight(torch.from_numpy(raw), qtype), reference(raw, qtype)
+        x = torch.randn(37, 700)[:, 100:676]  # rows 700 floats apart
+        assert_close(w.matmul(x), x, w64)
+        x = torch.randn(20, 576).as_strided((20, 576), (288, 1))  # rows overlapping
+        assert_close(w.matmul(x), x, w64)
 
 
 @pytest.mark.parametrize("use_kernel", [True, False], ids=["kernel", "torch"])
