@@ -20,11 +20,14 @@ Measurements, tables on stdout:
   wall and CPU time per step.
 * ``weights`` (not part of ``both``): one chat prompt per sequence, greedy,
   ``--output-len`` tokens, at decode batches of 1, 16 and 64, stepped with
-  dense fp32 weights and with the GGUF's quantized blocks (``--weights native``:
-  engine/kernels/csrc/quant_matmul.c) in turn, two rounds; the median decode
-  step of each and native's speed-up.
+  dense fp32 weights, with the GGUF's quantized blocks (``--weights native``,
+  engine/kernels/csrc/quant_matmul.c) through the PyTorch decoder op by op, and
+  through the fused C decoder (engine/kernels/csrc/decoder.c, the default), in
+  turn, two rounds; the median decode step of each and the speed-ups.
 * ``start`` (not part of ``both``): seconds to a ready ``LLMEngine`` in a fresh
-  process (torch import included), and its tokenizer alone loaded by
+  process (torch import included) with native and with fp32 weights, first with
+  an empty ``$TOKENRELAY_HOME`` (the first start: model prepared, kernels
+  compiled) and then warm, and its tokenizer alone loaded by
   engine/text/tokenizer.py against ``AutoTokenizer`` (the peer), three fresh
   processes each.
 
@@ -44,6 +47,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -237,8 +241,10 @@ def run_attention(num_prompts: int, rounds: int = 12) -> None:
 
 
 START_CHILDREN = {
-    "engine": "from engine import EngineConfig, LLMEngine\n"
+    "engine, native weights (the default)": "from engine import EngineConfig, LLMEngine\n"
     "LLMEngine(EngineConfig(model='default', device='cpu'))",
+    "engine, fp32 weights": "from engine import EngineConfig, LLMEngine\n"
+    "LLMEngine(EngineConfig(model='default', device='cpu', weights='fp32'))",
     "tokenizer": "from engine.models.store import resolve_model\n"
     "from engine.text.tokenizer import load_tokenizer\n"
     "load_tokenizer(resolve_model('default'))",
@@ -246,20 +252,32 @@ START_CHILDREN = {
     "from transformers import AutoTokenizer\n"
     "AutoTokenizer.from_pretrained(str(resolve_model('default')))",
 }
+FIRST_START = ("engine, native weights (the default)", "engine, fp32 weights")
+
+
+def _child_seconds(name: str, code: str, env: dict[str, str] | None = None) -> float:
+    timed = f"import time\nt = time.perf_counter()\n{code}\nprint(time.perf_counter() - t)"
+    out = subprocess.run(
+        [sys.executable, "-c", timed], cwd=ROOT, capture_output=True, text=True, env=env
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"{name} failed:\n{out.stderr[-2000:]}")
+    return float(out.stdout.strip().splitlines()[-1])
 
 
 def run_start(repeats: int = 3) -> None:
-    """Load times in fresh processes, interleaved: the engine, and its tokenizer two ways."""
-    seconds: dict[str, list[float]] = {name: [] for name in START_CHILDREN}
+    """Load times in fresh processes, interleaved: the engine both ways, cold and warm
+    (cold: an empty ``$TOKENRELAY_HOME``, so the model is prepared and the C kernels are
+    compiled first), and the tokenizer two ways."""
+    rows = {f"{name}, first start (empty home)": name for name in FIRST_START}
+    seconds: dict[str, list[float]] = {label: [] for label in (*rows, *START_CHILDREN)}
     for _ in range(repeats):
+        for label, name in rows.items():
+            with tempfile.TemporaryDirectory(prefix="tr-home-") as home:
+                env = dict(os.environ, TOKENRELAY_HOME=home)
+                seconds[label].append(_child_seconds(label, START_CHILDREN[name], env))
         for name, code in START_CHILDREN.items():
-            timed = f"import time\nt = time.perf_counter()\n{code}\nprint(time.perf_counter() - t)"
-            out = subprocess.run(
-                [sys.executable, "-c", timed], cwd=ROOT, capture_output=True, text=True
-            )
-            if out.returncode != 0:
-                raise SystemExit(f"{name} failed:\n{out.stderr[-2000:]}")
-            seconds[name].append(float(out.stdout.strip().splitlines()[-1]))
+            seconds[name].append(_child_seconds(name, code))
     print(f"\nseconds in a fresh process, {repeats} runs each")
     print("| load | runs (s) | median (s) |")
     print("|---|---|---:|")
@@ -267,6 +285,8 @@ def run_start(repeats: int = 3) -> None:
         print(f"| {name} | {' / '.join(f'{x:.2f}' for x in xs)} | {statistics.median(xs):.2f} |")
     ratio = statistics.median(seconds["AutoTokenizer"]) / statistics.median(seconds["tokenizer"])
     print(f"AutoTokenizer / engine/text/tokenizer.py: {ratio:.1f}x")
+    cold = [statistics.median(seconds[label]) for label in rows]
+    print(f"first start, fp32 conversion / native: {cold[1] / cold[0]:.1f}x")
 
 
 def _decode_step_ms(engine: Any, batch: int, output_len: int) -> float:
@@ -287,21 +307,37 @@ def _decode_step_ms(engine: Any, batch: int, output_len: int) -> float:
 def run_weights(output_len: int, rounds: int = 2) -> None:
     from engine import EngineConfig, LLMEngine
 
-    engines = {
-        w: LLMEngine(EngineConfig(model="default", device="cpu", weights=w, max_num_seqs=64))
-        for w in ("fp32", "native")
+    dense = LLMEngine(EngineConfig(model="default", device="cpu", weights="fp32", max_num_seqs=64))
+    native = LLMEngine(EngineConfig(model="default", device="cpu", weights="native",
+                                    max_num_seqs=64))  # fmt: skip
+    fused = native.runner.model.fused
+    if fused is None:
+        raise SystemExit("the fused decoder is off here (TOKENRELAY_FUSED_DECODER, no compiler?)")
+
+    def native_ops(batch: int) -> float:  # the same engine with the decoder op by op
+        native.runner.model.fused = None
+        try:
+            return _decode_step_ms(native, batch, output_len)
+        finally:
+            native.runner.model.fused = fused
+
+    runs = {
+        "fp32": lambda b: _decode_step_ms(dense, b, output_len),
+        "native, op by op": native_ops,
+        "native, fused": lambda b: _decode_step_ms(native, b, output_len),
     }
     print(f"\nmedian decode step (ms), {output_len} tokens a sequence, {rounds} rounds interleaved")
-    print("| batch | fp32 (ms) | native (ms) | native speed-up | native tok/s |")
-    print("|---:|---:|---:|---:|---:|")
+    print("| batch | fp32 (ms) | native op by op (ms) | native fused (ms) | fused vs fp32 "
+          "| fused vs op by op | fused tok/s |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     for batch in (1, 16, 64):
-        ms: dict[str, list[float]] = {w: [] for w in engines}
+        ms: dict[str, list[float]] = {w: [] for w in runs}
         for _ in range(rounds):
-            for w, engine in engines.items():
-                ms[w].append(_decode_step_ms(engine, batch, output_len))
-        dense, native = statistics.median(ms["fp32"]), statistics.median(ms["native"])
-        print(f"| {batch} | {dense:.1f} | {native:.1f} | {dense / native:.2f}x "
-              f"| {batch / native * 1000:.1f} |")  # fmt: skip
+            for w, run in runs.items():
+                ms[w].append(run(batch))
+        a, b, c = (statistics.median(ms[w]) for w in runs)
+        print(f"| {batch} | {a:.1f} | {b:.1f} | {c:.1f} | {a / c:.2f}x | {b / c:.2f}x "
+              f"| {batch / c * 1000:.1f} |")  # fmt: skip
 
 
 def main() -> int:
