@@ -18,11 +18,12 @@ import torch
 from engine.kernels import decoder
 from engine.kernels.build import ENV_SWITCH
 from engine.kernels.cpu_attention import paged_decode
-from engine.kernels.quant import QTYPES, QuantWeight
+from engine.kernels.quant import QuantWeight
 from engine.models.config import ModelConfig, RopeConfig
 from engine.models.llama import CausalLM, DecoderLayer
 from engine.runner.attention import build_metadata
 from engine.runner.kv_cache import KVCache
+from tests.engine.kernels.test_quant import random_blocks
 
 BLOCK = 4
 CPU = torch.device("cpu")
@@ -35,15 +36,8 @@ def _needs_the_library() -> None:
 
 
 def quant(n: int, k: int, qtype: str, rng: np.random.Generator) -> QuantWeight:
-    """Random blocks of ``qtype`` ``[n, k]`` with varied scales."""
-    _, size = QTYPES[qtype]
-    raw = rng.integers(0, 256, size=(n, k // 32, size), dtype=np.uint8)
-    d = (rng.standard_normal((n, k // 32)) * 0.05).astype(np.float16)
-    raw[..., 0:2] = d.view(np.uint8).reshape(n, k // 32, 2)
-    if qtype == "Q4_1":
-        m = (rng.standard_normal((n, k // 32)) * 0.2).astype(np.float16)
-        raw[..., 2:4] = m.view(np.uint8).reshape(n, k // 32, 2)
-    return QuantWeight(torch.from_numpy(raw.reshape(n, -1)), qtype)
+    """Random blocks of ``qtype`` ``[n, k]`` (test_quant.py's, with its varied scales)."""
+    return QuantWeight(torch.from_numpy(random_blocks(n, k, qtype, rng)), qtype)
 
 
 def tiny_model(*, head_dim: int, qwen3: bool, qtype: str, seed: int = 0) -> CausalLM:
