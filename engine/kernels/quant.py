@@ -73,6 +73,8 @@ class QuantKernel:
             y.data_ptr(),
             w.n,
         )
+        if rc == -2:
+            raise MemoryError("quant matmul kernel: no memory for its panel scratch")
         if rc != 0:
             raise ValueError(f"quant matmul kernel: refused qtype {w.qtype}")
 

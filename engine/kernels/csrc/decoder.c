@@ -20,14 +20,27 @@
  * Layouts: x [T, hidden] fp32, rewritten in place; cos/sin [T, D/2]; the KV pool
  * [layers, 2, num_blocks, block_size, Hkv, D]; tables [B, bt_stride] int32; seqs [T]
  * (each token's row in tables), slots [T], rows [T] = 0..T-1, lens [T] int32.
- * The caller (engine/kernels/decoder.py) checks every shape and index.
+ * Threads: the whole step is one OpenMP parallel region. Each phase (a matrix product, the
+ * rows' norms, rotary and KV writes, attention, SwiGLU) is split over the threads and ends
+ * at a barrier of our own that spins briefly: waking OpenMP's sleeping threads for ~5
+ * regions per layer cost more than some of the products themselves.
+ *
+ * The caller (engine/kernels/decoder.py) checks every shape and index; the qtypes are
+ * checked here (-1), and -2 means no memory for the scratch.
  */
 #include "paged_attention.c"
 #include "quant_matmul.c"
 
 #include <math.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define dec_pause() _mm_pause()
+#else
+#define dec_pause() ((void)0)
+#endif
 
 typedef struct {
     const uint8_t *w; /* [n, k / 32 * block bytes] ggml blocks */
@@ -71,26 +84,59 @@ typedef struct {
     int64_t heads_per_task;
 } tr_step;
 
-/* out[t] = x[t] / rms(x[t]) * w for `rows` rows of `n` floats, rows `xs` / `os` apart. */
-static void dec_rms_norm(const float *x, int64_t xs, float *out, int64_t os, int64_t rows,
-                         int64_t n, const float *w, float eps) {
-    for (int64_t t = 0; t < rows; t++) {
-        const float *xr = x + t * xs;
-        float *o = out + t * os;
-        float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-        for (int64_t i = 0; i < n; i++) ss += xr[i] * xr[i];
-        const float r = 1.0f / sqrtf(ss / (float)n + eps);
-#pragma omp simd
-        for (int64_t i = 0; i < n; i++) o[i] = xr[i] * r * w[i];
+/* All threads of the step's parallel region wait here until every one has arrived. They
+ * spin (the phases between barriers last microseconds), then yield the core: on a laptop
+ * the gateway and Redis share it, and a preempted thread must get it back. */
+typedef struct {
+    int arrived, generation;
+} dec_barrier;
+
+#define DEC_SPINS 4000
+
+static void dec_wait(dec_barrier *b, int nth) {
+    if (nth == 1) return;
+    const int gen = __atomic_load_n(&b->generation, __ATOMIC_ACQUIRE);
+    if (__atomic_add_fetch(&b->arrived, 1, __ATOMIC_ACQ_REL) == nth) {
+        __atomic_store_n(&b->arrived, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&b->generation, gen + 1, __ATOMIC_RELEASE);
+        return;
+    }
+    for (int spins = 0; __atomic_load_n(&b->generation, __ATOMIC_ACQUIRE) == gen; spins++) {
+        if (spins < DEC_SPINS)
+            dec_pause();
+        else
+            sched_yield();
     }
 }
 
-static void dec_add_bias(float *y, int64_t rows, int64_t n, const float *b) {
-    if (b == NULL) return;
-    for (int64_t t = 0; t < rows; t++)
+/* o[i] = x[i] / rms(x) * w[i] for one row of n floats (o may be x). */
+static void dec_norm_row(const float *x, float *o, int64_t n, const float *w, float eps) {
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
+    const float r = 1.0f / sqrtf(ss / (float)n + eps);
 #pragma omp simd
-        for (int64_t i = 0; i < n; i++) y[t * n + i] += b[i];
+    for (int64_t i = 0; i < n; i++) o[i] = x[i] * r * w[i];
+}
+
+/* x[t] += y[t] (+ b), then h[t] = rms_norm(x[t]) * w, for rows t0..t1 - 1. y NULL: the norm
+ * only. h may be x. */
+static void dec_residual_norm(float *x, const float *y, const float *b, float *h, int64_t t0,
+                              int64_t t1, int64_t n, const float *w, float eps) {
+    for (int64_t t = t0; t < t1; t++) {
+        float *xr = x + t * n;
+        if (y != NULL) {
+            const float *yr = y + t * n;
+            if (b != NULL) {
+#pragma omp simd
+                for (int64_t i = 0; i < n; i++) xr[i] += yr[i] + b[i];
+            } else {
+#pragma omp simd
+                for (int64_t i = 0; i < n; i++) xr[i] += yr[i];
+            }
+        }
+        dec_norm_row(xr, h + t * n, n, w, eps);
+    }
 }
 
 /* Rotate `heads` heads of D floats starting at v (rotate half: pairs i, i + D/2). */
@@ -107,59 +153,162 @@ static void dec_rope(float *v, int64_t heads, int64_t D, const float *c, const f
     }
 }
 
-static int dec_matmul(const float *x, int64_t T, const tr_qmat *w, float *y) {
-    return tr_quant_matmul(x, T, w->k, w->k, w->w, w->n, (int)w->qtype, y, w->n);
+/* Rows t0..t1 - 1 of qkv: bias, q/k norms, rotary, then k and v into the pool's slots. */
+static void dec_qkv_rows(const tr_model *m, const tr_layer *L, const tr_step *s, float *qkv,
+                         float *kc, float *vc, int64_t t0, int64_t t1) {
+    const int64_t H = m->num_heads, Hkv = m->num_kv_heads, D = m->head_dim;
+    const int64_t width = (H + 2 * Hkv) * D, half = D / 2;
+    const float eps = (float)m->eps;
+    for (int64_t t = t0; t < t1; t++) {
+        float *row = qkv + t * width; /* q [H, D] | k [Hkv, D] | v [Hkv, D] */
+        if (L->qkv_bias != NULL)
+#pragma omp simd
+            for (int64_t i = 0; i < width; i++) row[i] += L->qkv_bias[i];
+        if (L->q_norm != NULL) {
+            for (int64_t h = 0; h < H; h++) dec_norm_row(row + h * D, row + h * D, D, L->q_norm, eps);
+            for (int64_t h = H; h < H + Hkv; h++)
+                dec_norm_row(row + h * D, row + h * D, D, L->k_norm, eps);
+        }
+        dec_rope(row, H + Hkv, D, s->cos + t * half, s->sin + t * half);
+        const int64_t slot = s->slots[t] * Hkv * D;
+        memcpy(kc + slot, row + H * D, sizeof(float) * Hkv * D);
+        memcpy(vc + slot, row + (H + Hkv) * D, sizeof(float) * Hkv * D);
+    }
+}
+
+/* Columns c0..c1 - 1 of every row: h[t] = silu(gate + bg) * (up + bu). */
+static void dec_swiglu(const float *gu, const float *bias, float *h, int64_t T, int64_t I,
+                       int64_t c0, int64_t c1) {
+    for (int64_t t = 0; t < T; t++) {
+        const float *g = gu + t * 2 * I, *u = g + I;
+        float *a = h + t * I;
+        for (int64_t i = c0; i < c1; i++) {
+            const float gi = bias != NULL ? g[i] + bias[i] : g[i];
+            const float ui = bias != NULL ? u[i] + bias[I + i] : u[i];
+            a[i] = gi / (1.0f + expf(-gi)) * ui;
+        }
+    }
+}
+
+/* What the threads of one step share. */
+typedef struct {
+    const tr_model *m;
+    const tr_step *s;
+    float *x, *h, *qkv, *att, *gu, *y; /* activations, see tr_decoder_forward */
+    int64_t panel_floats;             /* per-thread matmul scratch (0: none needed) */
+    int64_t *next;                    /* attention's task counter, one per layer */
+    dec_barrier bar;
+    int failed;
+} dec_shared;
+
+static void dec_matmul(dec_shared *d, const float *x, const tr_qmat *w, float *y, float *panel,
+                       int tid, int nth) {
+    qm_part(x, d->s->T, w->k, w->k, w->w, w->n, (int)w->qtype, y, w->n, panel, tid, nth);
+}
+
+/* One thread's part of the step: every phase split over the threads, a barrier after each
+ * (every thread passes every barrier, also after a failure, or the others would wait). */
+static void dec_thread(dec_shared *d, int tid, int nth) {
+    const tr_model *m = d->m;
+    const tr_step *s = d->s;
+    const int64_t T = s->T, E = m->hidden, H = m->num_heads, Hkv = m->num_kv_heads;
+    const int64_t D = m->head_dim, I = m->inter;
+    const int64_t pool = m->num_blocks * m->block_size * Hkv * D; /* floats: one K pool */
+    const float eps = (float)m->eps;
+    float *panel = NULL;
+    pa_scratch sc = {NULL, 0, NULL};
+    int ok = 1;
+    if (d->panel_floats > 0) {
+        panel = aligned_alloc(64, (size_t)d->panel_floats * sizeof(float));
+        ok = panel != NULL;
+    }
+    pa_args att = {NULL, (H + 2 * Hkv) * D, d->att, NULL, NULL, s->tables, s->bt_stride, NULL,
+                   s->rows, s->seqs, s->lens, T, H, Hkv, D, m->block_size, s->heads_per_task,
+                   (float)m->scale};
+    ok = ok && pa_scratch_init(&sc, &att) == 0;
+    if (!ok) __atomic_store_n(&d->failed, 1, __ATOMIC_RELAXED);
+    dec_wait(&d->bar, nth);
+    if (__atomic_load_n(&d->failed, __ATOMIC_RELAXED)) { /* all threads leave together */
+        free(panel);
+        pa_scratch_free(&sc);
+        return;
+    }
+    int64_t r0, r1, c0, c1; /* this thread's rows of T, columns of I */
+    tr_split(T, tid, nth, &r0, &r1);
+    tr_split(I, tid, nth, &c0, &c1);
+    float *x = d->x;
+    for (int64_t l = 0; l < m->num_layers; l++) {
+        const tr_layer *L = &m->layers[l];
+        const tr_layer *prev = l > 0 ? &m->layers[l - 1] : NULL;
+        float *kc = m->kv + l * 2 * pool, *vc = kc + pool;
+        /* the previous layer's down projection joins the residual; the input norm */
+        dec_residual_norm(x, prev ? d->y : NULL, prev ? prev->down_bias : NULL, d->h, r0, r1,
+                          E, L->input_norm, eps);
+        dec_wait(&d->bar, nth);
+        dec_matmul(d, d->h, &L->qkv, d->qkv, panel, tid, nth);
+        dec_wait(&d->bar, nth);
+        dec_qkv_rows(m, L, s, d->qkv, kc, vc, r0, r1);
+        dec_wait(&d->bar, nth); /* every row's K/V is in the pool before any row attends */
+        att.q = d->qkv;
+        att.k_cache = kc;
+        att.v_cache = vc;
+        pa_part(&att, &sc, &d->next[l], &d->failed);
+        dec_wait(&d->bar, nth);
+        dec_matmul(d, d->att, &L->o, d->y, panel, tid, nth);
+        dec_wait(&d->bar, nth);
+        dec_residual_norm(x, d->y, L->o_bias, d->h, r0, r1, E, L->post_norm, eps);
+        dec_wait(&d->bar, nth);
+        dec_matmul(d, d->h, &L->gate_up, d->gu, panel, tid, nth);
+        dec_wait(&d->bar, nth);
+        dec_swiglu(d->gu, L->gate_up_bias, d->h, T, I, c0, c1);
+        dec_wait(&d->bar, nth);
+        dec_matmul(d, d->h, &L->down, d->y, panel, tid, nth);
+        dec_wait(&d->bar, nth);
+    }
+    const tr_layer *last = &m->layers[m->num_layers - 1];
+    dec_residual_norm(x, d->y, last->down_bias, x, r0, r1, E, m->final_norm, eps);
+    free(panel);
+    pa_scratch_free(&sc);
 }
 
 int tr_decoder_forward(const tr_model *m, const tr_step *s, float *x) {
     const int64_t T = s->T, E = m->hidden, H = m->num_heads, Hkv = m->num_kv_heads;
-    const int64_t D = m->head_dim, I = m->inter, half = D / 2;
+    const int64_t D = m->head_dim, I = m->inter;
     const int64_t qkv_w = (H + 2 * Hkv) * D;
-    const int64_t pool = m->num_blocks * m->block_size * Hkv * D; /* floats: one K pool */
-    const float eps = (float)m->eps;
+    for (int64_t l = 0; l < m->num_layers; l++) {
+        const tr_layer *L = &m->layers[l];
+        const int64_t qts[4] = {L->qkv.qtype, L->o.qtype, L->gate_up.qtype, L->down.qtype};
+        for (int j = 0; j < 4; j++)
+            if (qts[j] != Q4_0 && qts[j] != Q4_1 && qts[j] != Q8_0) return -1;
+    }
+    if (m->num_layers < 1) return 0;
     /* scratch: h [T, max(E, I)], qkv [T, qkv_w], att [T, H D], gu [T, 2 I], y [T, E] */
     const int64_t hw = E > I ? E : I;
     float *buf = (float *)malloc(sizeof(float) * T * (hw + qkv_w + H * D + 2 * I + E));
-    if (buf == NULL) return -2;
-    float *h = buf, *qkv = h + T * hw, *att = qkv + T * qkv_w, *gu = att + T * H * D;
-    float *y = gu + T * 2 * I;
-    int rc = 0;
-    for (int64_t l = 0; l < m->num_layers && rc == 0; l++) {
-        const tr_layer *L = &m->layers[l];
-        float *kc = m->kv + l * 2 * pool, *vc = kc + pool;
-        dec_rms_norm(x, E, h, E, T, E, L->input_norm, eps);
-        rc |= dec_matmul(h, T, &L->qkv, qkv);
-        dec_add_bias(qkv, T, qkv_w, L->qkv_bias);
-        for (int64_t t = 0; t < T; t++) {
-            float *row = qkv + t * qkv_w; /* q [H, D] | k [Hkv, D] | v [Hkv, D] */
-            if (L->q_norm != NULL) {
-                dec_rms_norm(row, D, row, D, H, D, L->q_norm, eps);
-                dec_rms_norm(row + H * D, D, row + H * D, D, Hkv, D, L->k_norm, eps);
-            }
-            dec_rope(row, H + Hkv, D, s->cos + t * half, s->sin + t * half);
-            const int64_t slot = s->slots[t] * Hkv * D;
-            memcpy(kc + slot, row + H * D, sizeof(float) * Hkv * D);
-            memcpy(vc + slot, row + (H + Hkv) * D, sizeof(float) * Hkv * D);
-        }
-        rc |= tr_paged_decode_f32(qkv, qkv_w, att, kc, vc, s->tables, s->bt_stride, NULL,
-                                  s->rows, s->seqs, s->lens, T, H, Hkv, D, m->block_size,
-                                  s->heads_per_task, (float)m->scale);
-        rc |= dec_matmul(att, T, &L->o, y);
-        dec_add_bias(y, T, E, L->o_bias);
-        for (int64_t i = 0; i < T * E; i++) x[i] += y[i];
-        dec_rms_norm(x, E, h, E, T, E, L->post_norm, eps);
-        rc |= dec_matmul(h, T, &L->gate_up, gu);
-        dec_add_bias(gu, T, 2 * I, L->gate_up_bias);
-        for (int64_t t = 0; t < T; t++) { /* h[t] = silu(gate) * up */
-            const float *g = gu + t * 2 * I, *u = g + I;
-            float *a = h + t * I;
-            for (int64_t i = 0; i < I; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-        }
-        rc |= dec_matmul(h, T, &L->down, y);
-        dec_add_bias(y, T, E, L->down_bias);
-        for (int64_t i = 0; i < T * E; i++) x[i] += y[i];
+    int64_t *next = (int64_t *)calloc((size_t)m->num_layers, sizeof(int64_t));
+    if (buf == NULL || next == NULL) {
+        free(buf);
+        free(next);
+        return -2;
     }
-    if (rc == 0) dec_rms_norm(x, E, x, E, T, E, m->final_norm, eps);
+    dec_shared d = {m, s, x, buf, NULL, NULL, NULL, NULL, 0, next, {0, 0}, 0};
+    d.qkv = d.h + T * hw;
+    d.att = d.qkv + T * qkv_w;
+    d.gu = d.att + T * H * D;
+    d.y = d.gu + T * 2 * I;
+    int64_t most = 0; /* the panel scratch for the widest K among the layers' matrices */
+    for (int64_t l = 0; l < m->num_layers; l++) {
+        const tr_qmat *ws[4] = {&m->layers[l].qkv, &m->layers[l].o, &m->layers[l].gate_up,
+                                &m->layers[l].down};
+        for (int j = 0; j < 4; j++) {
+            const int64_t f = qm_scratch_floats(T, ws[j]->k, (int)ws[j]->qtype);
+            most = f > most ? f : most;
+        }
+    }
+    d.panel_floats = most;
+#pragma omp parallel
+    dec_thread(&d, tr_thread(), tr_threads());
     free(buf);
-    return rc;
+    free(next);
+    return d.failed ? -2 : 0;
 }

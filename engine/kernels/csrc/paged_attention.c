@@ -13,7 +13,8 @@
  *   row_lens[i]     if not NULL: the tokens row i attends to instead (its position + 1),
  *                   so every token of a prefill chunk is a row that sees its causal prefix
  *
- * Work is split over (sequence, run of `heads_per_task` KV heads) with OpenMP. A task
+ * Work is split over (sequence, run of `heads_per_task` KV heads), the tasks taken by the
+ * OpenMP threads one at a time (pa_part, which the fused decoder step also calls). A task
  * covering all KV heads reads each block as one contiguous run of memory; splitting heads
  * only pays when there are fewer sequences than threads. The OpenMP runtime is the one
  * PyTorch already loaded (same soname), so torch.set_num_threads applies here too.
@@ -172,87 +173,133 @@ static void block_values(const task_shape *s, const float *vb, int64_t end, int6
     }
 }
 
+/* One call's arguments (see the layouts at the top). */
+typedef struct {
+    const float *q;
+    int64_t q_row_stride;
+    float *out;
+    const float *k_cache, *v_cache;
+    const int32_t *block_tables;
+    int64_t bt_stride;
+    const int32_t *ctx_lens;
+    const int64_t *rows, *seqs;
+    const int32_t *row_lens;
+    int64_t n, num_heads, num_kv_heads, head_dim, block_size, heads_per_task;
+    float scale;
+} pa_args;
+
+/* One thread's scratch: scores [R, cap] (grown on demand), acc [R, D] then inv_sum [R]. */
+typedef struct {
+    float *scores;
+    int64_t cap;
+    float *acc;
+} pa_scratch;
+
+static int64_t pa_tasks(const pa_args *a) {
+    return a->n * (a->num_kv_heads / a->heads_per_task);
+}
+
+/* R = heads_per_task * G query rows per task. Returns 0, or -1 without memory. */
+static int pa_scratch_init(pa_scratch *s, const pa_args *a) {
+    const int64_t R = a->heads_per_task * (a->num_heads / a->num_kv_heads);
+    s->scores = NULL;
+    s->cap = 0;
+    s->acc = (float *)malloc(sizeof(float) * R * (a->head_dim + 1));
+    return s->acc == NULL ? -1 : 0;
+}
+
+static void pa_scratch_free(pa_scratch *s) {
+    free(s->scores);
+    free(s->acc);
+}
+
+/* One task: decode row i's run of heads_per_task KV heads. Returns -1 without memory. */
+static int pa_task(const pa_args *a, pa_scratch *sc, int64_t task) {
+    const int64_t G = a->num_heads / a->num_kv_heads; /* query heads per KV head */
+    const int64_t D = a->head_dim, hp = a->heads_per_task, bs = a->block_size;
+    const int64_t row_stride = a->num_heads * D;    /* out */
+    const int64_t tok_stride = a->num_kv_heads * D; /* one token's K (or V) in the pool */
+    const int64_t block_stride = bs * tok_stride;
+    const int64_t parts = a->num_kv_heads / hp;
+    const int64_t R = hp * G; /* query rows per task */
+    const int64_t i = task / parts, h0 = (task % parts) * hp;
+    const int64_t seq = a->seqs[i];
+    const int64_t L = a->row_lens != NULL ? a->row_lens[i] : a->ctx_lens[seq];
+    const int32_t *bt = a->block_tables + seq * a->bt_stride;
+    const int64_t nb = (L + bs - 1) / bs;
+    const float *qh = a->q + a->rows[i] * a->q_row_stride + h0 * G * D; /* [R, D] */
+    const float *kc = a->k_cache, *vc = a->v_cache;
+    const task_shape s = {D, G, hp, h0, tok_stride, L, a->scale};
+    float *o = a->out + a->rows[i] * row_stride + h0 * G * D;
+    if (L <= 0) { /* nothing to attend to (the caller never asks): zeros, not NaN */
+        memset(o, 0, sizeof(float) * R * D);
+        return 0;
+    }
+    if (L > sc->cap) {
+        float *grown = (float *)realloc(sc->scores, sizeof(float) * R * L);
+        if (grown == NULL) return -1;
+        sc->scores = grown;
+        sc->cap = L;
+    }
+    float *scores = sc->scores, *acc = sc->acc, *inv_sum = sc->acc + R * D;
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t t0 = b * bs;
+        const int64_t end = L - t0 < bs ? L - t0 : bs;
+        const float *next = b + 1 < nb ? kc + (int64_t)bt[b + 1] * block_stride
+                                       : vc + (int64_t)bt[0] * block_stride;
+        for (int64_t t = 0; t < bs; t++) prefetch_row(next + t * tok_stride + h0 * D, hp * D);
+        block_scores(&s, qh, kc + (int64_t)bt[b] * block_stride, end, t0, scores);
+    }
+    for (int64_t r = 0; r < R; r++) /* softmax over t, per query row */
+        inv_sum[r] = 1.0f / exp_shifted(scores + r * L, L);
+    memset(acc, 0, sizeof(float) * R * D);
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t t0 = b * bs;
+        const int64_t end = L - t0 < bs ? L - t0 : bs;
+        if (b + 1 < nb)
+            for (int64_t t = 0; t < bs; t++)
+                prefetch_row(vc + (int64_t)bt[b + 1] * block_stride + t * tok_stride + h0 * D,
+                             hp * D);
+        block_values(&s, vc + (int64_t)bt[b] * block_stride, end, t0, scores, acc);
+    }
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t d = 0; d < D; d++) o[r * D + d] = acc[r * D + d] * inv_sum[r];
+    return 0;
+}
+
+/* A thread's part of a call, inside a parallel region: tasks taken one at a time from the
+ * shared counter *next (zero before the first thread starts) until none are left or
+ * *failed is set; sets *failed when out of memory. No barrier at the end. */
+static void pa_part(const pa_args *a, pa_scratch *sc, int64_t *next, int *failed) {
+    const int64_t tasks = pa_tasks(a);
+    for (;;) {
+        if (__atomic_load_n(failed, __ATOMIC_RELAXED)) return;
+        const int64_t task = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
+        if (task >= tasks) return;
+        if (pa_task(a, sc, task) != 0) __atomic_store_n(failed, 1, __ATOMIC_RELAXED);
+    }
+}
+
 int tr_paged_decode_f32(const float *q, int64_t q_row_stride, float *out, const float *k_cache,
                         const float *v_cache, const int32_t *block_tables,
                         int64_t bt_stride, const int32_t *ctx_lens, const int64_t *rows,
                         const int64_t *seqs, const int32_t *row_lens, int64_t n,
                         int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                         int64_t block_size, int64_t heads_per_task, float scale) {
-    const int64_t G = num_heads / num_kv_heads; /* query heads per KV head */
-    const int64_t D = head_dim;
-    const int64_t row_stride = num_heads * D;    /* out */
-    const int64_t tok_stride = num_kv_heads * D; /* one token's K (or V) in the pool */
-    const int64_t block_stride = block_size * tok_stride;
-    const int64_t hp = heads_per_task;
-    const int64_t parts = num_kv_heads / hp;
-    const int64_t R = hp * G; /* query rows per task */
+    const pa_args a = {q,      q_row_stride, out,       k_cache,      v_cache,
+                       block_tables, bt_stride, ctx_lens, rows,       seqs,
+                       row_lens, n,         num_heads, num_kv_heads, head_dim,
+                       block_size, heads_per_task, scale};
     int failed = 0;
+    int64_t next = 0;
 #pragma omp parallel
     {
-        float *scores = NULL; /* [R, L] */
-        int64_t cap = 0;
-        float *acc = (float *)malloc(sizeof(float) * R * (D + 1)); /* [R, D] then [R] */
-        float *inv_sum = NULL;
-        if (acc == NULL) {
-#pragma omp atomic write
-            failed = 1;
-        } else {
-            inv_sum = acc + R * D;
-        }
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < n * parts; task++) {
-            int stop;
-#pragma omp atomic read
-            stop = failed;
-            if (stop || acc == NULL) continue;
-            const int64_t i = task / parts, h0 = (task % parts) * hp;
-            const int64_t seq = seqs[i];
-            const int64_t L = row_lens != NULL ? row_lens[i] : ctx_lens[seq];
-            const int32_t *bt = block_tables + seq * bt_stride;
-            const int64_t nb = (L + block_size - 1) / block_size;
-            const float *qh = q + rows[i] * q_row_stride + h0 * G * D; /* [R, D] */
-            const task_shape s = {D, G, hp, h0, tok_stride, L, scale};
-            if (L <= 0) { /* nothing to attend to (the caller never asks): zeros, not NaN */
-                memset(out + rows[i] * row_stride + h0 * G * D, 0, sizeof(float) * R * D);
-                continue;
-            }
-            if (L > cap) {
-                float *grown = (float *)realloc(scores, sizeof(float) * R * L);
-                if (grown == NULL) {
-#pragma omp atomic write
-                    failed = 1;
-                    continue;
-                }
-                scores = grown;
-                cap = L;
-            }
-            for (int64_t b = 0; b < nb; b++) {
-                const int64_t t0 = b * block_size;
-                const int64_t end = L - t0 < block_size ? L - t0 : block_size;
-                const float *next = b + 1 < nb ? k_cache + (int64_t)bt[b + 1] * block_stride
-                                               : v_cache + (int64_t)bt[0] * block_stride;
-                for (int64_t o = 0; o < block_size; o++)
-                    prefetch_row(next + o * tok_stride + h0 * D, hp * D);
-                block_scores(&s, qh, k_cache + (int64_t)bt[b] * block_stride, end, t0, scores);
-            }
-            for (int64_t r = 0; r < R; r++) /* softmax over t, per query row */
-                inv_sum[r] = 1.0f / exp_shifted(scores + r * L, L);
-            memset(acc, 0, sizeof(float) * R * D);
-            for (int64_t b = 0; b < nb; b++) {
-                const int64_t t0 = b * block_size;
-                const int64_t end = L - t0 < block_size ? L - t0 : block_size;
-                if (b + 1 < nb)
-                    for (int64_t o = 0; o < block_size; o++)
-                        prefetch_row(v_cache + (int64_t)bt[b + 1] * block_stride
-                                         + o * tok_stride + h0 * D, hp * D);
-                block_values(&s, v_cache + (int64_t)bt[b] * block_stride, end, t0, scores, acc);
-            }
-            float *o = out + rows[i] * row_stride + h0 * G * D;
-            for (int64_t r = 0; r < R; r++)
-                for (int64_t d = 0; d < D; d++) o[r * D + d] = acc[r * D + d] * inv_sum[r];
-        }
-        free(scores);
-        free(acc);
+        pa_scratch sc;
+        if (pa_scratch_init(&sc, &a) != 0)
+            __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
+        else
+            pa_part(&a, &sc, &next, &failed);
+        pa_scratch_free(&sc);
     }
     return failed ? -1 : 0;
 }

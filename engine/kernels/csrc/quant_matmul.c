@@ -39,8 +39,11 @@
  * applies here too. Without AVX2 + FMA + F16C a portable path computes the same (the tile
  * path for every M).
  *
- * The caller (engine/kernels/quant.py) checks every shape and index: nothing is
- * checked here except the qtype.
+ * Each path is also a per-thread part (qm_part) that the fused decoder step
+ * (decoder.c) calls inside its own parallel region. tr_quant_matmul returns -1 for a
+ * qtype it does not know, -2 when there is no memory for the panel scratch. The caller
+ * (engine/kernels/quant.py) checks every shape and index: nothing is checked here except
+ * the qtype.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -60,6 +63,25 @@ enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 };
 #define X_CHUNK 64
 
 static inline int block_bytes(int qt) { return qt == Q4_0 ? 18 : qt == Q4_1 ? 20 : 34; }
+
+#ifndef TR_SPLIT_DEFINED
+#define TR_SPLIT_DEFINED
+/* [lo, hi): thread tid's contiguous share of n items over nth threads. */
+static inline void tr_split(int64_t n, int tid, int nth, int64_t *lo, int64_t *hi) {
+    const int64_t q = n / nth, r = n % nth;
+    *lo = tid * q + (tid < r ? tid : r);
+    *hi = *lo + q + (tid < r);
+}
+#ifdef _OPENMP
+static inline int tr_thread(void) { return omp_get_thread_num(); }
+static inline int tr_threads(void) { return omp_get_num_threads(); }
+static inline int tr_max_threads(void) { return omp_get_max_threads(); }
+#else
+static inline int tr_thread(void) { return 0; }
+static inline int tr_threads(void) { return 1; }
+static inline int tr_max_threads(void) { return 1; }
+#endif
+#endif
 
 static inline float half_to_float(const uint8_t *p) {
     uint16_t h;
@@ -550,87 +572,81 @@ static void gemm_rows(const float *x, int64_t m0, int64_t m1, int64_t xs, const 
     }
 }
 
-/* The panel path: work units of (panel of W's rows, chunk of x's rows), split statically
- * so that each thread dequantizes each of its panels once. Returns -1 (nothing written)
- * when there is no memory for the panels. */
-static int gemm(const float *x, int64_t M, int64_t K, int64_t xs, const uint8_t *w, int64_t N,
-                int qt, float *y, int64_t ys) {
-    const int64_t nb = K / 32, rb = nb * block_bytes(qt), panels = (N + PANEL - 1) / PANEL;
-#ifdef _OPENMP
-    const int64_t threads = omp_get_max_threads();
-#else
-    const int64_t threads = 1;
-#endif
-    int64_t chunks = (M + X_ROWS - 1) / X_ROWS;
-    if (panels * chunks < 2 * threads) { /* few panels: split the rows too */
+/* The work units of the panel path: (panel of W's rows, chunk of at most mc rows of x). */
+typedef struct {
+    int64_t panels, chunks, mc;
+} gemm_plan;
+
+static gemm_plan plan_gemm(int64_t M, int64_t N, int nth) {
+    gemm_plan g = {(N + PANEL - 1) / PANEL, (M + X_ROWS - 1) / X_ROWS, 0};
+    if (g.panels * g.chunks < 2 * nth) { /* few panels: split the rows too */
         const int64_t most = (M + GEMM_R - 1) / GEMM_R;
-        chunks = (2 * threads + panels - 1) / panels;
-        if (chunks > most) chunks = most;
+        g.chunks = (2 * nth + g.panels - 1) / g.panels;
+        if (g.chunks > most) g.chunks = most;
     }
-    const int64_t mc = ((M + chunks - 1) / chunks + GEMM_R - 1) / GEMM_R * GEMM_R;
-    chunks = (M + mc - 1) / mc;
-    /* per thread: the panel (PANEL * K floats), then room for a zero-padded copy of the last
-     * rows of W when N is not a multiple of PANEL */
-    const int64_t units = panels * chunks, per = PANEL * K + (PANEL * rb + 63) / 64 * 16;
-    float *scratch = aligned_alloc(64, (size_t)(per * threads) * sizeof(float));
-    if (!scratch) return -1;
+    g.mc = ((M + g.chunks - 1) / g.chunks + GEMM_R - 1) / GEMM_R * GEMM_R;
+    g.chunks = (M + g.mc - 1) / g.mc;
+    return g;
+}
+
+/* Floats of one thread's panel scratch for rows of K weights: the panel (PANEL * K), then
+ * room for a zero-padded copy of the last rows of W when N is not a multiple of PANEL. */
+static int64_t panel_floats(int64_t K, int qt) {
+    return PANEL * K + (PANEL * (K / 32) * block_bytes(qt) + 63) / 64 * 16;
+}
+
+/* Thread tid's share (of nth) of the panel path: units split statically, so that each
+ * thread dequantizes each of its panels once; `panel` is its scratch (panel_floats). */
+static void gemm_part(const float *x, int64_t M, int64_t K, int64_t xs, const uint8_t *w,
+                      int64_t N, int qt, float *y, int64_t ys, float *panel, int tid,
+                      int nth) {
+    const int64_t nb = K / 32, rb = nb * block_bytes(qt);
+    const gemm_plan g = plan_gemm(M, N, nth);
+    int64_t u0, u1;
+    tr_split(g.panels * g.chunks, tid, nth, &u0, &u1);
     perms p;
     perms_init(&p);
-#pragma omp parallel
-    {
-#ifdef _OPENMP
-        float *panel = scratch + per * omp_get_thread_num();
-#else
-        float *panel = scratch;
-#endif
-        int64_t have = -1;
-#pragma omp for schedule(static)
-        for (int64_t u = 0; u < units; u++) {
-            const int64_t pi = u / chunks, m0 = u % chunks * mc, n0 = pi * PANEL;
-            const int64_t m1 = m0 + mc < M ? m0 + mc : M;
-            const int cols = (int)(N - n0 < PANEL ? N - n0 : PANEL);
-            if (pi != have) {
-                const uint8_t *w0 = w + n0 * rb;
-                if (pi + 1 < panels) { /* the next panel's rows (contiguous) towards L2 */
-                    const uint8_t *next = w0 + PANEL * rb;
-                    const int64_t bytes = (pi + 2 < panels ? PANEL : N - n0 - PANEL) * rb;
-                    for (int64_t i = 0; i < bytes; i += 64)
-                        _mm_prefetch((const char *)next + i, _MM_HINT_T1);
-                }
-                if (cols < PANEL) { /* zero blocks dequantize to zeros */
-                    uint8_t *pad = (uint8_t *)(panel + PANEL * K);
-                    memcpy(pad, w0, (size_t)(cols * rb));
-                    memset(pad + cols * rb, 0, (size_t)((PANEL - cols) * rb));
-                    w0 = pad;
-                }
-                switch (qt) {
-                    case Q4_0: dequant_panel(w0, rb, nb, Q4_0, &p, panel); break;
-                    case Q4_1: dequant_panel(w0, rb, nb, Q4_1, &p, panel); break;
-                    default: dequant_panel(w0, rb, nb, Q8_0, &p, panel); break;
-                }
-                have = pi;
+    int64_t have = -1;
+    for (int64_t u = u0; u < u1; u++) {
+        const int64_t pi = u / g.chunks, m0 = u % g.chunks * g.mc, n0 = pi * PANEL;
+        const int64_t m1 = m0 + g.mc < M ? m0 + g.mc : M;
+        const int cols = (int)(N - n0 < PANEL ? N - n0 : PANEL);
+        if (pi != have) {
+            const uint8_t *w0 = w + n0 * rb;
+            if (pi + 1 < g.panels) { /* the next panel's rows (contiguous) towards L2 */
+                const uint8_t *next = w0 + PANEL * rb;
+                const int64_t bytes = (pi + 2 < g.panels ? PANEL : N - n0 - PANEL) * rb;
+                for (int64_t i = 0; i < bytes; i += 64)
+                    _mm_prefetch((const char *)next + i, _MM_HINT_T1);
             }
-            gemm_rows(x, m0, m1, xs, panel, K, cols, y + n0, ys);
+            if (cols < PANEL) { /* zero blocks dequantize to zeros */
+                uint8_t *pad = (uint8_t *)(panel + PANEL * K);
+                memcpy(pad, w0, (size_t)(cols * rb));
+                memset(pad + cols * rb, 0, (size_t)((PANEL - cols) * rb));
+                w0 = pad;
+            }
+            switch (qt) {
+                case Q4_0: dequant_panel(w0, rb, nb, Q4_0, &p, panel); break;
+                case Q4_1: dequant_panel(w0, rb, nb, Q4_1, &p, panel); break;
+                default: dequant_panel(w0, rb, nb, Q8_0, &p, panel); break;
+            }
+            have = pi;
         }
+        gemm_rows(x, m0, m1, xs, panel, K, cols, y + n0, ys);
     }
-    free(scratch);
-    return 0;
 }
 #endif
 
-int tr_quant_matmul(const float *x, int64_t M, int64_t K, int64_t xs, const uint8_t *w,
-                    int64_t N, int qt, float *y, int64_t ys) {
-    if (qt != Q4_0 && qt != Q4_1 && qt != Q8_0) return -1;
+/* Thread tid's share (of nth) of the tile path: within each chunk of x's rows, the tiles
+ * of W's rows split statically, so that each thread reads its own rows of W. */
+static void tiles_part(const float *x, int64_t M, int64_t K, int64_t xs, const uint8_t *w,
+                       int64_t N, int qt, float *y, int64_t ys, int tid, int nth) {
     const int64_t nb = K / 32, rb = nb * block_bytes(qt);
-#ifdef PANEL
-    if (M >= GEMM_M(qt) && gemm(x, M, K, xs, w, N, qt, y, ys) == 0) return 0;
-#endif
-    const int64_t tiles = (N + TILE_C - 1) / TILE_C;
-#pragma omp parallel
+    int64_t t0, t1;
+    tr_split((N + TILE_C - 1) / TILE_C, tid, nth, &t0, &t1);
     for (int64_t m0 = 0; m0 < M; m0 += X_CHUNK) {
         const int64_t m1 = m0 + X_CHUNK < M ? m0 + X_CHUNK : M;
-#pragma omp for schedule(static) nowait
-        for (int64_t t = 0; t < tiles; t++) {
+        for (int64_t t = t0; t < t1; t++) {
             const int64_t n0 = t * TILE_C;
             const int64_t cols = N - n0 < TILE_C ? N - n0 : TILE_C;
             for (int64_t r0 = m0; r0 < m1; r0 += TILE_R) {
@@ -646,6 +662,47 @@ int tr_quant_matmul(const float *x, int64_t M, int64_t K, int64_t xs, const uint
             }
         }
     }
+}
+
+/* Floats of panel scratch qm_part needs per thread for M rows of x (0: the tile path). */
+static int64_t qm_scratch_floats(int64_t M, int64_t K, int qt) {
+#ifdef PANEL
+    if (M >= GEMM_M(qt)) return panel_floats(K, qt);
+#endif
+    (void)M, (void)K, (void)qt;
+    return 0;
+}
+
+/* Thread tid's share (of nth) of y = x @ W^T, called by every thread of a parallel region
+ * with the same arguments; `panel`: this thread's qm_scratch_floats of scratch (may be NULL
+ * when that is 0). No barrier at the end: y is complete once every thread has returned. */
+static void qm_part(const float *x, int64_t M, int64_t K, int64_t xs, const uint8_t *w,
+                    int64_t N, int qt, float *y, int64_t ys, float *panel, int tid, int nth) {
+#ifdef PANEL
+    if (M >= GEMM_M(qt)) {
+        gemm_part(x, M, K, xs, w, N, qt, y, ys, panel, tid, nth);
+        return;
+    }
+#endif
+    (void)panel;
+    tiles_part(x, M, K, xs, w, N, qt, y, ys, tid, nth);
+}
+
+int tr_quant_matmul(const float *x, int64_t M, int64_t K, int64_t xs, const uint8_t *w,
+                    int64_t N, int qt, float *y, int64_t ys) {
+    if (qt != Q4_0 && qt != Q4_1 && qt != Q8_0) return -1;
+    const int64_t per = qm_scratch_floats(M, K, qt);
+    float *scratch = NULL;
+    if (per > 0) {
+        scratch = aligned_alloc(64, (size_t)(per * tr_max_threads()) * sizeof(float));
+        if (scratch == NULL) return -2;
+    }
+#pragma omp parallel
+    {
+        const int tid = tr_thread(), nth = tr_threads();
+        qm_part(x, M, K, xs, w, N, qt, y, ys, scratch ? scratch + per * tid : NULL, tid, nth);
+    }
+    free(scratch);
     return 0;
 }
 

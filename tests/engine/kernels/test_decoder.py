@@ -125,6 +125,24 @@ def test_fused_steps_match_the_op_by_op_decoder(head_dim: int, qwen3: bool, qtyp
     assert got_kv.abs().sum() > 0  # the fused path wrote the pool
 
 
+@pytest.mark.parametrize("threads", [1, 3, 5])
+def test_every_thread_count_gives_the_same_step(threads: int) -> None:
+    """The step's phases split rows, heads and tasks over however many threads there are,
+    more threads than rows included; each thread waits at the step's own barriers."""
+    model = tiny_model(head_dim=32, qwen3=False, qtype="Q4_1")
+    assert model.fuse()
+    before = torch.get_num_threads()
+    want, want_kv = run_steps(model, True, STEPS)
+    try:
+        torch.set_num_threads(threads)
+        got, got_kv = run_steps(model, True, STEPS)
+    finally:
+        torch.set_num_threads(before)
+    for w, g in zip(want, got, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got_kv, want_kv, rtol=1e-6, atol=1e-6)
+
+
 def test_fuse_needs_every_projection_quantized() -> None:
     model = tiny_model(head_dim=32, qwen3=False, qtype="Q4_1")
     layer = model.layers[1]
