@@ -1,8 +1,9 @@
 """GGUF-quantized weight matrices on the CPU, multiplied without dequantizing them in memory.
 
 A :class:`QuantWeight` holds a weight matrix ``W`` ``[N, K]`` exactly as a GGUF file
-stores it (``GGUFReader``'s ``tensor.data``: a uint8 array ``[N, K / 32 * block
-bytes]``, N rows of ggml blocks of 32 weights) in one of the formats in :data:`QTYPES`:
+stores it (a tensor's bytes, :meth:`engine.models.gguf_file.GGUFIndex.data`: a uint8
+array ``[N, K / 32 * block bytes]``, N rows of ggml blocks of 32 weights) in one of
+the formats in :data:`QTYPES`:
 
 * ``Q4_0``: 18 bytes a block, fp16 ``d`` and 16 bytes of nibbles;
   ``w[j] = ((q[j] & 15) - 8) d``, ``w[j + 16] = ((q[j] >> 4) - 8) d``.

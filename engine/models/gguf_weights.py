@@ -25,6 +25,7 @@ import torch
 
 from engine.kernels.quant import QUANT_TYPES, QuantWeight
 from engine.models.config import ModelConfig
+from engine.models.gguf_file import GGUFIndex
 from engine.models.llama import CausalLM
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
@@ -58,55 +59,43 @@ class GGUFTensors:
     """The tensors of one GGUF file by name: quantized ones as :class:`QuantWeight`."""
 
     def __init__(self, path: Path) -> None:
-        from gguf import GGUFReader
-
         self.path = path
-        reader = GGUFReader(str(path))
-        self.arch = str(_field(reader, "general.architecture") or "")
-        self._tensors: dict[str, Any] = {t.name: t for t in reader.tensors}
+        self.index = GGUFIndex(path)
+        self.arch = self.index.arch
 
     def names(self) -> set[str]:
-        return set(self._tensors)
+        return set(self.index.tensors)
 
     def quant(self, name: str) -> QuantWeight:
         """Tensor ``name`` as a quantized matrix ``[N, K]`` (refused if it is not one)."""
-        t = self._tensors[name]
-        qtype = t.tensor_type.name
-        if qtype not in QUANT_TYPES:
+        t = self.index.tensors[name]
+        qtype = t.type_name
+        if qtype not in QUANT_TYPES or len(t.shape) != 2:
             raise ValueError(
                 f"model: {name} in {self.path.name} is {qtype}; native weights support "
-                f"{', '.join(QUANT_TYPES)} (use --weights fp32)"
+                f"{', '.join(QUANT_TYPES)} matrices (use --weights fp32)"
             )
-        n, k = int(t.shape[1]), int(t.shape[0])  # GGUF lists dims innermost first
-        data = torch.from_numpy(np.array(t.data, dtype=np.uint8, copy=True)).reshape(n, -1)
+        n, k = t.shape[1], t.shape[0]  # GGUF lists dims innermost first
+        data = torch.from_numpy(np.array(self.index.data(name), copy=True)).reshape(n, -1)
         return QuantWeight(data, qtype, n, k)
 
     def dense(self, name: str) -> torch.Tensor:
         """Tensor ``name`` (F32 or F16 in the file) as an fp32 tensor, GGUF dims reversed."""
-        t = self._tensors[name]
-        if t.tensor_type.name not in ("F32", "F16"):
-            raise ValueError(f"model: {name} in {self.path.name} is {t.tensor_type.name}")
+        t = self.index.tensors[name]
+        if t.type_name not in ("F32", "F16"):
+            raise ValueError(f"model: {name} in {self.path.name} is {t.type_name}")
+        raw = self.index.data(name).view(np.float32 if t.type_name == "F32" else np.float16)
         shape = [int(d) for d in reversed(t.shape)]
-        return torch.from_numpy(np.array(t.data, dtype=np.float32)).reshape(shape)
+        return torch.from_numpy(raw.astype(np.float32)).reshape(shape)
 
 
 def native_unsupported(path: Path) -> str | None:
     """Why ``path`` cannot be served as it is (a tensor type we do not multiply), or None."""
-    from gguf import GGUFReader
-
-    for t in GGUFReader(str(path)).tensors:
-        kind = t.tensor_type.name
+    for t in GGUFIndex(path).tensors.values():
+        kind = t.type_name
         if kind not in QUANT_TYPES and kind not in ("F32", "F16"):
             return f"{t.name} is {kind} (native weights support {', '.join(QUANT_TYPES)})"
     return None
-
-
-def _field(reader: Any, key: str) -> Any:
-    f = reader.fields.get(key)
-    if f is None:
-        return None
-    part = f.parts[f.data[0]]
-    return bytes(part).decode() if part.dtype == np.uint8 else part[0]
 
 
 def _projection(g: GGUFTensors, prefix: str, name: str, heads: int | None) -> QuantWeight:

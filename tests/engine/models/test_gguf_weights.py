@@ -7,6 +7,7 @@ the fp32 sums; greedy text may part late, where two logits nearly tie.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -144,3 +145,56 @@ def test_auto_dequantizes_a_gguf_with_other_tensor_types(tmp_path: Any) -> None:
     writer.close()
     why = native_unsupported(path)
     assert why is not None and "blk.0.ffn_down.weight is Q2_K" in why
+
+
+def test_the_gguf_index_reads_what_gguf_reads(tmp_path: Path) -> None:
+    """engine/models/gguf_file.py against gguf's own reader: metadata of every kind (string
+    arrays skipped), tensors of several types, their bytes."""
+    gg = pytest.importorskip("gguf")
+    import numpy as np
+
+    from engine.models.gguf_file import GGUFIndex
+
+    path = tmp_path / "tiny.gguf"
+    writer = gg.GGUFWriter(str(path), "qwen3")
+    writer.add_uint32("qwen3.block_count", 2)
+    writer.add_float32("qwen3.rope.freq_base", 1e6)
+    writer.add_bool("tokenizer.ggml.add_bos_token", True)
+    writer.add_token_list(["<s>", "hello", "wörld"] * 50)
+    writer.add_array("tokenizer.ggml.token_type", [1, 2, 3] * 50)
+    writer.add_string("general.name", "tiny")
+    rng = np.random.default_rng(0)
+    writer.add_tensor("output_norm.weight", rng.standard_normal(64).astype(np.float32))
+    writer.add_tensor("blk.0.attn_norm.weight", rng.standard_normal(64).astype(np.float16))
+    q = rng.integers(0, 255, (8, 2 * 20), dtype=np.uint8)  # 8 rows of two Q4_1 blocks
+    writer.add_tensor("blk.0.attn_q.weight", q, raw_dtype=gg.GGMLQuantizationType.Q4_1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    index = GGUFIndex(path)
+    assert index.arch == "qwen3" and index.metadata["qwen3.block_count"] == 2
+    assert index.metadata["general.name"] == "tiny"
+    assert "tokenizer.ggml.tokens" not in index.metadata  # arrays are skipped
+    reader = gg.GGUFReader(str(path))
+    assert set(index.tensors) == {t.name for t in reader.tensors}
+    for t in reader.tensors:
+        mine = index.tensors[t.name]
+        assert mine.type_name == t.tensor_type.name
+        assert mine.shape == tuple(int(d) for d in t.shape)
+        want = np.asarray(t.data).view(np.uint8).reshape(-1)
+        assert np.array_equal(index.data(t.name), want)
+    assert index.tensors["blk.0.attn_q.weight"].shape == (64, 8)
+
+
+def test_a_broken_gguf_file_is_a_clear_error(tmp_path: Path) -> None:
+    from engine.models.gguf_file import GGUFIndex
+
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"NOTGGUF" + bytes(64))
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        GGUFIndex(bad)
+    good = tmp_path / "cut.gguf"
+    good.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (5).to_bytes(8, "little") * 2)
+    with pytest.raises(ValueError, match="not a readable GGUF file"):
+        GGUFIndex(good)
