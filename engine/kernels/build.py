@@ -25,11 +25,13 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
+from functools import cache
 from pathlib import Path
 
-from core.runtime import tokenrelay_home
+from core.runtime import env_switch, tokenrelay_home
 
 log = logging.getLogger("tokenrelay.engine")
 
@@ -51,9 +53,20 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
+@cache
 def _compiler_version(cc: str) -> str:
     done = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
     return done.stdout
+
+
+_target_locks: dict[Path, threading.Lock] = {}
+_target_locks_guard = threading.Lock()
+
+
+def _target_lock(target: Path) -> threading.Lock:
+    """One lock per library: a second builder in this process waits for the first."""
+    with _target_locks_guard:
+        return _target_locks.setdefault(target, threading.Lock())
 
 
 def _sources(source: Path, seen: tuple[Path, ...] = ()) -> list[bytes]:
@@ -86,6 +99,13 @@ def build(source: Path, cache_dir: Path | None = None, extra_flags: Sequence[str
     target = out_dir / f"{source.stem}-{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
+    with _target_lock(target):
+        if not target.exists():  # else built meanwhile (prebuild())
+            _compile(cc, flags, source, out_dir, target)
+    return target
+
+
+def _compile(cc: str, flags: Sequence[str], source: Path, out_dir: Path, target: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     log.info("compiling CPU kernel", extra={"source": source.name, "target": str(target)})
@@ -110,7 +130,32 @@ def build(source: Path, cache_dir: Path | None = None, extra_flags: Sequence[str
         "CPU kernel compiled",
         extra={"source": source.name, "seconds": round(time.monotonic() - started, 2)},
     )
-    return target
+
+
+def prebuild(sources: Sequence[Path], cache_dir: Path | None = None) -> list[threading.Thread]:
+    """Start compiling ``sources`` side by side, each in a thread of its own.
+
+    A first start compiles every kernel it will load; started before the weights are
+    read, the compilers run beside that and beside each other. Errors are left for the
+    :func:`load` that needs the library (it waits for a build in progress, then raises
+    or reuses the result). Returns the threads (tests join them).
+    """
+    if not env_switch(ENV_SWITCH):
+        return []
+    threads = [
+        threading.Thread(target=_build_quietly, args=(src, cache_dir), name=f"build-{src.stem}")
+        for src in sources
+    ]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def _build_quietly(source: Path, cache_dir: Path | None) -> None:
+    try:
+        build(source, cache_dir)
+    except BUILD_ERRORS as exc:
+        log.debug("prebuild failed", extra={"source": source.name, "error": str(exc)[-300:]})
 
 
 def load(

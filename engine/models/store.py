@@ -11,6 +11,7 @@ renamed into place, so a reader never sees half a model.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import hashlib
 import importlib.util
@@ -220,7 +221,8 @@ def convert_gguf(gguf: Path, target: Path) -> Path:
 
 @contextlib.contextmanager
 def gguf_parsed_once() -> Iterator[None]:
-    """Within the block, each GGUF file is parsed once and each tensor-name map built once.
+    """Within the block, each GGUF file is parsed once, its metadata turned into
+    transformers' dictionaries once, and each tensor-name map built once.
 
     transformers parses the whole file anew for the config, the tokenizer and the
     weights (5.6 s each for the default model on the 2-core bench machine: the
@@ -232,21 +234,29 @@ def gguf_parsed_once() -> Iterator[None]:
     whole process: only the conversion (under its file lock) runs inside the block.
     """
     import gguf
+    from transformers import modeling_gguf_pytorch_utils as hf_gguf
 
     reader_cls: Any = gguf.GGUFReader
     name_map: Any = gguf.get_tensor_name_map
+    checkpoint: Any = hf_gguf.load_gguf_checkpoint
 
     gguf.GGUFReader = _once_per_arguments(reader_cls)  # type: ignore[misc]
     gguf.get_tensor_name_map = _once_per_arguments(name_map)
+    # the metadata-only parse (config, then tokenizer), handed out as copies: callers pop keys
+    hf_gguf.load_gguf_checkpoint = _once_per_arguments(checkpoint, copies=True)
     try:
         yield
     finally:
         gguf.GGUFReader = reader_cls  # type: ignore[misc]
         gguf.get_tensor_name_map = name_map
+        hf_gguf.load_gguf_checkpoint = checkpoint
 
 
-def _once_per_arguments(fn: Any) -> Any:
-    """``fn`` called once per distinct (hashable) arguments; other calls go straight through."""
+def _once_per_arguments(fn: Any, copies: bool = False) -> Any:
+    """``fn`` called once per distinct (hashable) arguments; other calls go straight through.
+
+    ``copies``: every call gets a deep copy of the first result (for callers that change it).
+    """
     made: dict[Any, Any] = {}
 
     @functools.wraps(fn)
@@ -259,7 +269,7 @@ def _once_per_arguments(fn: Any) -> Any:
             return fn(*args, **kwargs)
         if key not in made:
             made[key] = fn(*args, **kwargs)
-        return made[key]
+        return copy.deepcopy(made[key]) if copies else made[key]
 
     return once
 

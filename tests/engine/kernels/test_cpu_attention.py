@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from engine.kernels import cpu_attention
-from engine.kernels.build import build
+from engine.kernels.build import build, prebuild
 from engine.kernels.cpu_attention import PagedDecode, paged_decode
 
 
@@ -148,6 +148,30 @@ def test_build_is_cached_by_content(tmp_path: Path) -> None:
     source.write_text("int tr_answer(void) { return 43; }\n")
     assert build(source, tmp_path / "cache") != first
     assert [p.name for p in (tmp_path / "cache").iterdir() if p.name.startswith(".")] == []
+
+
+def test_prebuild_compiles_side_by_side_and_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Libraries started by prebuild() are what build() returns: a build() while one is in
+    progress waits for it instead of compiling again; a failure is left to build()."""
+    sources = []
+    for i in range(3):
+        sources.append(tmp_path / f"k{i}.c")
+        sources[-1].write_text(f"int tr_answer{i}(void) {{ return {i}; }}\n")
+    broken = tmp_path / "broken.c"
+    broken.write_text("int tr_broken(void) { return nope; }\n")
+    cache = tmp_path / "cache"
+    with caplog.at_level(logging.INFO, logger="tokenrelay.engine"):
+        threads = prebuild([*sources, broken], cache)
+        built = [build(src, cache) for src in sources]  # while the prebuilds run
+        for thread in threads:
+            thread.join()
+    assert all(path.exists() for path in built)
+    compiled = [r for r in caplog.records if r.getMessage() == "compiling CPU kernel"]
+    assert len(compiled) == 4  # each source once, the broken one included
+    with pytest.raises(RuntimeError, match="nope"):
+        build(broken, cache)
 
 
 def test_a_compile_error_is_reported_with_the_compiler_message(tmp_path: Path) -> None:
