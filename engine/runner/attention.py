@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -139,6 +140,46 @@ def build_metadata(
     (for fp32 on a CPU) takes the decode rows instead of the torch buckets.
     ``plan=False`` skips the per-backend plans (the fused decoder reads only the tensors).
     """
+    if q_lens and q_lens.count(1) == len(q_lens) and min(start_positions) >= 0:
+        return _build_decode(
+            start_positions,
+            block_tables,
+            block_size=block_size,
+            device=device,
+            dtype=dtype,
+            use_flash=use_flash,
+            scratch=scratch,
+            decode_kernel=decode_kernel,
+            plan=plan,
+        )
+    return _build_general(
+        q_lens,
+        start_positions,
+        block_tables,
+        block_size=block_size,
+        device=device,
+        dtype=dtype,
+        use_flash=use_flash,
+        scratch=scratch,
+        decode_kernel=decode_kernel,
+        plan=plan,
+    )
+
+
+def _build_general(
+    q_lens: list[int],
+    start_positions: list[int],
+    block_tables: list[list[int]],
+    *,
+    block_size: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    use_flash: bool,
+    scratch: AttentionScratch | None,
+    decode_kernel: PagedDecode | None,
+    plan: bool,
+) -> AttentionMetadata:
+    """:func:`build_metadata` of any batch (prefill chunks and decode rows), with numpy."""
     num_seqs = len(q_lens)
     q = np.asarray(q_lens, dtype=np.int64)
     starts = np.asarray(start_positions, dtype=np.int64)
@@ -183,6 +224,66 @@ def build_metadata(
     if plan and not use_flash:
         _plan_decode(meta, q, ctx, cu_q, bt_np, device, dtype)
         _plan_prefill(meta, q, starts, ctx, cu_q, bt_np, device, dtype)
+    return meta
+
+
+def _build_decode(
+    starts: list[int],
+    block_tables: list[list[int]],
+    *,
+    block_size: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    use_flash: bool,
+    scratch: AttentionScratch | None,
+    decode_kernel: PagedDecode | None,
+    plan: bool,
+) -> AttentionMetadata:
+    """:func:`build_metadata` of a batch of single-token rows, from Python ints.
+
+    The same tensors as the general path, without its dozen numpy calls on tiny
+    arrays: the per-token cost of a decode step, most of all at batch 1.
+    """
+    num_seqs = len(starts)
+    width = max(len(bt) for bt in block_tables)
+    slots: list[int] = []
+    padded: list[int] = []  # the block tables, row by row, padded with 0 to ``width``
+    for pos, bt in zip(starts, block_tables, strict=True):
+        if len(bt) * block_size <= pos:
+            raise ValueError(
+                f"block_table: {len(bt)} blocks of {block_size} cannot hold {pos + 1} tokens"
+            )
+        slots.append(bt[pos // block_size] * block_size + pos % block_size)
+        padded += bt
+        if len(bt) < width:
+            padded += [0] * (width - len(bt))
+    ctx = [pos + 1 for pos in starts]
+
+    def tensor(values: list[int], dt: type[np.signedinteger]) -> torch.Tensor:
+        return torch.from_numpy(np.array(values, dtype=dt)).to(device, non_blocking=True)
+
+    meta = AttentionMetadata(
+        positions=tensor(starts, np.int64),
+        slot_mapping=tensor(slots, np.int64),
+        cu_seqlens_q=tensor(list(range(num_seqs + 1)), np.int32),
+        cu_seqlens_k=tensor([0, *accumulate(ctx)], np.int32),
+        context_lens=tensor(ctx, np.int32),
+        block_tables=tensor(padded, np.int32).view(num_seqs, width),
+        seq_of_token=tensor(list(range(num_seqs)), np.int64),
+        row_lens=tensor(ctx, np.int32),
+        max_seqlen_q=1,
+        max_seqlen_k=max(ctx),
+        all_decode=True,
+        block_size=block_size,
+        use_flash=use_flash,
+        scratch=scratch or AttentionScratch(),
+        decode_kernel=decode_kernel,
+    )
+    if plan and not use_flash:  # no prefill rows to plan
+        bt_np = np.array(padded, dtype=np.int64).reshape(num_seqs, width)
+        q = np.ones(num_seqs, dtype=np.int64)
+        cu_q = np.arange(num_seqs + 1, dtype=np.int64)
+        _plan_decode(meta, q, np.array(ctx, dtype=np.int64), cu_q, bt_np, device, dtype)
     return meta
 
 

@@ -15,9 +15,12 @@ import time
 from itertools import chain
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from engine.kernels import cpu_attention
+from core.runtime import env_switch
+from engine.kernels import cpu_attention, decoder, quant
+from engine.kernels.build import prebuild
 from engine.models.config import ModelConfig
 from engine.models.weights import default_dtype, load_model
 from engine.runner.attention import (
@@ -113,6 +116,7 @@ class ModelRunner:
         self.block_size = block_size
         if self.device.type == "cpu":
             configure_threads(num_threads)
+            prebuild(_cpu_kernels(gguf is not None, self.dtype))  # beside the weights' load
         started = time.perf_counter()
         self.model_config = ModelConfig.from_pretrained(self.path)
         if gguf is not None:  # quantized weights as they are (engine/models/gguf_weights.py)
@@ -185,17 +189,22 @@ class ModelRunner:
             decode_kernel=self.decode_kernel,
             plan=self.model.fused is None,
         )
-        input_ids = torch.tensor(
-            list(chain.from_iterable(it.token_ids for it in items)), dtype=torch.int64
-        ).to(self.device, non_blocking=True)
+        flat_ids = list(chain.from_iterable(it.token_ids for it in items))
+        input_ids = torch.from_numpy(np.array(flat_ids, dtype=np.int64)).to(
+            self.device, non_blocking=True
+        )
         sampling = [i for i, it in enumerate(items) if it.sample]
         with torch.inference_mode():
             hidden = self.model(input_ids, meta.positions, meta, self.kv_cache)  # [T, hidden]
             if not sampling:
                 return [None] * len(items)
-            last = meta.cu_seqlens_q[1:].to(torch.int64) - 1  # [B] last row of each item
-            rows = last if len(sampling) == len(items) else last[sampling]
-            logits = self.model.compute_logits(hidden.index_select(0, rows))  # [N, V] fp32
+            if len(sampling) == len(items) == len(flat_ids):
+                last_hidden = hidden  # one token per item, each sampled: every row, in order
+            else:
+                last = meta.cu_seqlens_q[1:].to(torch.int64) - 1  # [B] last row of each item
+                rows = last if len(sampling) == len(items) else last[sampling]
+                last_hidden = hidden.index_select(0, rows)
+            logits = self.model.compute_logits(last_hidden)  # [N, V] fp32
             tokens = self.sampler(
                 logits,
                 [items[i].params for i in sampling],
@@ -230,6 +239,16 @@ class ModelRunner:
                     f"block_table: request {it.request_id!r} names a block outside "
                     f"[0, {self.num_blocks})"
                 )
+
+
+def _cpu_kernels(native: bool, dtype: torch.dtype) -> list[Path]:
+    """The C kernels (engine/kernels/csrc) a CPU runner will load, for ``prebuild``."""
+    sources = [cpu_attention.SOURCE] if dtype == torch.float32 else []
+    if native:
+        sources.append(quant.SOURCE)
+        if env_switch(decoder.FUSED_SWITCH):
+            sources.append(decoder.SOURCE)
+    return sources
 
 
 def _resolve_path(model_path: str | Path) -> Path:

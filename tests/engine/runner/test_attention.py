@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
+from typing import Any
 
 import pytest
 import torch
 
 from engine.kernels.cpu_attention import PagedDecode, paged_decode
-from engine.runner.attention import build_metadata, flash_attn_available, paged_attention, store_kv
+from engine.runner.attention import (
+    _build_decode,
+    _build_general,
+    build_metadata,
+    flash_attn_available,
+    paged_attention,
+    store_kv,
+)
 
 BLOCK = 4
 
@@ -154,6 +163,56 @@ def test_torch_paged_attention_random_shapes(seed: int, decode_kernel: PagedDeco
         decode_kernel=decode_kernel,
     )
     assert (out - ref).abs().max().item() < 1e-5
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal values, dtypes and shapes, through the plan dataclasses too."""
+    if isinstance(a, torch.Tensor):
+        return (
+            isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and torch.equal(a, b)
+        )
+    if dataclasses.is_dataclass(a) and not isinstance(a, type):
+        return type(a) is type(b) and all(
+            _same(getattr(a, f.name), getattr(b, f.name))
+            for f in dataclasses.fields(a)
+            if f.name not in ("scratch", "decode_kernel")
+        )
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(map(_same, a, b))
+    return bool(a == b)
+
+
+@pytest.mark.parametrize("plan", [False, True])
+@pytest.mark.parametrize("seed", range(8))
+def test_decode_batches_build_what_the_general_path_builds(
+    seed: int, plan: bool, decode_kernel: PagedDecode | None
+) -> None:
+    """All-decode batches take a shortcut past numpy; its metadata is the same."""
+    rnd = random.Random(seed)
+    block_size = rnd.choice([1, BLOCK, 16])
+    starts = [rnd.randrange(0, 90) for _ in range(rnd.choice([1, 1, 3, 20]))]
+    tables = [
+        rnd.sample(range(200), -(-(s + 1) // block_size) + rnd.choice([0, 0, 2])) for s in starts
+    ]
+    args = ([1] * len(starts), starts, tables)
+    kw: dict[str, Any] = dict(
+        block_size=block_size,
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        use_flash=False,
+        scratch=None,
+        decode_kernel=decode_kernel,
+        plan=plan,
+    )
+    fast = build_metadata(*args, **kw)
+    assert _same(fast, _build_decode(starts, tables, **kw))
+    assert _same(fast, _build_general(*args, **kw))
+    tables[-1] = tables[-1][: starts[-1] // block_size]  # one block short
+    with pytest.raises(ValueError, match=r"block_table: .* cannot hold"):
+        build_metadata(*args, **kw)
 
 
 def test_block_table_too_short_is_rejected() -> None:

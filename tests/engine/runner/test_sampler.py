@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from core.wire.params import SamplingParams
-from engine.runner.sampler import TOP_P_CANDIDATES, Sampler
+from engine.runner.sampler import TOP_P_CANDIDATES, Sampler, greedy
 
 VOCAB = 1000
 
@@ -21,6 +21,23 @@ def test_greedy_is_exact_argmax() -> None:
     x = logits(32)
     out = Sampler(0)(x, [SamplingParams(temperature=0)] * 32, [0] * 32)
     assert out.tolist() == x.argmax(-1).tolist()
+
+
+def test_greedy_picks_what_torch_argmax_picks() -> None:
+    """Ties go to the first maximum, a NaN beats everything, -inf rows still pick one."""
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randint(-2, 3, (64, 300), generator=gen).float()  # many ties
+    x[1, 10], x[1, 20] = float("nan"), float("nan")
+    x[2, 5] = float("inf")
+    x[3] = float("-inf")
+    x[4, :2] = torch.tensor([-0.0, 0.0])
+    x[4, 2:] = -1.0
+    x[5, 100:] = float("nan")
+    wide = logits(3, seed=8, vocab=49152)
+    for t in (x, x[:, ::3], x.T.contiguous().T, wide, x[:0]):
+        out = greedy(t)
+        assert out.dtype == torch.int64
+        assert out.tolist() == t.argmax(dim=-1).tolist()
 
 
 def test_greedy_rows_stay_exact_in_a_mixed_batch() -> None:
