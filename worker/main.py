@@ -41,6 +41,8 @@ log = logging.getLogger("tokenrelay.worker")
 POLL_INTERVAL = 0.5  # seconds between attachment / cancel-flag checks
 CLAIM_INTERVAL = 5.0  # seconds between looks for requests of dead workers
 IDLE_BLOCK_MS = 200
+STATS_WAIT = 0.5  # seconds a heartbeat waits for the loop to refresh the stats snapshot
+STATS_MAX_AGE = 0.5  # seconds: the loop refreshes an older snapshot even unasked
 MAX_STEP_FAILURES = 3
 
 
@@ -66,6 +68,9 @@ class Worker:
         self.telemetry = WorkerTelemetry(wlog, self.worker_id)
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.snapshot = WorkerStats(worker_id=self.worker_id)
+        self._stats_at = 0.0  # when the snapshot was taken (monotonic)
+        self._stats_wanted = threading.Event()  # the heartbeat asks for a fresh snapshot
+        self._stats_taken = threading.Event()  # ... and the loop says it has taken one
         self._last_poll = self._last_claim = 0.0
         self._step_failures = 0
         self._last_error_log = 0.0
@@ -99,6 +104,7 @@ class Worker:
                 if self.draining.is_set() and time.monotonic() >= self.drain_deadline:
                     break
         self.stopping.set()  # the heartbeat thread stops too
+        self._stats_taken.set()  # (not waiting for a snapshot first)
         self._shutdown()
 
     def stop(self) -> None:
@@ -137,7 +143,10 @@ class Worker:
         busy = self.engine.has_unfinished()
         room = 0 if self.draining.is_set() else self.max_seqs - len(self.active)
         if room > 0:
-            reqs = self.wlog.read_requests(room, None if busy else IDLE_BLOCK_MS)
+            if busy:  # with the cancel notices in one round trip (read_control below)
+                reqs = self.wlog.read_new(room)
+            else:
+                reqs = self.wlog.read_requests(room, IDLE_BLOCK_MS)
             if reqs:
                 self._admit_all(reqs)
                 self.outbox.flush()  # clients get `started` before the first step
@@ -156,7 +165,9 @@ class Worker:
             self._step()
             self.outbox.flush()
         self.telemetry.finished(self.outbox.take_finished())
-        self._publish_stats()
+        # only the heartbeat reads the snapshot: take it when asked (or grown old)
+        if self._stats_wanted.is_set() or time.monotonic() - self._stats_at >= STATS_MAX_AGE:
+            self._publish_stats()
 
     def _step(self) -> None:
         try:
@@ -289,6 +300,7 @@ class Worker:
     # --- stats and shutdown ------------------------------------------------------------
 
     def _publish_stats(self) -> None:
+        self._stats_wanted.clear()
         engine = {k: v for k, v in self.engine.stats().items() if isinstance(v, int | float)}
         self.snapshot = WorkerStats(
             worker_id=self.worker_id,
@@ -298,6 +310,19 @@ class Worker:
             engine=engine,
             hist=self.telemetry.snapshot(),
         )
+        self._stats_at = time.monotonic()
+        self._stats_taken.set()
+
+    def fresh_snapshot(self, timeout: float) -> WorkerStats:
+        """The stats as the loop's current iteration ends (called by the heartbeat thread).
+
+        Waits at most ``timeout``; a longer iteration (a long prefill, an outage) gives
+        the last snapshot, at most :data:`STATS_MAX_AGE` older than that iteration.
+        """
+        self._stats_taken.clear()
+        self._stats_wanted.set()
+        self._stats_taken.wait(timeout)
+        return self.snapshot
 
     def _shutdown(self) -> None:
         message = "engine worker shut down before the stream finished"
@@ -317,7 +342,11 @@ class Worker:
 
 
 class Heartbeat(threading.Thread):
-    """Publishes the worker's stats snapshot every second (independent of steps)."""
+    """Publishes the worker's stats snapshot every second.
+
+    Each beat asks the worker's loop for a snapshot taken at the end of its current
+    iteration and waits for it at most :data:`STATS_WAIT` (a long step delays no more).
+    """
 
     def __init__(self, worker: Worker, url: str, prefix: str) -> None:
         super().__init__(name="heartbeat", daemon=True)
@@ -326,15 +355,20 @@ class Heartbeat(threading.Thread):
         self.health = RedisHealth("heartbeat")
 
     def run(self) -> None:
+        snapshot, waited = self.worker.snapshot, 0.0  # the first beat's: taken just before
         while not self.worker.stopping.is_set():
             try:
-                self.wlog.heartbeat(self.worker.snapshot)
+                self.wlog.heartbeat(snapshot)
                 self.health.ok()
             except Exception as exc:
                 if not is_outage(exc):
                     log.exception("heartbeat failed")
                 self.health.failed(exc)
-            self.worker.stopping.wait(HEARTBEAT_INTERVAL)
+            if self.worker.stopping.wait(HEARTBEAT_INTERVAL - waited):  # the same beat
+                break
+            asked = time.monotonic()
+            snapshot = self.worker.fresh_snapshot(STATS_WAIT)
+            waited = time.monotonic() - asked
 
 
 def _die_with_parent() -> None:

@@ -71,6 +71,7 @@ class WorkerStore:
         self.redis = connect_sync(url)
         self._release = self.redis.register_script(RELEASE_LUA)
         self._control_cursor: str | None = None
+        self._control_ahead: list[str] | None = None  # read by read_new(), not yet returned
 
     def close(self) -> None:
         self.redis.close()
@@ -94,6 +95,24 @@ class WorkerStore:
         )
         entries = [e for _, es in (reply or []) for e in es]
         return self._with_meta(entries)
+
+    def read_new(self, count: int) -> list[Request]:
+        """:meth:`read_requests` without blocking, and the read of :meth:`read_control`
+        in the same round trip (for a busy worker: its step is waiting).
+
+        The cancel notices wait here for the next :meth:`read_control` call. If their
+        read failed, that call reads them itself, as it would have anyway.
+        """
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xreadgroup(GROUP, self.worker_id, {self.keys.requests: ">"}, count=count)
+        self._control_read(pipe)
+        reply, control = pipe.execute(raise_on_error=False)
+        if isinstance(reply, Exception):
+            raise reply
+        requests = self._with_meta([e for _, es in (reply or []) for e in es])
+        if not isinstance(control, Exception):  # the cursor moves only once nothing can fail
+            self._control_ahead = (self._control_ahead or []) + self._control_taken(control)
+        return requests
 
     def read_own_pending(self) -> list[Request]:
         """Requests this worker id took before (a restart with a fixed ``--worker-id``)."""
@@ -193,11 +212,25 @@ class WorkerStore:
 
     def read_control(self) -> list[str]:
         """Stream ids with a cancel notice since the last call."""
+        if self._control_ahead is not None:  # read_new() read them already
+            out, self._control_ahead = self._control_ahead, None
+            return out
+        return self._control_taken(self._control_read(self.redis))
+
+    def _control_read(self, client: Any) -> Any:
+        """Send (on a client) or queue (on a pipeline) the read of the control stream.
+
+        The first read only finds where the stream ends: notices from then on count.
+        """
         if self._control_cursor is None:
-            top: Any = self.redis.xrevrange(self.keys.control, count=1)
-            self._control_cursor = _s(top[0][0]) if top else "0-0"
+            return client.xrevrange(self.keys.control, count=1)
+        return client.xread({self.keys.control: self._control_cursor}, count=500)
+
+    def _control_taken(self, reply: Any) -> list[str]:
+        """The stream ids in a reply to :meth:`_control_read`; moves the cursor past them."""
+        if self._control_cursor is None:
+            self._control_cursor = _s(reply[0][0]) if reply else "0-0"
             return []
-        reply: Any = self.redis.xread({self.keys.control: self._control_cursor}, count=500)
         out = []
         for _, entries in reply or []:
             for eid, fields in entries:

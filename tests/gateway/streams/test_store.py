@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 
 from core.redis.embedded import EmbeddedRedis
 from core.wire.events import Event, accepted_fields, done_fields, entry_id, token_fields
@@ -226,6 +227,32 @@ async def test_cancel(slog: StreamStore, wlog: WorkerStore) -> None:
     assert events[1].finish_reason == "cancelled"
     with pytest.raises(StreamNotFound):
         await slog.cancel(new_stream_id())
+
+
+async def test_read_new_brings_the_cancel_notices_along(
+    slog: StreamStore, wlog: WorkerStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A busy worker's read: requests and cancel notices in one round trip."""
+    assert wlog.read_new(10) == []  # the first read positions the control cursor
+    assert wlog.read_control() == []
+    sid, _ = await start_stream(slog, wlog)
+    await slog.request_cancel(sid)
+    queued = await slog.create(BODY, "r2")
+    reqs = wlog.read_new(10)
+    assert [(r.stream_id, r.request_id) for r in reqs] == [(queued.stream_id, "r2")]
+    assert reqs[0].body == BODY and reqs[0].meta is not None
+    await slog.request_cancel(queued.stream_id)
+    assert wlog.read_new(10) == []  # notices add up until read_control() takes them
+    with monkeypatch.context() as m:  # they are here already: no command
+        m.setattr(wlog, "_control_read", None)
+        assert wlog.read_control() == [sid, queued.stream_id]
+    assert wlog.read_control() == []
+    # a control read that fails in the pipeline is read again by read_control()
+    wlog.redis.set(wlog.keys.control, "not a stream")
+    other = await slog.create(BODY, "r3")
+    assert [r.stream_id for r in wlog.read_new(10)] == [other.stream_id]
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        wlog.read_control()
 
 
 async def test_attachments(slog: StreamStore, wlog: WorkerStore) -> None:
