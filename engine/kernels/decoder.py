@@ -74,6 +74,7 @@ class _Model(ctypes.Structure):
         ("kv", _p),
         ("num_blocks", _i64),
         ("block_size", _i64),
+        ("head", _QMat),
     ]
 
 
@@ -89,6 +90,7 @@ class _Step(ctypes.Structure):
         ("rows", _p),
         ("lens", _p),
         ("heads_per_task", _i64),
+        ("logits", _p),
     ]
 
 
@@ -141,7 +143,7 @@ class FusedDecoder:
     """Every layer of one model in one C call per step (fp32 activations, CPU)."""
 
     def __init__(self, library: ctypes.CDLL, shape: Shape, layers: list[LayerWeights],
-                 final_norm: torch.Tensor) -> None:  # fmt: skip
+                 final_norm: torch.Tensor, head: QuantWeight | None = None) -> None:  # fmt: skip
         fn = library.tr_decoder_forward
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.POINTER(_Model), ctypes.POINTER(_Step), _p]
@@ -183,6 +185,11 @@ class FusedDecoder:
             len(structs), s.hidden, s.num_heads, s.num_kv_heads, s.head_dim, s.intermediate,
             s.eps, s.scale, self._layers, ptr(final_norm, s.hidden, "final_norm"),
         )  # fmt: skip
+        # the LM head, if quantized: a step can end with every row's logits
+        self.vocab = head.n if isinstance(head, QuantWeight) else None
+        if isinstance(head, QuantWeight):
+            self._model.head = _qmat(head, head.n, s.hidden, "head")
+            keep.append(head)
         self._keep = keep
         self.kv: torch.Tensor | None = None  # the pool bound by bind_cache()
 
@@ -212,12 +219,15 @@ class FusedDecoder:
         tables: torch.Tensor,
         seqs: torch.Tensor,
         lens: torch.Tensor,
+        logits: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Run every layer and the final norm on ``x`` ``[T, hidden]`` in place; returns it.
 
         ``cos``/``sin`` ``[T, D/2]`` fp32; ``slots`` ``[T]`` int64 KV slot of each token;
         ``tables`` ``[B, max_blocks]`` int32; ``seqs`` ``[T]`` int64 each token's row of
         ``tables``; ``lens`` ``[T]`` int32 tokens each one attends to (position + 1).
+        ``logits``: a contiguous fp32 ``[T, vocab]`` the step fills with every row's
+        logits through the LM head (only when built with one: :attr:`vocab`).
         """
         kv = self.kv
         if kv is None:
@@ -242,22 +252,29 @@ class FusedDecoder:
             for ok, why in checks:
                 if not ok:
                     raise ValueError(f"fused decoder: {why}")
-            checks = (
-                (int(slots.min()) >= 0 and int(slots.max()) < num_slots, "a slot outside the pool"),
-                (int(seqs.min()) >= 0 and int(seqs.max()) < tables.shape[0], "a bad seq"),
-                (int(lens.min()) >= 1 and int(lens.max()) <= tables.shape[1] * kv.shape[3],
-                 "a length beyond its block table"),
-                (int(tables.min()) >= 0 and int(tables.max()) < kv.shape[2],
-                 "a block outside the pool"),
-            )  # fmt: skip
-            for ok, why in checks:
-                if not ok:
+            bounds = (
+                (slots, 0, num_slots - 1, "a slot outside the pool"),
+                (seqs, 0, tables.shape[0] - 1, "a bad seq"),
+                (lens, 1, tables.shape[1] * kv.shape[3], "a length beyond its block table"),
+                (tables, 0, kv.shape[2] - 1, "a block outside the pool"),
+            )
+            for values, least, most, why in bounds:
+                lo, hi = values.aminmax()  # one pass each
+                if int(lo) < least or int(hi) > most:
                     raise ValueError(f"fused decoder: {why}")
+        if logits is not None and (
+            self.vocab is None
+            or logits.dtype != torch.float32
+            or not logits.is_contiguous()
+            or logits.shape != (t, self.vocab)
+        ):
+            raise ValueError(f"fused decoder: logits must be contiguous fp32 [T, {self.vocab}]")
         whole = t >= ROWS_PER_THREAD_FOR_WHOLE_HEADS * torch.get_num_threads()
         step = _Step(
             t, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), tables.data_ptr(),
             tables.shape[1], seqs.data_ptr(), rows.data_ptr(), lens.data_ptr(),
             self.shape.num_kv_heads if whole else 1,
+            None if logits is None else logits.data_ptr(),
         )  # fmt: skip
         if t:
             rc = self._fn(ctypes.byref(self._model), ctypes.byref(step), x.data_ptr())

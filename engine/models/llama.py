@@ -202,7 +202,8 @@ class CausalLM(nn.Module):
             ))  # fmt: skip
         shape = Shape(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                       cfg.intermediate_size, cfg.rms_norm_eps, cfg.head_dim**-0.5)  # fmt: skip
-        self.fused = FusedDecoder(library, shape, layers, self.norm.weight)
+        head = self.head_packed if isinstance(self.head_packed, QuantWeight) else None
+        self.fused = FusedDecoder(library, shape, layers, self.norm.weight, head)
         return True
 
     def pack_linears(self) -> None:
@@ -238,8 +239,13 @@ class CausalLM(nn.Module):
         positions: torch.Tensor,
         meta: AttentionMetadata,
         kv_cache: KVCache,
+        logits: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``input_ids``/``positions`` ``[T]`` -> final-normed hidden states ``[T, hidden]``."""
+        """``input_ids``/``positions`` ``[T]`` -> final-normed hidden states ``[T, hidden]``.
+
+        ``logits`` (fp32 ``[T, vocab]``; only with the fused decoder built with the LM head,
+        ``self.fused.vocab``): filled with every row's logits within the same step.
+        """
         rope = self.rope
         if rope is None:
             raise RuntimeError("CausalLM.init_rope() was not called")
@@ -253,8 +259,10 @@ class CausalLM(nn.Module):
                 self.fused.bind_cache(kv_cache.data)
             return self.fused.forward(
                 x, cos, sin, meta.slot_mapping, meta.block_tables, meta.seq_of_token,
-                meta.row_lens,
+                meta.row_lens, logits,
             )  # fmt: skip
+        if logits is not None:
+            raise ValueError("CausalLM: logits within the step need the fused decoder's head")
         for layer in self.layers:
             assert isinstance(layer, DecoderLayer)
             x = x + layer.attn(layer.input_norm(x), cos, sin, rope, meta, kv_cache)

@@ -194,17 +194,23 @@ class ModelRunner:
             self.device, non_blocking=True
         )
         sampling = [i for i, it in enumerate(items) if it.sample]
+        every_row = len(sampling) == len(items) == len(flat_ids)  # decode: each row samples
         with torch.inference_mode():
-            hidden = self.model(input_ids, meta.positions, meta, self.kv_cache)  # [T, hidden]
-            if not sampling:
-                return [None] * len(items)
-            if len(sampling) == len(items) == len(flat_ids):
-                last_hidden = hidden  # one token per item, each sampled: every row, in order
+            vocab = self.model.fused.vocab if self.model.fused is not None else None
+            if every_row and vocab is not None:  # the LM head inside the fused step
+                logits = torch.empty(len(flat_ids), vocab)
+                self.model(input_ids, meta.positions, meta, self.kv_cache, logits)
             else:
-                last = meta.cu_seqlens_q[1:].to(torch.int64) - 1  # [B] last row of each item
-                rows = last if len(sampling) == len(items) else last[sampling]
-                last_hidden = hidden.index_select(0, rows)
-            logits = self.model.compute_logits(last_hidden)  # [N, V] fp32
+                hidden = self.model(input_ids, meta.positions, meta, self.kv_cache)  # [T, E]
+                if not sampling:
+                    return [None] * len(items)
+                if every_row:
+                    last_hidden = hidden  # one token per item, each sampled: every row
+                else:
+                    last = meta.cu_seqlens_q[1:].to(torch.int64) - 1  # [B] last row of each
+                    rows = last if len(sampling) == len(items) else last[sampling]
+                    last_hidden = hidden.index_select(0, rows)
+                logits = self.model.compute_logits(last_hidden)  # [N, V] fp32
             tokens = self.sampler(
                 logits,
                 [items[i].params for i in sampling],

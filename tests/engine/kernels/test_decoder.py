@@ -143,6 +143,32 @@ def test_every_thread_count_gives_the_same_step(threads: int) -> None:
     torch.testing.assert_close(got_kv, want_kv, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("head_qtype", ["Q8_0", "Q4_1"])
+def test_the_lm_head_within_the_step(head_qtype: str) -> None:
+    """With a quantized LM head the step can end with every row's logits: the same numbers
+    as the head applied to the hidden states afterwards (one row, and enough rows for the
+    panel path)."""
+    model = tiny_model(head_dim=32, qwen3=True, qtype="Q4_1")
+    vocab, hidden = model.cfg.vocab_size, model.cfg.hidden_size
+    model.head_packed = quant(vocab, hidden, head_qtype, np.random.default_rng(3))
+    assert model.fuse() and model.fused is not None and model.fused.vocab == vocab
+    cache = KVCache(model.cfg, num_blocks=12, block_size=BLOCK, dtype=torch.float32, device=CPU)
+    gen = torch.Generator().manual_seed(11)
+    for q_lens, starts, tables in (([1], [0], [[3]]), ([20], [0], [[0, 1, 2, 4, 5]])):
+        meta = build_metadata(
+            q_lens, starts, tables, block_size=BLOCK, device=CPU, dtype=torch.float32,
+            decode_kernel=paged_decode(), plan=False,
+        )  # fmt: skip
+        ids = torch.randint(0, vocab, (sum(q_lens),), generator=gen)
+        logits = torch.full((sum(q_lens), vocab), float("nan"))
+        with torch.inference_mode():
+            hidden = model(ids, meta.positions, meta, cache, logits)
+            want = model.compute_logits(hidden)
+        torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="logits must be"):
+        model(ids, meta.positions, meta, cache, torch.empty(3, vocab))
+
+
 def test_fuse_needs_every_projection_quantized() -> None:
     model = tiny_model(head_dim=32, qwen3=False, qtype="Q4_1")
     layer = model.layers[1]
