@@ -28,10 +28,10 @@ import time
 from core.redis.connection import Backoff, RedisHealth, is_outage
 from core.runtime import die_with_parent
 from core.wire.events import accepted_fields, done_fields, rejected_fields, token_fields
-from core.wire.keys import HEARTBEAT_INTERVAL
 from core.wire.params import SamplingParams
 from core.wire.stats import COUNTERS, WorkerStats
 from worker.client import EngineClient, local_engine
+from worker.heartbeat import Heartbeat
 from worker.outbox import Active, Outbox, hand_back
 from worker.store import Request, WorkerStore
 from worker.telemetry import WorkerTelemetry
@@ -41,7 +41,6 @@ log = logging.getLogger("tokenrelay.worker")
 POLL_INTERVAL = 0.5  # seconds between attachment / cancel-flag checks
 CLAIM_INTERVAL = 5.0  # seconds between looks for requests of dead workers
 IDLE_BLOCK_MS = 200
-STATS_WAIT = 0.5  # seconds a heartbeat waits for the loop to refresh the stats snapshot
 STATS_MAX_AGE = 0.5  # seconds: the loop refreshes an older snapshot even unasked
 MAX_STEP_FAILURES = 3
 
@@ -339,36 +338,6 @@ class Worker:
             self.telemetry.finished(self.outbox.take_finished())
         with contextlib.suppress(Exception):
             self.wlog.unregister()
-
-
-class Heartbeat(threading.Thread):
-    """Publishes the worker's stats snapshot every second.
-
-    Each beat asks the worker's loop for a snapshot taken at the end of its current
-    iteration and waits for it at most :data:`STATS_WAIT` (a long step delays no more).
-    """
-
-    def __init__(self, worker: Worker, url: str, prefix: str) -> None:
-        super().__init__(name="heartbeat", daemon=True)
-        self.worker = worker
-        self.wlog = WorkerStore(url, worker.worker_id, prefix=prefix)
-        self.health = RedisHealth("heartbeat")
-
-    def run(self) -> None:
-        snapshot, waited = self.worker.snapshot, 0.0  # the first beat's: taken just before
-        while not self.worker.stopping.is_set():
-            try:
-                self.wlog.heartbeat(snapshot)
-                self.health.ok()
-            except Exception as exc:
-                if not is_outage(exc):
-                    log.exception("heartbeat failed")
-                self.health.failed(exc)
-            if self.worker.stopping.wait(HEARTBEAT_INTERVAL - waited):  # the same beat
-                break
-            asked = time.monotonic()
-            snapshot = self.worker.fresh_snapshot(STATS_WAIT)
-            waited = time.monotonic() - asked
 
 
 def _die_with_parent() -> None:

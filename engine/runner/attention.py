@@ -23,6 +23,11 @@ Backends:
 Everything that depends only on the batch (slot mapping, block ids to gather,
 masks) is built once per step and reused by every layer; the gather buffers
 come from a grow-only :class:`AttentionScratch` the runner keeps across steps.
+
+Long: the step's metadata (a general builder, and a faster one for decode-only
+batches that must give the same result) and the backends share the plan types
+defined here; the metadata moves to a module of its own with the attention-backend
+registry of the GPU work (issue 18).
 """
 
 from __future__ import annotations
