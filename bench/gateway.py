@@ -74,17 +74,19 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of stat
 
 
-def runq_seconds(pid: int) -> float:
-    """Time the threads of ``pid`` spent runnable but waiting for a CPU (seconds).
+def runq_seconds(pid: int) -> dict[str, float]:
+    """Per thread of ``pid``: time spent runnable but waiting for a CPU (seconds).
 
     The second field of each thread's ``schedstat``: the run-queue delay, which is
-    what CPU contention between the processes of the benchmark adds to latency.
+    what CPU contention between the processes of the benchmark adds to latency. Per
+    thread, so a window counts only threads alive at its end, from where each stood at
+    its start (a thread that exits mid-window must not take its earlier wait with it).
     """
-    total = 0
+    out: dict[str, float] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(OSError, IndexError, ValueError):
-            total += int((task / "schedstat").read_text().split()[1])
-    return total / 1e9
+            out[task.name] = int((task / "schedstat").read_text().split()[1]) / 1e9
+    return out
 
 
 def rss_mib(pid: int) -> float:
@@ -126,7 +128,13 @@ class Watch:
 
     def runq_ms_per_s(self) -> dict[str, float]:
         """Milliseconds per second of the window each process waited for a CPU."""
-        return {k: v * 1000 for k, v in self._per_second(runq_seconds, self.runq0).items()}
+        wall = time.monotonic() - self.t0
+        out = {}
+        for k, p in self.pids.items():
+            now, start = runq_seconds(p), self.runq0[k]
+            waited = sum(max(0.0, v - start.get(tid, 0.0)) for tid, v in now.items())
+            out[k] = waited / wall * 1000
+        return out
 
 
 def pct(values: list[float], p: float) -> float:
