@@ -16,7 +16,7 @@ Measurements, tables on stdout:
 * ``attention`` (not part of ``both``): the same workload at its full decode
   batch, stepped in turn with the compiled decode kernel
   (engine/kernels/csrc/paged_attention.c) and with the torch path at several bucket
-  sizes (``engine.runner.attention.CPU_DECODE_BUCKET_ROWS``; 8 is its default), median
+  sizes (``engine.attention.torch_sdpa.CPU_DECODE_BUCKET_ROWS``; 8 is its default), median
   wall and CPU time per step.
 * ``weights`` (not part of ``both``): one chat prompt per sequence, greedy,
   ``--output-len`` tokens, at decode batches of 1, 16 and 64, stepped with
@@ -196,12 +196,16 @@ TORCH_BUCKET_ROWS = (8, 16, 64)
 
 def run_attention(num_prompts: int, rounds: int = 12) -> None:
     """Decode steps at the full batch: the C kernel and torch buckets of each size, interleaved."""
-    import engine.runner.attention as attention
+    import engine.attention.torch_sdpa as attention
     from bench.engine_throughput import make_prompts
     from engine import EngineConfig, LLMEngine, SamplingParams
+    from engine.attention.cpu_kernel import CpuBackend
 
-    engine = LLMEngine(EngineConfig(model="default", device="cpu", max_num_seqs=num_prompts))
-    kernel = engine.runner.decode_kernel
+    # dense weights: GGUF blocks served as they are attend inside the fused decoder instead
+    config = EngineConfig(model="default", device="cpu", weights="fp32", max_num_seqs=num_prompts)
+    engine = LLMEngine(config)
+    backend = engine.runner.attention
+    kernel = backend.kernel if isinstance(backend, CpuBackend) else None
     if kernel is None:
         raise SystemExit("the CPU decode kernel did not build here: see the worker's log line")
     variants: list[tuple[str, int | None]] = [("C kernel", None)]
@@ -220,7 +224,7 @@ def run_attention(num_prompts: int, rounds: int = 12) -> None:
     try:
         for _ in range(rounds):
             for name, rows in variants:
-                engine.runner.decode_kernel = kernel if rows is None else None
+                backend.kernel = kernel if rows is None else None
                 attention.CPU_DECODE_BUCKET_ROWS = rows or default
                 t, c = time.perf_counter(), time.process_time()
                 engine.step()
@@ -228,7 +232,7 @@ def run_attention(num_prompts: int, rounds: int = 12) -> None:
                 cpu[name].append(time.process_time() - c)
     finally:
         attention.CPU_DECODE_BUCKET_ROWS = default
-        engine.runner.decode_kernel = kernel
+        backend.kernel = kernel
     while engine.has_unfinished():
         engine.step()
     print(f"\ndecode steps at batch {num_prompts}, {rounds} steps each, interleaved")

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.attention.registry import BACKENDS
 from engine.models.store import locate_model
 
 log = logging.getLogger("tokenrelay.engine")
@@ -54,7 +55,7 @@ class EngineConfig:
     model: str = "default"
     device: str = "auto"
     dtype: str | None = None  # None/"auto": fp32 on CPU, bf16 (or fp16) on CUDA
-    block_size: int = 16
+    block_size: int | None = None  # None: the attention backend's (16; flash-attn 256)
     kv_cache_memory: float | None = None  # GiB for the KV pool
     num_blocks: int | None = None
     max_num_seqs: int = 64
@@ -62,6 +63,8 @@ class EngineConfig:
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     weights: str = "auto"
+    attention_backend: str = "auto"  # engine/attention/registry.py
+    enforce_eager: bool = False  # no CUDA graphs for decode steps
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str | Path) or not str(self.model).strip():
@@ -77,9 +80,17 @@ class EngineConfig:
                     f"dtype must be one of {sorted(set(DTYPES))} or None, got {self.dtype!r}"
                 )
             self.dtype = DTYPES[self.dtype.lower()]
-        _check_int("block_size", self.block_size, 1)
-        if self.block_size & (self.block_size - 1):
-            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.block_size is not None:
+            _check_int("block_size", self.block_size, 1)
+            if self.block_size & (self.block_size - 1):
+                raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.attention_backend not in BACKENDS:
+            raise ValueError(
+                f"attention_backend must be one of {', '.join(BACKENDS)}, "
+                f"got {self.attention_backend!r}"
+            )
+        if not isinstance(self.enforce_eager, bool):
+            raise ValueError(f"enforce_eager must be a boolean, got {self.enforce_eager!r}")
         if self.kv_cache_memory is not None:
             bad = isinstance(self.kv_cache_memory, bool) or not isinstance(
                 self.kv_cache_memory, int | float
@@ -113,16 +124,18 @@ class EngineConfig:
         if self.weights == "native" and gguf is None:
             raise ValueError(f"model: weights=native needs a .gguf model, got {self.model!r}")
 
-    def weights_for(self, device_type: str) -> str:
+    def weights_for(self, device_type: str, backend: str = "cpu") -> str:
         """What ``auto`` means on ``device_type`` for this model: ``native`` or ``dense``.
 
-        Native for a GGUF file on the CPU computing in fp32, unless the file holds a
-        tensor type the quantized kernels do not multiply (then dense, logged).
+        Native for a GGUF file on the CPU computing in fp32 with the ``cpu`` attention
+        backend (the resolved one), unless the file holds a tensor type the quantized
+        kernels do not multiply (then dense, logged).
         """
         if self.weights != "auto":
             return self.weights
         _, gguf, _ = locate_model(self.model)
-        if gguf is None or device_type != "cpu" or self.dtype not in (None, "float32"):
+        dense_dtype = self.dtype not in (None, "float32")
+        if gguf is None or device_type != "cpu" or dense_dtype or backend != "cpu":
             return "dense"
         from engine.models.gguf_weights import native_unsupported
 

@@ -50,17 +50,21 @@ class LLMEngine:
     """Continuous batching over a paged KV cache, one step at a time."""
 
     def __init__(self, config: EngineConfig) -> None:
-        import torch
 
+        from engine.attention.registry import choose
         from engine.models.store import resolve_gguf, resolve_model
-        from engine.runner.model_runner import ModelRunner, resolve_device
+        from engine.runner.model_runner import ModelRunner, resolve_device, resolve_dtype
         from engine.text.detokenizer import IncrementalDetokenizer
         from engine.text.tokenizer import load_tokenizer
 
         self.config = config
         gguf = None
+        device = resolve_device(config.device)
+        dtype = resolve_dtype(config.dtype, device)
+        # checked before anything loads: a backend that cannot run here fails fast
+        backend = choose(config.attention_backend, device.type, str(dtype).split(".")[-1])
         # native: the GGUF's blocks as they are, only its config and tokenizer prepared
-        if config.weights_for(resolve_device(config.device).type) == "native":
+        if config.weights_for(device.type, backend) == "native":
             self.model_path, gguf = resolve_gguf(config.model)
         else:
             self.model_path = resolve_model(config.model)  # converts a GGUF file once
@@ -69,18 +73,22 @@ class LLMEngine:
         self.runner = ModelRunner(
             self.model_path,
             gguf=gguf,
-            device=config.device,
-            dtype=getattr(torch, config.dtype) if config.dtype else None,
+            device=device,
+            dtype=dtype,
             block_size=config.block_size,
             kv_cache_memory_gib=config.kv_cache_memory,
             num_blocks=config.num_blocks,
+            attention_backend=backend,
+            enforce_eager=config.enforce_eager,
+            max_num_seqs=config.max_num_seqs,
         )
         model_len = self.runner.max_model_len
         if config.max_model_len is not None and config.max_model_len > model_len:
             raise ValueError(
                 f"max_model_len: {config.max_model_len} exceeds the model's context {model_len}"
             )
-        pool_len = self.runner.num_blocks * config.block_size
+        self.block_size = self.runner.block_size
+        pool_len = self.runner.num_blocks * self.block_size
         # Capped at the pool so the oldest sequence alone always fits (no preemption deadlock).
         self.max_model_len = min(config.max_model_len or model_len, pool_len)
         if self.max_model_len < 2:
@@ -90,7 +98,7 @@ class LLMEngine:
         if self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(int(self.tokenizer.eos_token_id))
         self.block_manager = BlockManager(
-            self.runner.num_blocks, config.block_size, config.enable_prefix_caching
+            self.runner.num_blocks, self.block_size, config.enable_prefix_caching
         )
         self.max_num_batched_tokens = config.default_batched_tokens(self.runner.device.type)
         self.scheduler = Scheduler(

@@ -11,7 +11,7 @@ of them CPU fp32 tensors or :class:`~engine.kernels.quant.QuantWeight`, kept ref
 here so their memory outlives every call) and to the KV pool, then
 :meth:`FusedDecoder.forward` runs a step. The C side checks nothing: every shape and
 index is checked here, in the model runner (ids, block ids, lengths) and in
-:func:`engine.runner.attention.build_metadata`.
+:func:`engine.attention.metadata.build_metadata`.
 """
 
 from __future__ import annotations

@@ -14,12 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.attention.metadata import AttentionMetadata, paged_attention
 from engine.kernels import cpu_linear
 from engine.kernels.decoder import FusedDecoder, LayerWeights, Shape, decoder_library
 from engine.kernels.quant import QuantWeight
 from engine.models.config import ModelConfig
 from engine.models.rope import RotaryEmbedding
-from engine.runner.attention import AttentionMetadata, paged_attention
 from engine.runner.kv_cache import KVCache
 
 

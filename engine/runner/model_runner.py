@@ -4,7 +4,8 @@ The scheduler hands :meth:`ModelRunner.execute` a list of :class:`BatchItem`;
 the runner flattens them into one varlen batch (token ids, positions, slot
 mapping, block tables, cu_seqlens), runs the decoder once, computes logits only
 for the last token of items that sample, and returns one token (or ``None``)
-per item.
+per item. Decode steps on a CUDA device with a graph-safe attention backend
+replay CUDA graphs (:mod:`engine.runner.graphs`) unless ``enforce_eager``.
 """
 
 from __future__ import annotations
@@ -19,16 +20,13 @@ import numpy as np
 import torch
 
 from core.runtime import env_switch
+from engine.attention import registry
+from engine.attention.metadata import AttentionMetadata, build_metadata
 from engine.kernels import cpu_attention, decoder, quant
 from engine.kernels.build import prebuild
 from engine.models.config import ModelConfig
 from engine.models.weights import default_dtype, load_model
-from engine.runner.attention import (
-    FLASH_BLOCK_MULTIPLE,
-    AttentionScratch,
-    build_metadata,
-    flash_attn_available,
-)
+from engine.runner.graphs import DecodeGraphs, DecodeRows, graph_buckets
 from engine.runner.kv_cache import KVCache, plan_num_blocks
 from engine.runner.sampler import Sampler
 from engine.scheduling.batch import BatchItem
@@ -95,14 +93,19 @@ class ModelRunner:
         *,
         device: str | torch.device = "auto",
         dtype: torch.dtype | str | None = None,
-        block_size: int = 16,
+        block_size: int | None = None,
         kv_cache_memory_gib: float | None = None,
         num_blocks: int | None = None,
         num_threads: int | None = None,
         seed: int | None = None,
         gguf: Path | None = None,
+        attention_backend: str = "auto",
+        enforce_eager: bool = False,
+        max_num_seqs: int = 64,
     ) -> None:
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+        if block_size is not None and (
+            isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0
+        ):
             raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
         if num_blocks is not None and (
             isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks <= 0
@@ -113,10 +116,15 @@ class ModelRunner:
         self.path = _resolve_path(model_path)
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
-        self.block_size = block_size
+        dtype_name = str(self.dtype).replace("torch.", "")
+        self.attention_backend = registry.choose(attention_backend, self.device.type, dtype_name)
+        self.block_size = block_size = registry.block_size_for(self.attention_backend, block_size)
+        fuse = gguf is not None and self.attention_backend == "cpu"
         if self.device.type == "cpu":
             configure_threads(num_threads)
-            prebuild(_cpu_kernels(gguf is not None, self.dtype))  # beside the weights' load
+            prebuild(
+                _cpu_kernels(gguf is not None, self.attention_backend)
+            )  # beside the weights' load
         started = time.perf_counter()
         self.model_config = ModelConfig.from_pretrained(self.path)
         if gguf is not None:  # quantized weights as they are (engine/models/gguf_weights.py)
@@ -125,7 +133,8 @@ class ModelRunner:
             from engine.models.gguf_weights import load_gguf_model
 
             self.model = load_gguf_model(gguf, self.model_config)
-            self.model.fuse()  # every layer in one C call (engine/kernels/decoder.py)
+            if fuse:  # every layer in one C call (engine/kernels/decoder.py)
+                self.model.fuse()
         else:
             self.model = load_model(self.path, self.model_config, self.device, self.dtype)
         self.weights = "native" if gguf is not None else str(self.dtype).replace("torch.", "")
@@ -140,21 +149,17 @@ class ModelRunner:
             kv_cache_memory_gib=kv_cache_memory_gib,
             num_blocks=num_blocks,
         )
+        # one spare block past the pool, owned by no sequence: the pad rows of graph buckets
+        self.pad_block = self.num_blocks
         self.kv_cache = KVCache(
-            self.model_config, self.num_blocks, block_size, self.dtype, self.device
+            self.model_config, self.num_blocks + 1, block_size, self.dtype, self.device
         )
-        self.use_flash = (
-            self.device.type == "cuda"
-            and flash_attn_available()
-            and block_size % FLASH_BLOCK_MULTIPLE == 0
-        )
+        self.attention = registry.create(self.attention_backend, self.device, self.dtype)
         self.sampler = Sampler(seed)
-        self.scratch = AttentionScratch()  # decode gather buffers, kept across steps
-        self.decode_kernel = (
-            cpu_attention.paged_decode()
-            if self.device.type == "cpu" and self.dtype == torch.float32
-            else None
-        )
+        self.graphs: DecodeGraphs | None = None
+        if self.device.type == "cuda" and self.attention.graph_safe and not enforce_eager:
+            self.graphs = self.decode_graphs(graph_buckets(max_num_seqs), capture=True)
+        self.graph_buckets = self.graphs.buckets if self.graphs is not None else ()
         log.info(
             "model runner ready",
             extra={
@@ -164,29 +169,57 @@ class ModelRunner:
                 "weights": self.weights,
                 "load_s": round(self.load_seconds, 3),
                 "num_blocks": self.num_blocks,
-                "attention": "flash-attn"
-                if self.use_flash
-                else ("cpu-kernel" if self.decode_kernel is not None else "torch"),
+                "attention": self.attention_backend,
+                "block_size": block_size,
+                "cuda_graphs": list(self.graph_buckets),
                 "threads": torch.get_num_threads(),
                 "decoder": "fused" if self.model.fused is not None else "op-by-op",
             },
         )
+
+    def decode_graphs(self, buckets: tuple[int, ...], *, capture: bool) -> DecodeGraphs:
+        """Graphs (or, ``capture=False``, their padded static buffers) for decode steps."""
+        return DecodeGraphs(
+            self._graph_step,
+            buckets=buckets,
+            max_blocks=-(-self.max_model_len // self.block_size),
+            block_size=self.block_size,
+            pad_block=self.pad_block,
+            device=self.device,
+            backend=self.attention,
+            capture=capture,
+        )
+
+    def _graph_step(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """One decode step on static inputs: fp32 logits ``[b, vocab]`` of every row."""
+        with torch.inference_mode():
+            hidden = self.model(input_ids, meta.positions, meta, self.kv_cache)
+            return self.model.compute_logits(hidden)
 
     def execute(self, items: list[BatchItem]) -> list[int | None]:
         """Run one step; returns the sampled token per item (``None`` where ``sample`` is False)."""
         if not items:
             return []
         self._validate(items)
+        graphs = self.graphs
+        if (
+            graphs is not None
+            and all(it.sample and len(it.token_ids) == 1 for it in items)
+            and graphs.fits(len(items), max(len(it.block_table) for it in items))
+        ):
+            decode = DecodeRows(
+                [it.token_ids[0] for it in items],
+                [it.start_pos for it in items],
+                [it.block_table for it in items],
+            )
+            return self._sample(items, list(range(len(items))), graphs.run(decode))
         meta = build_metadata(
             [len(it.token_ids) for it in items],
             [it.start_pos for it in items],
             [it.block_table for it in items],
             block_size=self.block_size,
             device=self.device,
-            dtype=self.dtype,
-            use_flash=self.use_flash,
-            scratch=self.scratch,
-            decode_kernel=self.decode_kernel,
+            backend=self.attention,
             plan=self.model.fused is None,
         )
         flat_ids = list(chain.from_iterable(it.token_ids for it in items))
@@ -211,6 +244,13 @@ class ModelRunner:
                     rows = last if len(sampling) == len(items) else last[sampling]
                     last_hidden = hidden.index_select(0, rows)
                 logits = self.model.compute_logits(last_hidden)  # [N, V] fp32
+        return self._sample(items, sampling, logits)
+
+    def _sample(
+        self, items: list[BatchItem], sampling: list[int], logits: torch.Tensor
+    ) -> list[int | None]:
+        """One token per row of ``logits`` (fp32 ``[N, V]``) for ``items[sampling[i]]``."""
+        with torch.inference_mode():
             tokens = self.sampler(
                 logits,
                 [items[i].params for i in sampling],
@@ -247,12 +287,12 @@ class ModelRunner:
                 )
 
 
-def _cpu_kernels(native: bool, dtype: torch.dtype) -> list[Path]:
+def _cpu_kernels(native: bool, backend: str) -> list[Path]:
     """The C kernels (engine/kernels/csrc) a CPU runner will load, for ``prebuild``."""
-    sources = [cpu_attention.SOURCE] if dtype == torch.float32 else []
+    sources = [cpu_attention.SOURCE] if backend == "cpu" else []
     if native:
         sources.append(quant.SOURCE)
-        if env_switch(decoder.FUSED_SWITCH):
+        if backend == "cpu" and env_switch(decoder.FUSED_SWITCH):
             sources.append(decoder.SOURCE)
     return sources
 

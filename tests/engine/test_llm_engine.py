@@ -127,7 +127,7 @@ def test_prefix_cache_computes_only_the_new_tokens(llm_engine: LLMEngine) -> Non
     after = llm_engine.stats()
     hit = after["prefix_cache_hit_tokens"] - mid["prefix_cache_hit_tokens"]
     computed = after["prompt_tokens_computed"] - mid["prompt_tokens_computed"]
-    block = llm_engine.config.block_size
+    block = llm_engine.block_size
     assert hit == (500 // block) * block  # every full block of the shared prefix
     assert computed == len(second) - hit  # only the tail: 500 % 16 + 5 tokens
     assert computed < 2 * block

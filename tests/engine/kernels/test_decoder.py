@@ -15,13 +15,14 @@ import numpy as np
 import pytest
 import torch
 
+from engine.attention.cpu_kernel import CpuBackend
+from engine.attention.metadata import build_metadata
 from engine.kernels import decoder
 from engine.kernels.build import ENV_SWITCH
 from engine.kernels.cpu_attention import paged_decode
 from engine.kernels.quant import QuantWeight
 from engine.models.config import ModelConfig, RopeConfig
 from engine.models.llama import CausalLM, DecoderLayer
-from engine.runner.attention import build_metadata
 from engine.runner.kv_cache import KVCache
 from tests.engine.kernels.test_quant import random_blocks
 
@@ -88,8 +89,8 @@ def run_steps(model: CausalLM, fused: bool, steps: list[list[tuple[int, int, lis
             q_lens = [n for n, _, _ in items]
             meta = build_metadata(
                 q_lens, [s for _, s, _ in items], [bt for _, _, bt in items],
-                block_size=BLOCK, device=CPU, dtype=torch.float32,
-                decode_kernel=paged_decode(), plan=not fused,
+                block_size=BLOCK, device=CPU,
+                backend=CpuBackend(CPU, torch.float32, paged_decode()), plan=not fused,
             )  # fmt: skip
             ids = torch.randint(0, cfg.vocab_size, (sum(q_lens),), generator=gen)
             with torch.inference_mode():
@@ -156,8 +157,8 @@ def test_the_lm_head_within_the_step(head_qtype: str) -> None:
     gen = torch.Generator().manual_seed(11)
     for q_lens, starts, tables in (([1], [0], [[3]]), ([20], [0], [[0, 1, 2, 4, 5]])):
         meta = build_metadata(
-            q_lens, starts, tables, block_size=BLOCK, device=CPU, dtype=torch.float32,
-            decode_kernel=paged_decode(), plan=False,
+            q_lens, starts, tables, block_size=BLOCK, device=CPU,
+            backend=CpuBackend(CPU, torch.float32, paged_decode()), plan=False,
         )  # fmt: skip
         ids = torch.randint(0, vocab, (sum(q_lens),), generator=gen)
         logits = torch.full((sum(q_lens), vocab), float("nan"))

@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 import torch
 
+from engine.attention.metadata import build_metadata
+from engine.attention.torch_sdpa import TorchBackend
 from engine.models.config import ModelConfig
 from engine.models.llama import CausalLM
 from engine.models.weights import load_model
-from engine.runner.attention import build_metadata
 from engine.runner.kv_cache import KVCache
 
 PROMPTS = [
@@ -37,7 +38,7 @@ def run_chunks(
                 [block_table],
                 block_size=cache.block_size,
                 device=torch.device("cpu"),
-                dtype=torch.float32,
+                backend=TorchBackend(torch.device("cpu"), torch.float32),
             )
             hidden = model(torch.tensor(ids[pos : pos + n]), meta.positions, meta, cache)
             out.append(model.compute_logits(hidden))
@@ -247,8 +248,9 @@ def test_cuda_bf16_logits_close_to_transformers(model_path: Path) -> None:
     with torch.inference_mode():
         for n in (60, 20, 1, 1, 18):
             meta = build_metadata(
-                [n], [pos], [table], block_size=16, device=device, dtype=torch.bfloat16
-            )
+                [n], [pos], [table], block_size=16, device=device,
+                backend=TorchBackend(device, torch.bfloat16),
+            )  # fmt: skip
             hidden = model(
                 torch.tensor(ids[pos : pos + n], device=device), meta.positions, meta, cache
             )

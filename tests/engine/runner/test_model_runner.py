@@ -144,7 +144,9 @@ def test_pool_sized_from_memory_budget(model_path: Path) -> None:
     per_block = block_bytes(runner.model_config, 32, torch.float32)
     assert runner.num_blocks == int(0.05 * 1024**3 // per_block)
     k = runner.kv_cache.k[0]
-    assert tuple(k.shape) == (runner.num_blocks, 32, 3, 64)
+    # one spare block past the sequences' pool: the pad rows of CUDA-graph buckets
+    assert tuple(k.shape) == (runner.num_blocks + 1, 32, 3, 64)
+    assert runner.pad_block == runner.num_blocks
 
 
 def test_bad_constructor_arguments(model_path: Path, tmp_path: Path) -> None:

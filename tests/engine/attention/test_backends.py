@@ -1,36 +1,45 @@
-"""Paged attention (torch path, and flash-attn on GPU) against a dense reference."""
+"""Every attention backend over the paged KV pool against a dense float64 reference."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import os
 import random
 from typing import Any
 
 import pytest
 import torch
 
-from engine.kernels.cpu_attention import PagedDecode, paged_decode
-from engine.runner.attention import (
+from engine.attention import registry
+from engine.attention.backend import AttentionBackend
+from engine.attention.cpu_kernel import CpuBackend
+from engine.attention.metadata import (
     _build_decode,
     _build_general,
     build_metadata,
-    flash_attn_available,
     paged_attention,
     store_kv,
 )
+from engine.attention.torch_sdpa import TorchBackend
+
+if not torch.cuda.is_available():  # the Triton kernels run under Triton's CPU interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 BLOCK = 4
+CPU = torch.device("cpu")
+TORCH = TorchBackend(CPU, torch.float32)
 
 
-@pytest.fixture(params=["torch", "cpu-kernel"])
-def decode_kernel(request: pytest.FixtureRequest) -> PagedDecode | None:
-    """Each CPU case runs twice: torch's decode buckets, and the compiled kernel."""
-    if request.param == "torch":
-        return None
-    kernel = paged_decode()
-    if kernel is None:
+@pytest.fixture(params=["torch", "cpu", "triton"])
+def backend(request: pytest.FixtureRequest) -> AttentionBackend:
+    """Each CPU case runs through every backend that runs on a CPU."""
+    name = request.param
+    if name == "cpu" and getattr(registry.create("cpu", CPU, torch.float32), "kernel", 0) is None:
         pytest.skip("the CPU kernel did not build here (no C compiler?)")
-    return kernel
+    if name == "triton" and importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    return registry.create(name, CPU, torch.float32)
 
 
 def dense_reference(
@@ -57,8 +66,7 @@ def run_case(
     device: str = "cpu",
     dtype: torch.dtype = torch.float32,
     block_size: int = BLOCK,
-    use_flash: bool = False,
-    decode_kernel: PagedDecode | None = None,
+    backend: AttentionBackend = TORCH,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``seqs`` = [(cached prefix length, new tokens)]; returns (paged output, reference)."""
     gen = torch.Generator().manual_seed(seed)
@@ -90,7 +98,7 @@ def run_case(
             [tables[i] for i in with_prefix],
             block_size=block_size,
             device=torch.device(device),
-            dtype=dtype,
+            backend=backend,
         )
         k_pre = torch.cat([hist[i][0][: seqs[i][0]] for i in with_prefix]).to(device, dtype)
         v_pre = torch.cat([hist[i][1][: seqs[i][0]] for i in with_prefix]).to(device, dtype)
@@ -101,9 +109,7 @@ def run_case(
         tables,
         block_size=block_size,
         device=torch.device(device),
-        dtype=dtype,
-        use_flash=use_flash,
-        decode_kernel=decode_kernel,
+        backend=backend,
     )
     qs = [torch.randn(n, heads, head_dim, generator=gen) for _, n in seqs]
     q = torch.cat(qs).to(device, dtype)
@@ -134,18 +140,18 @@ def run_case(
     ],
 )
 @pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (6, 2), (9, 3), (8, 1)])
-def test_torch_paged_attention_matches_dense(
-    seqs: list[tuple[int, int]], heads: int, kv_heads: int, decode_kernel: PagedDecode | None
+def test_paged_attention_matches_dense(
+    seqs: list[tuple[int, int]], heads: int, kv_heads: int, backend: AttentionBackend
 ) -> None:
     out, ref = run_case(
-        seqs, heads, kv_heads, head_dim=16, seed=len(seqs) * 31 + heads, decode_kernel=decode_kernel
+        seqs, heads, kv_heads, head_dim=16, seed=len(seqs) * 31 + heads, backend=backend
     )
     assert out.shape == ref.shape
     assert (out - ref).abs().max().item() < 1e-5
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_torch_paged_attention_random_shapes(seed: int, decode_kernel: PagedDecode | None) -> None:
+def test_paged_attention_random_shapes(seed: int, backend: AttentionBackend) -> None:
     rnd = random.Random(seed)
     kv_heads = rnd.choice([1, 2, 3])
     heads = kv_heads * rnd.choice([1, 2, 3, 4])
@@ -157,10 +163,10 @@ def test_torch_paged_attention_random_shapes(seed: int, decode_kernel: PagedDeco
         seqs,
         heads,
         kv_heads,
-        head_dim=rnd.choice([8, 20, 32, 64, 128]),
+        head_dim=rnd.choice([8, 20, 32, 64, 128] if backend.name != "triton" else [16, 32, 64]),
         seed=seed,
         block_size=rnd.choice([BLOCK, 16]),
-        decode_kernel=decode_kernel,
+        backend=backend,
     )
     assert (out - ref).abs().max().item() < 1e-5
 
@@ -178,7 +184,7 @@ def _same(a: Any, b: Any) -> bool:
         return type(a) is type(b) and all(
             _same(getattr(a, f.name), getattr(b, f.name))
             for f in dataclasses.fields(a)
-            if f.name not in ("scratch", "decode_kernel")
+            if f.name != "backend"
         )
     if isinstance(a, list):
         return isinstance(b, list) and len(a) == len(b) and all(map(_same, a, b))
@@ -188,7 +194,7 @@ def _same(a: Any, b: Any) -> bool:
 @pytest.mark.parametrize("plan", [False, True])
 @pytest.mark.parametrize("seed", range(8))
 def test_decode_batches_build_what_the_general_path_builds(
-    seed: int, plan: bool, decode_kernel: PagedDecode | None
+    seed: int, plan: bool, backend: AttentionBackend
 ) -> None:
     """All-decode batches take a shortcut past numpy; its metadata is the same."""
     rnd = random.Random(seed)
@@ -198,28 +204,23 @@ def test_decode_batches_build_what_the_general_path_builds(
         rnd.sample(range(200), -(-(s + 1) // block_size) + rnd.choice([0, 0, 2])) for s in starts
     ]
     args = ([1] * len(starts), starts, tables)
-    kw: dict[str, Any] = dict(
-        block_size=block_size,
-        device=torch.device("cpu"),
-        dtype=torch.float32,
-        use_flash=False,
-        scratch=None,
-        decode_kernel=decode_kernel,
-        plan=plan,
-    )
-    fast = build_metadata(*args, **kw)
-    assert _same(fast, _build_decode(starts, tables, **kw))
-    assert _same(fast, _build_general(*args, **kw))
+    kw: dict[str, Any] = dict(block_size=block_size, device=CPU, backend=backend)
+    fast = build_metadata(*args, **kw, plan=plan)
+    decode, host_d = _build_decode(starts, tables, block_size, CPU, backend)
+    general, host_g = _build_general(*args, block_size, CPU, backend)
+    if plan and backend.needs_plan:
+        backend.plan(decode, host_d())
+        backend.plan(general, host_g())
+    assert _same(fast, decode)
+    assert _same(fast, general)
     tables[-1] = tables[-1][: starts[-1] // block_size]  # one block short
     with pytest.raises(ValueError, match=r"block_table: .* cannot hold"):
-        build_metadata(*args, **kw)
+        build_metadata(*args, **kw, plan=plan)
 
 
 def test_block_table_too_short_is_rejected() -> None:
     with pytest.raises(ValueError, match="block_table"):
-        build_metadata(
-            [5], [8], [[0, 1, 2]], block_size=4, device=torch.device("cpu"), dtype=torch.float32
-        )
+        build_metadata([5], [8], [[0, 1, 2]], block_size=4, device=CPU, backend=TORCH)
 
 
 def test_slot_mapping_follows_block_table() -> None:
@@ -228,8 +229,8 @@ def test_slot_mapping_follows_block_table() -> None:
         [2, 5],
         [[7, 2], [4, 9]],
         block_size=4,
-        device=torch.device("cpu"),
-        dtype=torch.float32,
+        device=CPU,
+        backend=TORCH,
     )
     # seq 0: positions 2, 3 (block 7), 4 (block 2); seq 1: position 5 (block 9, offset 1)
     assert meta.slot_mapping.tolist() == [7 * 4 + 2, 7 * 4 + 3, 2 * 4 + 0, 9 * 4 + 1]
@@ -239,11 +240,22 @@ def test_slot_mapping_follows_block_table() -> None:
     assert not meta.all_decode
 
 
+def test_the_cpu_backend_without_its_kernel_is_the_torch_path() -> None:
+    """No compiler (or TOKENRELAY_CPU_KERNELS=0): the cpu backend still attends, via SDPA."""
+    seqs = [(12, 1), (0, 5), (9, 1)]
+    out, ref = run_case(seqs, 4, 2, 16, seed=5, backend=CpuBackend(CPU, torch.float32, None))
+    assert (out - ref).abs().max().item() < 1e-5
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("use_flash", [False, True])
-def test_cuda_paged_attention_matches_dense(use_flash: bool) -> None:
-    if use_flash and not flash_attn_available():
-        pytest.skip("flash_attn is not installed")
+@pytest.mark.parametrize("name", ["torch", "triton", "flash-attn"])
+def test_cuda_paged_attention_matches_dense(name: str) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    try:
+        name = registry.choose(name, "cuda", "bfloat16")
+    except ValueError as exc:
+        pytest.skip(str(exc))
     seqs = [(300, 1), (0, 40), (270, 20), (700, 1)]
     out, ref = run_case(
         seqs,
@@ -253,7 +265,7 @@ def test_cuda_paged_attention_matches_dense(use_flash: bool) -> None:
         seed=0,
         device="cuda",
         dtype=torch.bfloat16,
-        block_size=256 if use_flash else 16,
-        use_flash=use_flash,
+        block_size=registry.block_size_for(name, None),
+        backend=registry.create(name, torch.device("cuda"), torch.bfloat16),
     )
     assert (out - ref).abs().max().item() < 3e-2

@@ -1,0 +1,121 @@
+"""Which attention backend a runner uses: names, availability, block sizes.
+
+=============  ==========================================  ============================
+name           where                                       block size
+=============  ==========================================  ============================
+``cpu``        CPU, float32: the compiled C decode kernel  any (default 16)
+``torch``      anywhere: SDPA over gathered blocks         any (default 16)
+``triton``     CUDA (or CPU tensors with                   any power of two (default 16)
+               ``TRITON_INTERPRET=1``): our Triton kernels
+``flash-attn`` CUDA, fp16/bf16, ``flash_attn`` installed   a multiple of 256 (default 256)
+=============  ==========================================  ============================
+
+``auto`` picks flash-attn where it is installed, else triton on CUDA, else cpu
+(torch on a CPU computing in half precision). A backend that cannot run where it
+was asked for is a ``ValueError`` naming what is missing, before any weight loads.
+The names and checks are torch-free; :func:`create` imports the backend itself.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from engine.attention.backend import AttentionBackend
+
+BACKENDS = ("auto", "cpu", "torch", "triton", "flash-attn")
+DEFAULT_BLOCK_SIZE = 16
+FLASH_BLOCK_MULTIPLE = 256  # flash-attn 2's paged-KV block sizes are multiples of this
+GRAPH_SAFE = ("triton", "flash-attn")  # backends a CUDA graph can replay
+
+
+def _installed(package: str) -> bool:
+    return importlib.util.find_spec(package) is not None
+
+
+def triton_interpreted() -> bool:
+    """Whether Triton kernels run under its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def choose(name: str, device_type: str, dtype: str) -> str:
+    """The backend ``name`` means on ``device_type`` (``cpu``/``cuda``) computing in ``dtype``.
+
+    ``dtype`` is ``float32``, ``bfloat16`` or ``float16``. Resolves ``auto``; raises
+    ``ValueError`` for an unknown name or a backend that cannot run there.
+    """
+    if name not in BACKENDS:
+        raise ValueError(f"attention_backend must be one of {', '.join(BACKENDS)}, got {name!r}")
+    cuda = device_type == "cuda"
+    if name == "auto":
+        if cuda:
+            if _installed("flash_attn") and dtype != "float32":
+                return "flash-attn"
+            return "triton" if _installed("triton") else "torch"
+        return "cpu" if dtype == "float32" else "torch"
+    if name == "cpu" and (cuda or dtype != "float32"):
+        raise ValueError(
+            f"attention_backend=cpu runs on the CPU in float32, not on {device_type} in {dtype}"
+        )
+    if name == "triton":
+        if not _installed("triton"):
+            raise ValueError("attention_backend=triton: the triton package is not installed")
+        if not cuda and not triton_interpreted():
+            raise ValueError(
+                "attention_backend=triton needs a CUDA device (or TRITON_INTERPRET=1 to run "
+                "the kernels on the CPU, slowly, as the tests do)"
+            )
+    if name == "flash-attn":
+        if not cuda:
+            raise ValueError("attention_backend=flash-attn needs a CUDA device")
+        if not _installed("flash_attn"):
+            raise ValueError(
+                "attention_backend=flash-attn: the flash_attn package is not installed "
+                "(pip install flash-attn --no-build-isolation, or use triton)"
+            )
+        if dtype == "float32":
+            raise ValueError("attention_backend=flash-attn computes in bfloat16 or float16")
+    return name
+
+
+def block_size_for(backend: str, requested: int | None) -> int:
+    """The KV block size for a resolved ``backend``: ``requested``, else its default.
+
+    flash-attn needs a multiple of ``FLASH_BLOCK_MULTIPLE`` (its default); a requested
+    size it cannot use is a ``ValueError``.
+    """
+    if backend == "flash-attn":
+        if requested is None:
+            return FLASH_BLOCK_MULTIPLE
+        if requested % FLASH_BLOCK_MULTIPLE:
+            raise ValueError(
+                f"block_size: flash-attn needs a multiple of {FLASH_BLOCK_MULTIPLE}, "
+                f"got {requested}"
+            )
+    return DEFAULT_BLOCK_SIZE if requested is None else requested
+
+
+def create(backend: str, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
+    """A new instance of the resolved ``backend`` for a runner on ``device`` in ``dtype``."""
+    if backend == "cpu":
+        from engine.attention.cpu_kernel import CpuBackend
+        from engine.kernels.cpu_attention import paged_decode
+
+        return CpuBackend(device, dtype, paged_decode())
+    if backend == "torch":
+        from engine.attention.torch_sdpa import TorchBackend
+
+        return TorchBackend(device, dtype)
+    if backend == "triton":
+        from engine.attention.triton_paged import TritonBackend
+
+        return TritonBackend(device, dtype)
+    if backend == "flash-attn":
+        from engine.attention.flash import FlashBackend
+
+        return FlashBackend(device, dtype)
+    raise ValueError(f"attention_backend: {backend!r} is not a resolved backend name")

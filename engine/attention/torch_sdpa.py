@@ -1,0 +1,224 @@
+"""The ``torch`` backend: PyTorch's ``scaled_dot_product_attention`` over gathered blocks.
+
+The reference path, and the one every device can run. Decode rows (one query
+token) are sorted by context length into buckets; each bucket is one SDPA call
+over its sequences' blocks gathered into a padded ``[B, Hkv, L, D]`` view
+(bucketing keeps the padding small when lengths are ragged). On a CPU a bucket
+holds at most ``CPU_DECODE_BUCKET_ROWS`` rows, so its gathered K/V (a few MB) is
+still in cache when SDPA reads it; on a GPU there are at most
+``DECODE_MAX_BUCKETS``. Query heads that share a KV head are folded into the
+query axis (``[B, Hkv, G, D]``), so GQA never copies K/V per query head.
+Prefill chunks (``q_len > 1``) run one call each: ``is_causal`` without a cached
+prefix, else a causal mask offset by the prefix length.
+
+The plans are built on the host once per step (:meth:`TorchBackend.plan`); the
+gather buffers come from a grow-only :class:`AttentionScratch` kept across steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from engine.attention.backend import AttentionBackend, HostBatch
+from engine.attention.metadata import AttentionMetadata
+
+DECODE_BUCKET_MIN = 8  # at least this many rows per decode bucket
+DECODE_MAX_BUCKETS = 4
+# CPU: rows per decode bucket. 8 rows x ~500 tokens of K and V is ~5 MB, which stays in
+# cache between the gather and SDPA; one bucket of 64 rows goes out to memory and back
+# (bench/engine_profile.py buckets; docs/benchmarks.md).
+CPU_DECODE_BUCKET_ROWS = 8
+
+
+class AttentionScratch:
+    """A grow-only flat buffer for the decode gathers, reused across layers and steps."""
+
+    def __init__(self) -> None:
+        self._buf: torch.Tensor | None = None
+
+    def take(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A flat tensor of ``numel`` elements (contents undefined)."""
+        buf = self._buf
+        if buf is None or buf.numel() < numel or buf.dtype != dtype or buf.device != device:
+            size = max(numel, int(buf.numel() * 1.25) if buf is not None else 0)
+            buf = self._buf = torch.empty(size, dtype=dtype, device=device)
+        return buf[:numel]
+
+
+@dataclass
+class DecodePlan:
+    """One bucket of rows with a single query token."""
+
+    token_idx: torch.Tensor  # [Bd] int64 rows of the flat batch
+    blocks: torch.Tensor  # [Bd * nb] int64 block ids to gather (padded with block 0)
+    num_seqs: int
+    blocks_per_seq: int  # nb
+    mask: torch.Tensor  # [Bd, 1, 1, nb * block_size] additive (0 / -inf)
+    identity: bool = False  # token_idx == arange(T): the whole batch, in order
+
+
+@dataclass
+class PrefillPlan:
+    """One sequence computing a chunk of ``q_len > 1`` tokens."""
+
+    start: int  # rows [start, end) of the flat batch
+    end: int
+    start_pos: int  # tokens already cached before this chunk
+    blocks: torch.Tensor | None  # [nb] int64 blocks holding the context; None: no prefix
+    mask: torch.Tensor | None  # [q_len, ctx] additive causal mask offset by start_pos
+
+
+@dataclass
+class TorchPlan:
+    """The torch backend's plan of one step."""
+
+    decode: list[DecodePlan] = field(default_factory=list)
+    prefills: list[PrefillPlan] = field(default_factory=list)
+    kernel_batch: object | None = None  # the CPU kernel's decode rows (cpu backend)
+
+
+class TorchBackend(AttentionBackend):
+    """SDPA over gathered blocks, planned on the host once per step."""
+
+    name = "torch"
+    needs_plan = True
+
+    def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
+        self.device = device
+        self.dtype = dtype
+        self.scratch = AttentionScratch()
+
+    def plan(self, meta: AttentionMetadata, host: HostBatch) -> None:
+        plan = TorchPlan()
+        meta.plan = plan
+        self._plan_decode(meta, plan, host)
+        self._plan_prefill(meta, plan, host)
+
+    def _plan_decode(self, meta: AttentionMetadata, plan: TorchPlan, host: HostBatch) -> None:
+        """Bucket single-token rows by context length (sorted, equal-sized buckets)."""
+        rows = np.nonzero(host.q_lens == 1)[0]
+        if not len(rows):
+            return
+        ctx, cu_q, device = host.ctx, host.cu_q, self.device
+        rows = rows[np.argsort(ctx[rows], kind="stable")]
+        if device.type == "cpu":
+            buckets = -(-len(rows) // CPU_DECODE_BUCKET_ROWS)
+        else:
+            buckets = max(1, min(DECODE_MAX_BUCKETS, len(rows) // DECODE_BUCKET_MIN))
+        bs = meta.block_size
+        for part in np.array_split(rows, buckets):
+            d_ctx = ctx[part]
+            nb = int(-(-d_ctx.max() // bs))
+            mask = np.where(np.arange(nb * bs)[None, :] < d_ctx[:, None], 0.0, -np.inf)
+            token_idx = cu_q[part]
+            blocks = np.ascontiguousarray(host.block_tables[part, :nb]).ravel()
+            plan.decode.append(
+                DecodePlan(
+                    token_idx=torch.from_numpy(token_idx).to(device),
+                    blocks=torch.from_numpy(blocks).to(device),
+                    num_seqs=len(part),
+                    blocks_per_seq=nb,
+                    mask=torch.from_numpy(mask).to(device=device, dtype=self.dtype)[
+                        :, None, None, :
+                    ],
+                    identity=len(part) == len(cu_q) - 1
+                    and bool((token_idx == np.arange(len(part))).all()),
+                )
+            )
+
+    def _plan_prefill(self, meta: AttentionMetadata, plan: TorchPlan, host: HostBatch) -> None:
+        bs, device = meta.block_size, self.device
+        for i in np.nonzero(host.q_lens > 1)[0]:
+            n, start, c = int(host.q_lens[i]), int(host.starts[i]), int(host.ctx[i])
+            blocks = mask = None
+            if start > 0:  # attend to the cached prefix too: bottom-right aligned causal mask
+                cols = torch.arange(c, device=device)
+                rows = torch.arange(start, c, device=device)
+                mask = torch.zeros((n, c), device=device, dtype=self.dtype)
+                mask.masked_fill_(cols[None, :] > rows[:, None], float("-inf"))
+                blocks = torch.from_numpy(host.block_tables[i, : -(-c // bs)].copy()).to(device)
+            plan.prefills.append(
+                PrefillPlan(int(host.cu_q[i]), int(host.cu_q[i + 1]), start, blocks, mask)
+            )
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        plan = meta.plan
+        if not isinstance(plan, TorchPlan):
+            raise RuntimeError(f"{self.name} attention: the step was built without its plan")
+        if len(plan.decode) == 1 and plan.decode[0].identity and plan.kernel_batch is None:
+            return self._decode(q, k_cache, v_cache, plan.decode[0], scale)
+        out = q.new_empty(q.shape)
+        self._decode_rows(q, out, k_cache, v_cache, plan, scale)
+        num_kv_heads, head_dim = k.shape[1], k.shape[2]
+        for p in plan.prefills:
+            if p.blocks is None:  # no cached prefix: this chunk's own K/V is the whole context
+                kp, vp = k[p.start : p.end], v[p.start : p.end]
+            else:
+                assert p.mask is not None
+                ctx = p.mask.shape[1]
+                kp = k_cache.index_select(0, p.blocks).view(-1, num_kv_heads, head_dim)[:ctx]
+                vp = v_cache.index_select(0, p.blocks).view(-1, num_kv_heads, head_dim)[:ctx]
+            o = F.scaled_dot_product_attention(
+                q[p.start : p.end].transpose(0, 1)[None],  # [1, H, n, D]
+                kp.transpose(0, 1)[None],  # [1, Hkv, ctx, D]
+                vp.transpose(0, 1)[None],
+                attn_mask=p.mask,
+                is_causal=p.mask is None,
+                scale=scale,
+                enable_gqa=True,
+            )
+            out[p.start : p.end] = o[0].transpose(0, 1)
+        return out
+
+    def _decode_rows(
+        self,
+        q: torch.Tensor,
+        out: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        plan: TorchPlan,
+        scale: float,
+    ) -> None:
+        """Every single-token row of the step into ``out`` (the cpu backend overrides this)."""
+        for bucket in plan.decode:
+            qd = q.index_select(0, bucket.token_idx)
+            out.index_copy_(0, bucket.token_idx, self._decode(qd, k_cache, v_cache, bucket, scale))
+
+    def _decode(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        plan: DecodePlan,
+        scale: float,
+    ) -> torch.Tensor:
+        """One SDPA call for a bucket of single-token rows: ``q`` ``[Bd, H, D]`` -> same."""
+        num_seqs, num_heads, head_dim = q.shape
+        block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+        groups = num_heads // num_kv_heads
+        shape = (plan.blocks.shape[0], block_size, num_kv_heads, head_dim)
+        numel = shape[0] * block_size * num_kv_heads * head_dim
+        flat = self.scratch.take(2 * numel, k_cache.dtype, k_cache.device)
+        k_buf, v_buf = flat[:numel].view(shape), flat[numel:].view(shape)
+        torch.index_select(k_cache, 0, plan.blocks, out=k_buf)
+        torch.index_select(v_cache, 0, plan.blocks, out=v_buf)
+        length = plan.blocks_per_seq * block_size
+        # [Bd, Hkv, L, D]; the G query heads of a KV head as rows of the query
+        kd = k_buf.view(num_seqs, length, num_kv_heads, head_dim).transpose(1, 2)
+        vd = v_buf.view(num_seqs, length, num_kv_heads, head_dim).transpose(1, 2)
+        qd = q.view(num_seqs, num_kv_heads, groups, head_dim)
+        o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=plan.mask, scale=scale)
+        return o.reshape(num_seqs, num_heads, head_dim)
