@@ -108,7 +108,17 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     add(p, "--kv-cache-memory", default=None, type=float,
         help="GiB for the KV cache (default: share of free GPU memory; 1 GiB on CPU)")  # fmt: skip
     add(p, "--max-num-seqs", default=64, type=int, help="most sequences in one batch")
-    add(p, "--max-num-batched-tokens", default=1024, type=int, help="token budget per step")
+    add(p, "--max-num-batched-tokens", default=None, type=int,
+        help="token budget per step (default: 8192 on CUDA, 1024 on CPU)")  # fmt: skip
+    add(p, "--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+        help="compute dtype (auto: bfloat16 on CUDA, float32 on CPU)")  # fmt: skip
+    add(p, "--attention-backend", default="auto",
+        choices=("auto", "cpu", "torch", "triton", "flash-attn"),
+        help="auto: flash-attn if installed, else triton on CUDA, else cpu")  # fmt: skip
+    add(p, "--block-size", default=None, type=int,
+        help="tokens per KV block (default: the backend's, 16; flash-attn 256)")  # fmt: skip
+    add(p, "--enforce-eager", default=False, action="store_true",
+        help="no CUDA graphs for decode steps")  # fmt: skip
     add(p, "--worker-id", default=None, help="consumer name in the request group")
 
 

@@ -35,6 +35,10 @@ WORKER_FLAGS = (
     "model",
     "device",
     "weights",
+    "dtype",
+    "attention_backend",
+    "block_size",
+    "enforce_eager",
     "kv_cache_memory",
     "max_num_seqs",
     "max_num_batched_tokens",
@@ -50,8 +54,11 @@ def worker_command(args: argparse.Namespace, redis_url: str) -> list[str]:
     cmd = [sys.executable, "-m", "core.cli", "worker", "--redis-url", redis_url]
     for name in WORKER_FLAGS:
         value = getattr(args, name, None)
-        if value is not None:
-            cmd += ["--" + name.replace("_", "-"), str(value)]
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):  # a switch: present or not
+            cmd += [flag] if value else []
+        elif value is not None:
+            cmd += [flag, str(value)]
     return cmd
 
 

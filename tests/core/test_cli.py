@@ -66,3 +66,21 @@ def test_bad_env_value_is_a_clear_error(monkeypatch) -> None:  # type: ignore[no
     assert out.returncode != 0
     assert "TOKENRELAY_PORT" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_serve_hands_its_engine_flags_to_the_worker() -> None:
+    """Every engine flag of serve reaches the worker child; a switch only when it is on."""
+    from core.cli import build_parser
+    from core.serve import worker_command
+
+    flags = ["--attention-backend", "torch", "--block-size", "32", "--dtype", "float32"]
+    args = build_parser().parse_args(["serve", *flags, "--enforce-eager"])
+    cmd = worker_command(args, "redis://127.0.0.1:1/0")
+    for flag, value in zip(flags[::2], flags[1::2], strict=True):
+        assert cmd[cmd.index(flag) + 1] == value
+    assert "--enforce-eager" in cmd
+    assert "--max-num-batched-tokens" not in cmd  # unset: the worker's engine picks per device
+    worker_args = build_parser().parse_args(cmd[cmd.index("worker") :])
+    assert worker_args.enforce_eager is True and worker_args.block_size == 32
+    args = build_parser().parse_args(["serve"])
+    assert "--enforce-eager" not in worker_command(args, "redis://127.0.0.1:1/0")
