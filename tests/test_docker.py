@@ -1,0 +1,141 @@
+"""docker/: what the images and the compose file promise, checked without Docker.
+
+No Docker daemon here: the files are read as text (Dockerfiles) and YAML (compose), and the
+workers' HEALTHCHECK command runs for real against the test Redis.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+import uuid
+from typing import Any
+
+import pytest
+
+from core.redis.embedded import EmbeddedRedis
+from core.wire.stats import WorkerStats
+from tests.root import ROOT
+from worker.store import WorkerStore
+
+DOCKER = ROOT / "docker"
+CUDA = DOCKER / "Dockerfile.cuda"
+
+
+def _instructions(path: Any) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of a Dockerfile, continuation lines joined, comments dropped."""
+    lines = [ln for ln in path.read_text().splitlines() if not ln.lstrip().startswith("#")]
+    text = re.sub(r"\\\n", " ", "\n".join(lines))
+    out = []
+    for line in text.splitlines():
+        if line.strip():
+            word, _, rest = line.strip().partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def _healthcheck_code(path: Any) -> str:
+    """The Python source of the HEALTHCHECK's ``python -c`` command."""
+    (args,) = [a for word, a in _instructions(path) if word == "HEALTHCHECK"]
+    argv = shlex.split(args.split(" CMD ", 1)[1])
+    assert argv[:2] == ["python", "-c"], argv
+    return argv[2]
+
+
+def _compose() -> dict[str, Any]:
+    yaml = pytest.importorskip("yaml")
+    data: dict[str, Any] = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    return data
+
+
+def _packages() -> list[str]:
+    """Top-level folders the wheel is built from: the Python packages and the web assets."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    tool = project["tool"]["setuptools"]
+    pkgs = [p.rstrip("*") for p in tool["packages"]["find"]["include"]]
+    assets = {src.split("/")[0] for files in tool["data-files"].values() for src in files}
+    return sorted({*pkgs, *assets})
+
+
+def test_cuda_image_is_a_triton_worker_run_by_a_user() -> None:
+    ins = _instructions(CUDA)
+    words = [w for w, _ in ins]
+    assert "|| echo" not in CUDA.read_text()  # no failure swallowed at build time
+    assert "flash-attn" not in " ".join(a for w, a in ins if w == "RUN")  # Triton only
+    users = [a for w, a in ins if w == "USER"]
+    assert users and users[-1] not in ("root", "0")
+    assert words.index("USER") < words.index("CMD")
+    assert "HEALTHCHECK" in words and "EXPOSE" not in words  # a worker serves no port
+    assert ins[-1] == ("CMD", '["tokenrelay", "worker", "--device", "cuda"]')
+
+
+def test_cuda_image_torch_index_matches_the_base_image() -> None:
+    args = dict(a.split("=", 1) for w, a in _instructions(CUDA) if w == "ARG" and "=" in a)
+    major, minor = args["CUDA_VERSION"].split(".")[:2]
+    assert args["TORCH_INDEX"] == f"cu{major}{minor}"
+    (base,) = [a for w, a in _instructions(CUDA) if w == "FROM"]
+    assert base.startswith("nvidia/cuda:${CUDA_VERSION}-")
+    assert "whl/${TORCH_INDEX}" in CUDA.read_text()
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "Dockerfile.cuda",
+        "Dockerfile.cpu",
+    ],
+)
+def test_image_copies_every_package(name: str) -> None:
+    copies = {a for w, a in _instructions(DOCKER / name) if w == "COPY"}
+    missing = [p for p in _packages() if f"{p} ./{p}" not in copies]
+    assert not missing, f"{name} does not COPY {missing}"
+
+
+def test_compose_gpu_profile() -> None:
+    services = _compose()["services"]
+    # the default stack is unchanged: no profile on its services
+    assert {n for n, s in services.items() if "profiles" not in s} == {
+        "redis",
+        "gateway",
+        "worker",
+        "proxy",
+    }
+    gpu = services["worker-gpu"]
+    assert gpu["profiles"] == ["gpu"]
+    assert gpu["build"]["dockerfile"] == "docker/Dockerfile.cuda"
+    assert gpu["command"][:2] == ["tokenrelay", "worker"] and "cuda" in gpu["command"]
+    (device,) = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+    for svc in services.values():
+        if "build" in svc:
+            assert (ROOT / svc["build"]["dockerfile"]).is_file()
+    # both workers are checked by their heartbeat, the same way the CUDA image checks it
+    for name in ("worker", "worker-gpu"):
+        test = services[name]["healthcheck"]["test"]
+        assert test[:3] == ["CMD", "python", "-c"]
+        assert test[3] == _healthcheck_code(CUDA)
+
+
+def _healthy(code: str, url: str, prefix: str) -> bool:
+    env = {"TOKENRELAY_REDIS_URL": url, "TOKENRELAY_REDIS_PREFIX": prefix, "PATH": ""}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=30)
+    assert proc.returncode in (0, 1), proc.stderr.decode()
+    return proc.returncode == 0
+
+
+def test_worker_healthcheck_follows_the_heartbeat(redis_server: EmbeddedRedis) -> None:
+    code = _healthcheck_code(CUDA)
+    prefix = f"hc-{uuid.uuid4().hex[:8]}:"
+    store = WorkerStore(redis_server.url, "hc-worker", prefix=prefix)
+    other = WorkerStore(redis_server.url, "elsewhere", prefix=prefix)
+    assert not _healthy(code, redis_server.url, prefix)  # still loading: no heartbeat yet
+    other.redis.hset(f"{prefix}w:elsewhere", mapping={"host": "another-container"})
+    other.redis.sadd(f"{prefix}workers", "elsewhere")
+    assert not _healthy(code, redis_server.url, prefix)  # another host's worker is not ours
+    store.heartbeat(WorkerStats(worker_id="hc-worker"))
+    assert _healthy(code, redis_server.url, prefix)
+    store.unregister()  # stopped (or its heartbeat expired)
+    assert not _healthy(code, redis_server.url, prefix)
