@@ -25,8 +25,8 @@ pytestmark = [
 ]
 
 STORY = "Here is a short story about a dragon who learned to fly over the snowy mountains. "
-PROMPTS = ["The capital of France is", STORY + "Once", STORY + "In the end, the dragon"]
-GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+PROMPTS = [STORY + "Once", STORY + "In the end, the dragon"]
+GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
 
 
 def test_triton_backend_gives_the_default_backends_greedy_tokens(llm_engine: Any) -> None:
@@ -35,7 +35,7 @@ def test_triton_backend_gives_the_default_backends_greedy_tokens(llm_engine: Any
     runner = llm.engine.runner
     assert runner.attention_backend == "triton" and runner.graph_buckets == ()
     assert llm_engine.runner.attention_backend == "cpu"
-    # one at a time: the third prompt's first block comes cached from the second
+    # one at a time: the second prompt's first block comes cached from the first
     ours = [out.token_ids for p in PROMPTS for out in llm.generate([p], GREEDY)]
     assert llm.engine.block_manager.stats()["prefix_cache_hit_tokens"] >= 16
     ref = [out.token_ids for out in LLM.from_engine(llm_engine).generate(PROMPTS, GREEDY)]
