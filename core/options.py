@@ -78,6 +78,8 @@ def add_stream_options(p: argparse.ArgumentParser) -> None:
 def add_http_options(p: argparse.ArgumentParser) -> None:
     add(p, "--host", default="127.0.0.1", help="address to listen on")
     add(p, "--port", default=8000, type=int, help="port to listen on")
+    add(p, "--forwarded-allow-ips", default="127.0.0.1",
+        help="proxies whose X-Forwarded-For/-Proto are believed (list, CIDRs, *)")  # fmt: skip
     add(p, "--heartbeat", default=HEARTBEAT, type=float, help="seconds between server pings")
     add(
         p,
@@ -150,6 +152,8 @@ def add_security_options(p: argparse.ArgumentParser) -> None:
     add(p, "--api-keys", default=None,
         help="comma-separated API keys; when set, HTTP and WebSocket need one")  # fmt: skip
     add(p, "--api-keys-file", default=None, help="file with one API key per line")
+    add(p, "--insecure-no-auth", default=False, action="store_true",
+        help="allow a non-loopback --host without API keys (logged as INSECURE)")  # fmt: skip
     add(p, "--ws-token-ttl", default=WS_TOKEN_TTL, type=float,
         help="seconds a token from POST /v1/ws-token stays valid")  # fmt: skip
     env = env_name("--allow-origin")

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import uvicorn
 
+from core.exposure import exposure_error, insecure_banner
 from gateway.app import Gateway, Settings, create_app
 from gateway.drain import drain
 from gateway.gcpolicy import freeze_startup_heap
@@ -53,9 +54,18 @@ class GatewayServer(uvicorn.Server):
 
 
 def build_server(
-    settings: Settings, host: str, port: int, *, log_level: str = "info"
+    settings: Settings,
+    host: str,
+    port: int,
+    *,
+    log_level: str = "info",
+    forwarded_allow_ips: str = "127.0.0.1",
 ) -> GatewayServer:
-    """A uvicorn server for the gateway app (not started)."""
+    """A uvicorn server for the gateway app (not started).
+
+    The client address (per-address limits, logs) comes from ``X-Forwarded-For`` only when
+    the connection is from one of ``forwarded_allow_ips``: the proxies in front of it.
+    """
     app = create_app(settings)
     config = uvicorn.Config(
         app,
@@ -71,6 +81,8 @@ def build_server(
         access_log=False,
         timeout_graceful_shutdown=5,
         lifespan="on",
+        proxy_headers=True,
+        forwarded_allow_ips=forwarded_allow_ips,
     )
     return GatewayServer(config, app.state.gateway)
 
@@ -111,8 +123,21 @@ def _note_signal(signum: int, frame: object) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Entry point of ``tokenrelay gateway``."""
+    refused = exposure_error(args)
+    if refused is not None:
+        log.error(refused)
+        return 2
+    banner = insecure_banner(args)
+    if banner is not None:
+        log.warning(banner)
     settings = Settings.from_args(args)
-    server = build_server(settings, args.host, args.port, log_level=args.log_level)
+    server = build_server(
+        settings,
+        args.host,
+        args.port,
+        log_level=args.log_level,
+        forwarded_allow_ips=args.forwarded_allow_ips,
+    )
     log.info("gateway listening", extra={"host": args.host, "port": args.port})
     run_server(server)
     return 0

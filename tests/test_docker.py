@@ -139,3 +139,24 @@ def test_worker_healthcheck_follows_the_heartbeat(redis_server: EmbeddedRedis) -
     assert _healthy(code, redis_server.url, prefix)
     store.unregister()  # stopped (or its heartbeat expired)
     assert not _healthy(code, redis_server.url, prefix)
+
+
+def test_the_build_context_leaves_out_the_checkout_state() -> None:
+    """`.git` and `.venv` (hundreds of MB, and secrets in .git) never reach the image."""
+    ignored = {ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()}
+    assert {".git", ".venv", "**/__pycache__", ".tokenrelay"} <= ignored
+    copied = {a.split()[0] for name in ("Dockerfile.cpu", "Dockerfile.cuda")
+              for w, a in _instructions(DOCKER / name) if w == "COPY"}  # fmt: skip
+    assert not copied & ignored  # nothing an image copies is left out of its context
+
+
+def test_nginx_passes_the_port_and_the_gateways_trust_it() -> None:
+    """Host with its port (the same-origin check on :8080), and X-Forwarded-For believed."""
+    yaml = pytest.importorskip("yaml")
+    conf = (DOCKER / "nginx.conf").read_text()
+    assert re.search(r"proxy_set_header\s+Host\s+\$http_host;", conf)
+    assert re.search(r"proxy_set_header\s+X-Forwarded-For\s+\$proxy_add_x_forwarded_for;", conf)
+    compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    gateway = compose["services"]["gateway"]
+    assert gateway["environment"]["TOKENRELAY_FORWARDED_ALLOW_IPS"] == "*"
+    assert "ports" not in gateway  # trusted because only nginx can reach it
