@@ -152,6 +152,9 @@ def add_security_options(p: argparse.ArgumentParser) -> None:
     add(p, "--api-keys", default=None,
         help="comma-separated API keys; when set, HTTP and WebSocket need one")  # fmt: skip
     add(p, "--api-keys-file", default=None, help="file with one API key per line")
+    add(p, "--allowed-hosts", default=None,
+        help="Host names answered besides IP addresses, localhost and --host (comma list; "
+        ".example.com for subdomains; * for any)")  # fmt: skip
     add(p, "--insecure-no-auth", default=False, action="store_true",
         help="allow a non-loopback --host without API keys (logged as INSECURE)")  # fmt: skip
     add(p, "--ws-token-ttl", default=WS_TOKEN_TTL, type=float,

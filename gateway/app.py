@@ -25,6 +25,7 @@ from starlette.middleware import Middleware
 from starlette.routing import BaseRoute, WebSocketRoute
 
 from gateway.access.cors import CORSMiddleware
+from gateway.access.hosts import HostCheckMiddleware, HostPolicy
 from gateway.http import openai, pages, streams, ws_token
 from gateway.observe import health, metrics_route
 from gateway.observe.metrics_route import HttpErrorCounter
@@ -60,8 +61,11 @@ def create_app(settings: Settings, *, extra_routes: Sequence[BaseRoute] = ()) ->
         finally:
             await gw.stop()
 
+    sec = settings.security
+    hosts = Middleware(HostCheckMiddleware, policy=HostPolicy(sec.allowed_hosts, sec.bind_host))
     cors = Middleware(CORSMiddleware, policy=gw.guard.origins)
     errors = Middleware(HttpErrorCounter, metrics=gw.metrics)
-    app = Starlette(routes=routes(gw, extra_routes), lifespan=lifespan, middleware=[errors, cors])
+    middleware = [hosts, errors, cors]  # outermost first
+    app = Starlette(routes=routes(gw, extra_routes), lifespan=lifespan, middleware=middleware)
     app.state.gateway = gw
     return app

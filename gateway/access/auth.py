@@ -189,6 +189,8 @@ class SecuritySettings:
     rate_burst: int = 0  # bucket size (0: same as rate_limit)
     max_streams_per_key: int = options.MAX_STREAMS_PER_KEY
     max_tokens: int = DEFAULT_MAX_TOKENS_LIMIT
+    allowed_hosts: tuple[str, ...] = ()  # Host names answered besides addresses, localhost
+    bind_host: str | None = None  # --host: the address this gateway was told to listen on
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SecuritySettings:
@@ -196,6 +198,7 @@ class SecuritySettings:
         origins: list[str] = []
         for item in getattr(args, "allow_origin", None) or []:
             origins += [o.strip().rstrip("/") for o in item.split(",") if o.strip()]
+        hosts = [h.strip() for h in (getattr(args, "allowed_hosts", None) or "").split(",")]
         out = cls(
             api_keys=keys,
             ws_token_ttl=getattr(args, "ws_token_ttl", options.WS_TOKEN_TTL),
@@ -204,6 +207,8 @@ class SecuritySettings:
             rate_burst=getattr(args, "rate_limit_burst", 0),
             max_streams_per_key=getattr(args, "max_streams_per_key", options.MAX_STREAMS_PER_KEY),
             max_tokens=getattr(args, "max_tokens_limit", DEFAULT_MAX_TOKENS_LIMIT),
+            allowed_hosts=tuple(h for h in hosts if h),
+            bind_host=getattr(args, "host", None),
         )
         out.validate()
         return out

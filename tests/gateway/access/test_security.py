@@ -21,6 +21,7 @@ from core.redis.embedded import EmbeddedRedis
 from core.wire.stats import WorkerStats
 from gateway.access.auth import Authenticator, AuthError, key_id, load_keys
 from gateway.access.cors import OriginPolicy
+from gateway.access.hosts import HostPolicy
 from tests.gateway.procs import Client, Proc, start_gateway, stop_all, wait_ready
 from worker.store import WorkerStore
 
@@ -107,7 +108,8 @@ def secured(
     wlog.ensure_group()
     # no engine worker here: a stream left queued never ends, so drain for at most 1 s
     flags = ["--api-keys-file", str(keys), "--allow-origin", "https://app.example.com",
-             "--rate-limit", "4", "--max-streams-per-key", "3", "--drain-timeout", "1"]  # fmt: skip
+             "--rate-limit", "4", "--max-streams-per-key", "3", "--drain-timeout", "1",
+             "--allowed-hosts", "chat.example.com,.corp.example"]  # fmt: skip
     gw_a, a = start_gateway(redis_server.url, PREFIX, logs, *flags)
     gw_b, b = start_gateway(redis_server.url, PREFIX, logs, *flags)
     gw_o, o = start_gateway(redis_server.url, "secopen:", logs)
@@ -178,6 +180,43 @@ async def test_http_api_needs_a_key(secured: Secured) -> None:
     assert httpx.get(f"{base}/v1/models", headers=bearer(KEY_A)).status_code == 200
     r = httpx.get(f"{base}/v1/models", headers={"Authorization": f"Basic {KEY_A}"})
     assert r.status_code == 401
+
+
+def test_host_policy() -> None:
+    policy = HostPolicy(["chat.example.com", ".corp.example"], bind_host="0.0.0.0")
+    for host in ("127.0.0.1:8000", "[::1]:8000", "10.0.0.7", "localhost:8000", "app.localhost",
+                 "chat.example.com", "CHAT.example.com:443", "corp.example", "a.b.corp.example",
+                 None):  # fmt: skip
+        assert policy.allows(host), host
+    for host in ("evil.example:8000", "chat.example.com.evil.example", "xcorp.example", ""):
+        assert not policy.allows(host), host
+    assert HostPolicy(["*"]).allows("anything.example")
+    assert HostPolicy([], bind_host="gw.internal").allows("gw.internal:8000")
+
+
+async def test_dns_rebinding_is_refused(secured: Secured) -> None:
+    """A page whose name was re-pointed at the gateway is same-origin, but not a known host."""
+    port = secured.open.rsplit(":", 1)[1]
+    evil = f"rebind.example:{port}"
+    headers = {"Host": evil, "Origin": f"http://{evil}"}
+    for path in ("/", "/v1/models", "/healthz"):
+        r = httpx.get(f"http://{secured.open}{path}", headers=headers)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden", path
+        assert "--allowed-hosts" in r.json()["error"]["message"]
+    ip = secured.open.rsplit(":", 1)[0]
+    with pytest.raises(InvalidStatus) as info:  # the socket to the gateway, the name the page's
+        await connect(f"ws://{evil}/v1/ws", host=ip, port=int(port), origin=f"http://{evil}",
+                      open_timeout=10)  # type: ignore[arg-type]  # fmt: skip
+    assert info.value.response.status_code == 403
+    for host in (f"localhost:{port}", secured.open):  # by name on this machine, by address
+        r = httpx.get(f"http://{secured.open}/v1/models", headers={"Host": host})
+        assert r.status_code == 200, host
+    # a gateway told its public names answers them, and only them
+    port_a = secured.a.rsplit(":", 1)[1]
+    for host, status in (("chat.example.com", 200), ("x.corp.example", 200), ("evil.example", 403)):
+        named = {**bearer(KEY_A), "Host": f"{host}:{port_a}"}
+        r = httpx.get(f"http://{secured.a}/v1/models", headers=named)
+        assert r.status_code == status, host
 
 
 async def test_origins_and_cors(secured: Secured) -> None:
