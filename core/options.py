@@ -27,6 +27,8 @@ HTTP_MAX_STREAMS_PER_CLIENT = 256
 SSE_KEEPALIVE = 10.0
 WS_TOKEN_TTL = 60.0
 MAX_STREAMS_PER_KEY = 256
+MAX_STREAMS_PER_ADDRESS = 64  # without keys, per client address off this host
+RATE_LIMIT_PER_ADDRESS = 600.0  # requests per minute, the same
 
 
 def env_name(flag: str) -> str:
@@ -174,5 +176,9 @@ def add_security_options(p: argparse.ArgumentParser) -> None:
         help="requests a key may make at once (0: same as --rate-limit)")  # fmt: skip
     add(p, "--max-streams-per-key", default=MAX_STREAMS_PER_KEY, type=int,
         help="concurrent streams per API key on one gateway (with keys configured)")  # fmt: skip
+    add(p, "--max-streams-per-address", default=MAX_STREAMS_PER_ADDRESS, type=int,
+        help="no keys: concurrent streams per client address, one gateway (0: off)")  # fmt: skip
+    add(p, "--rate-limit-per-address", default=RATE_LIMIT_PER_ADDRESS, type=float,
+        help="no keys: requests per minute per client address (0: off)")  # fmt: skip
     add(p, "--max-tokens-limit", default=DEFAULT_MAX_TOKENS_LIMIT, type=int,
         help="largest max_tokens accepted")  # fmt: skip

@@ -189,6 +189,8 @@ class SecuritySettings:
     rate_burst: int = 0  # bucket size (0: same as rate_limit)
     max_streams_per_key: int = options.MAX_STREAMS_PER_KEY
     max_tokens: int = DEFAULT_MAX_TOKENS_LIMIT
+    max_streams_per_address: int = options.MAX_STREAMS_PER_ADDRESS  # without keys; 0: off
+    rate_limit_per_address: float = options.RATE_LIMIT_PER_ADDRESS  # per minute; 0: off
     allowed_hosts: tuple[str, ...] = ()  # Host names answered besides addresses, localhost
     bind_host: str | None = None  # --host: the address this gateway was told to listen on
 
@@ -207,6 +209,12 @@ class SecuritySettings:
             rate_burst=getattr(args, "rate_limit_burst", 0),
             max_streams_per_key=getattr(args, "max_streams_per_key", options.MAX_STREAMS_PER_KEY),
             max_tokens=getattr(args, "max_tokens_limit", DEFAULT_MAX_TOKENS_LIMIT),
+            max_streams_per_address=getattr(
+                args, "max_streams_per_address", options.MAX_STREAMS_PER_ADDRESS
+            ),
+            rate_limit_per_address=getattr(
+                args, "rate_limit_per_address", options.RATE_LIMIT_PER_ADDRESS
+            ),
             allowed_hosts=tuple(h for h in hosts if h),
             bind_host=getattr(args, "host", None),
         )
@@ -218,6 +226,8 @@ class SecuritySettings:
             raise ValueError("--ws-token-ttl must be between 1 and 86400 seconds")
         if self.rate_limit < 0 or self.rate_burst < 0 or self.max_streams_per_key < 1:
             raise ValueError("--rate-limit/--rate-limit-burst >= 0, --max-streams-per-key >= 1")
+        if self.max_streams_per_address < 0 or self.rate_limit_per_address < 0:
+            raise ValueError("--max-streams-per-address and --rate-limit-per-address are >= 0")
         if self.max_tokens < 1:
             raise ValueError("--max-tokens-limit must be >= 1")
 

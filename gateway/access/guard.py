@@ -7,6 +7,13 @@ together the pieces the WebSocket and the HTTP API both need:
 - :class:`gateway.access.cors.OriginPolicy`: allowed page origins;
 - :class:`gateway.access.ratelimit.RateLimiter`: requests per minute per key (Redis);
 - :class:`gateway.access.ratelimit.StreamSlots`: concurrent streams per key.
+
+Without API keys, callers are told apart by address: a client off this machine
+gets ``--max-streams-per-address`` concurrent streams here and
+``--rate-limit-per-address`` requests per minute (Redis, across gateways), on by
+default, so one client cannot fill the queue. Loopback addresses are not counted:
+they are this machine's users, or a proxy whose forwarded addresses are not
+trusted (``--forwarded-allow-ips``), which would make the limit one for everyone.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from collections.abc import Mapping
 
 import redis.asyncio as aioredis
 
+from core.exposure import is_loopback
 from gateway.access.auth import (
     Authenticator,
     AuthError,
@@ -44,7 +52,14 @@ class Guard:
         self.origins = OriginPolicy(settings.allow_origins)
         self.rate = RateLimiter(redis, prefix, settings.rate_limit, settings.rate_burst)
         self.slots = StreamSlots(settings.max_streams_per_key)
+        self.address_rate = RateLimiter(redis, prefix, settings.rate_limit_per_address)
+        self.address_slots = StreamSlots(settings.max_streams_per_address)
         install_log_redaction()
+
+    @staticmethod
+    def by_address(who: Principal) -> bool:
+        """Whether the per-address limits apply: no keys, a known address off this host."""
+        return who.key_id is None and who.address != "?" and not is_loopback(who.address)
 
     def authenticate(
         self, headers: Mapping[str, str], query: Mapping[str, str], address: str = "?"
@@ -59,20 +74,29 @@ class Guard:
     async def admit(self, who: Principal) -> None:
         """Count one request against the caller's rate; raises :class:`RateLimited`."""
         await self.rate.check(who.bucket)
+        if self.by_address(who):
+            await self.address_rate.check(who.bucket)
 
     def open_stream(self, who: Principal) -> str:
         """Take a stream slot for the caller; returns the bucket to release later.
 
-        Only API keys are counted: without keys every browser behind one proxy would
-        share an address (the per-connection and queue limits still hold).
+        Keys count against ``--max-streams-per-key``; without keys, addresses off this
+        host against ``--max-streams-per-address`` (0: off).
         """
         if who.key_id is None:
-            return ""
+            if not self.by_address(who) or self.address_slots.limit <= 0:
+                return ""
+            if not self.address_slots.acquire(who.bucket):
+                limit = self.address_slots.limit
+                raise TooManyStreams(f"at most {limit} concurrent streams per client address")
+            return who.bucket
         if not self.slots.acquire(who.bucket):
             limit = self.slots.limit
             raise TooManyStreams(f"at most {limit} concurrent streams per API key")
         return who.bucket
 
     def close_stream(self, bucket: str) -> None:
-        if bucket:
+        if bucket.startswith("addr:"):
+            self.address_slots.release(bucket)
+        elif bucket:
             self.slots.release(bucket)

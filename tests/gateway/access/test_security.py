@@ -112,7 +112,8 @@ def secured(
              "--allowed-hosts", "chat.example.com,.corp.example"]  # fmt: skip
     gw_a, a = start_gateway(redis_server.url, PREFIX, logs, *flags)
     gw_b, b = start_gateway(redis_server.url, PREFIX, logs, *flags)
-    gw_o, o = start_gateway(redis_server.url, "secopen:", logs)
+    per_address = ["--max-streams-per-address", "2", "--rate-limit-per-address", "3"]
+    gw_o, o = start_gateway(redis_server.url, "secopen:", logs, *per_address)
     try:
         for addr, proc in ((a, gw_a), (b, gw_b), (o, gw_o)):
             wait_ready(addr, proc, 60, need_worker=False)
@@ -297,3 +298,53 @@ async def test_no_keys_means_open(secured: Secured) -> None:
     c = await Client.open(secured.open)
     await c.close()
     assert httpx.get(f"http://{secured.open}/v1/models").status_code == 200
+
+
+async def test_without_keys_each_client_address_is_limited(secured: Secured) -> None:
+    """--max-streams-per-address 2, --rate-limit-per-address 3 on the open gateway.
+
+    Addresses come from X-Forwarded-For, believed from 127.0.0.1 (the default
+    --forwarded-allow-ips); loopback itself is not counted.
+    """
+
+    async def generate(c: Client, rid: str) -> dict[str, object] | None:
+        await c.send({"type": "generate", "request_id": rid, "prompt": "hi"})
+        await c.send({"type": "ping"})
+        frame = await c.recv(5)
+        return None if frame["type"] in ("pong", "started") else frame
+
+    wlog = WorkerStore(secured.redis.url, "secopen-worker", prefix="secopen:")
+    wlog.ensure_group()
+    wlog.heartbeat(WorkerStats())  # a worker "is running"; the requests just stay queued
+    far = {"X-Forwarded-For": "203.0.113.7"}
+    c = await Client.open(secured.open, additional_headers=far)
+    try:
+        assert await generate(c, "a1") is None and await generate(c, "a2") is None
+        err = await generate(c, "a3")
+        assert err is not None and err["code"] == "rate_limited", err
+        assert "per client address" in str(err["message"]) and err["request_id"] == "a3"
+        other = await Client.open(
+            secured.open, additional_headers={"X-Forwarded-For": "203.0.113.8"}
+        )
+        assert await generate(other, "b1") is None  # another address: its own slots
+        await other.close()
+    finally:
+        await c.close()
+    await asyncio.sleep(0.3)  # the closed socket's streams gave their slots back
+    c = await Client.open(secured.open, additional_headers=far)
+    try:
+        assert await generate(c, "a4") is None  # the third request of this minute
+        err = await generate(c, "a5")
+        assert err is not None and err["code"] == "rate_limited", err
+        assert "requests per minute" in str(err["message"])
+    finally:
+        await c.close()
+    local = await Client.open(secured.open)  # this machine: not counted
+    try:
+        wlog.heartbeat(WorkerStats())
+        for i in range(5):
+            assert await generate(local, f"l{i}") is None
+    finally:
+        await local.close()
+        secured.redis.client().delete("secopen:requests")
+        wlog.close()
