@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 import redis.asyncio as aioredis
@@ -31,6 +32,19 @@ OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
     ConnectionError,
     OSError,
 )
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for logs): ``redis://:***@host:6379/0``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if ":" in host:  # an IPv6 address
+        host = f"[{host}]"
+    port = f":{parts.port}" if parts.port is not None else ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
 
 
 def is_outage(exc: BaseException) -> bool:
