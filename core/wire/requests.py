@@ -6,12 +6,19 @@ onto :func:`validate_params` and :func:`validate_messages`, and turns the
 :class:`RequestError` they raise (a protocol error code, a message and the
 offending field) into its own error format. The limits (:class:`Limits`) and
 the constants clients see in the docs (:data:`DEFAULT_MAX_TOKENS_LIMIT`,
-:data:`MAX_SEED`, :data:`MAX_TEMPERATURE`) are defined here once.
+:data:`MAX_SEED`, :data:`MAX_TEMPERATURE`, :data:`MAX_RESUME_TOKEN`) are defined
+here once.
+
+Ids a client chooses travel into HTTP headers (``X-Request-Id``), log lines and
+Redis: :func:`validate_request_id` keeps every transport's request ids to one
+safe shape (:data:`REQUEST_ID_CHARS`), and :func:`validate_resume_token` bounds
+resume tokens before they are hashed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,21 +27,31 @@ from core.wire.params import SamplingParams
 
 __all__ = [
     "DEFAULT_MAX_TOKENS_LIMIT",
+    "MAX_RESUME_TOKEN",
     "MAX_SEED",
     "MAX_TEMPERATURE",
     "PARAM_NAMES",
+    "REQUEST_ID_CHARS",
     "ROLES",
     "Limits",
     "Message",
     "RequestError",
     "check_input_size",
+    "is_request_id",
     "validate_messages",
     "validate_params",
+    "validate_request_id",
+    "validate_resume_token",
 ]
 
 DEFAULT_MAX_TOKENS_LIMIT = 8192  # --max-tokens-limit: the largest max_tokens accepted
 MAX_SEED = 2**63  # seeds are in [0, MAX_SEED)
 MAX_TEMPERATURE = 2.0
+MAX_REQUEST_ID = 128  # the longest request id, whatever Limits.max_request_id says
+MAX_RESUME_TOKEN = 128  # ours are 43 characters (core/wire/ids.py)
+REQUEST_ID_CHARS = "A-Z, a-z, 0-9, '.', '_', ':', '-'"  # as error messages spell it
+_REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:-]+")
+_RESUME_TOKEN_RE = re.compile(r"[A-Za-z0-9_-]+")  # URL-safe base64, as new_resume_token makes
 PARAM_NAMES = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 ROLES: Mapping[str, str] = {"system": "system", "user": "user", "assistant": "assistant"}
 
@@ -43,7 +60,7 @@ ROLES: Mapping[str, str] = {"system": "system", "user": "user", "assistant": "as
 class Limits:
     """Size limits of one request (beyond the transport's own frame/body limit)."""
 
-    max_request_id: int = 128
+    max_request_id: int = MAX_REQUEST_ID
     max_messages: int = 256
     max_input_chars: int = 200_000  # prompt, or all message contents together
     max_stop: int = 16
@@ -174,6 +191,49 @@ def validate_params(
         return SamplingParams(**kw)
     except ValueError as exc:  # defensive: everything was checked above
         raise RequestError("bad_request", str(exc)) from None
+
+
+# --- ids ----------------------------------------------------------------------------
+
+
+def is_request_id(value: object, max_chars: int = MAX_REQUEST_ID) -> bool:
+    """Whether ``value`` is a request id safe for headers and logs (1 to ``max_chars``)."""
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= min(max_chars, MAX_REQUEST_ID)
+        and _REQUEST_ID_RE.fullmatch(value) is not None
+    )
+
+
+def validate_request_id(value: Any, limits: Limits, name: str = "request_id") -> str | None:
+    """A client's request id (``None``: none given), or ``bad_request`` naming ``name``.
+
+    One shape for every transport: 1 to ``limits.max_request_id`` (at most
+    :data:`MAX_REQUEST_ID`) characters of :data:`REQUEST_ID_CHARS`, so that the
+    id can go into an ``X-Request-Id`` header and a log line as it is.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _bad(name, f"{name} must be a string, got {_got(value)}")
+    most = min(limits.max_request_id, MAX_REQUEST_ID)
+    if not is_request_id(value, most):
+        raise _bad(name, f"{name} must be 1 to {most} characters of {REQUEST_ID_CHARS}")
+    return value
+
+
+def validate_resume_token(value: Any, name: str = "resume_token") -> str:
+    """A resume token's shape (not whether it opens a stream), or ``bad_request``.
+
+    1 to :data:`MAX_RESUME_TOKEN` characters of URL-safe base64: anything else
+    cannot be a token this server issued, and is refused before it is hashed.
+    """
+    if not isinstance(value, str):
+        raise _bad(name, f"{name} must be a string, got {_got(value)}")
+    if not 0 < len(value) <= MAX_RESUME_TOKEN or not _RESUME_TOKEN_RE.fullmatch(value):
+        message = f"{name} must be 1 to {MAX_RESUME_TOKEN} characters of A-Z, a-z, 0-9, '_', '-'"
+        raise _bad(name, message)
+    return value
 
 
 # --- messages ---------------------------------------------------------------------

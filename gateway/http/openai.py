@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -54,6 +53,7 @@ from gateway.http.openai_request import (
     parse_chat,
     parse_completion,
     parse_json,
+    request_id_header,
 )
 from gateway.http.sse_response import GONE, Pump, SSEResponse, watch_disconnect
 from gateway.streams.errors import STORE_ERRORS
@@ -64,7 +64,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("tokenrelay.api")
 
 START_WAIT = 5.0  # seconds to wait for the worker's verdict before committing to a 200
-REQUEST_ID_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
 
 
 @dataclass
@@ -177,12 +176,11 @@ class OpenAIApi:
         return await self._generate(request, "completion")
 
     async def _generate(self, request: Request, kind: str) -> Response:
-        rid = request.headers.get("x-request-id", "")
-        if not REQUEST_ID_RE.match(rid):
-            rid = "req-" + secrets.token_hex(8)
+        rid = "req-" + secrets.token_hex(8)  # unless the client sent a valid X-Request-Id
         client: str | None = None
         try:
             who = self._authenticate(request)
+            rid = request_id_header(request.headers.get("x-request-id"), self.gw.limits) or rid
             body = parse_json(await read_body(request, self.gw.settings.max_frame_bytes))
             parse = parse_chat if kind == "chat" else parse_completion
             req = parse(body, served_model=self.model, limits=self.gw.limits)
@@ -229,7 +227,11 @@ class OpenAIApi:
                    "Access-Control-Expose-Headers": EXPOSE_HEADERS}  # fmt: skip
         run = Running(sid, fmt, pump, watch_disconnect(request.receive), headers, extra, cleanup)
         if req.stream:
-            return await self._stream(run)
+            try:
+                return await self._stream(run)
+            except BaseException:  # no answer carries the cleanup: run it here
+                await run.abort()
+                raise
         try:
             return await self._collect(run)
         finally:
@@ -279,7 +281,7 @@ class OpenAIApi:
         encoder = ChunkEncoder(run.fmt, run.stream_id)
         frames = event_frames(encoder, run.pump, first, run.extra, run.cleanup)
         return SSEResponse(frames, headers=run.headers, keepalive=self.settings.keepalive,
-                           gone=run.gone, log_extra=run.extra)  # fmt: skip
+                           gone=run.gone, log_extra=run.extra, on_close=run.cleanup)  # fmt: skip
 
 
 def routes(gw: Gateway) -> list[BaseRoute]:

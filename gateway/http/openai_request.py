@@ -27,6 +27,7 @@ from core.wire.requests import (
     check_input_size,
     validate_messages,
     validate_params,
+    validate_request_id,
 )
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "parse_chat",
     "parse_completion",
     "parse_json",
+    "request_id_header",
 ]
 
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -101,6 +103,20 @@ def error_for_code(
 def request_error(exc: RequestError) -> ApiError:
     """The :class:`ApiError` for a refusal of the shared request validator."""
     return error_for_code(exc.code, exc.message, param=exc.field)
+
+
+def request_id_header(value: str | None, limits: Limits) -> str | None:
+    """The client's ``X-Request-Id`` (None when absent or empty), or a 400 naming it.
+
+    The same shape as a WebSocket ``request_id`` (:func:`validate_request_id`):
+    the id is echoed in response headers and logs as it is.
+    """
+    if not value:
+        return None
+    try:
+        return validate_request_id(value, limits, "X-Request-Id")
+    except RequestError as exc:
+        raise request_error(exc) from None
 
 
 def _bad(message: str, param: str | None = None) -> ApiError:

@@ -5,7 +5,9 @@ async generator, sends a ``: keep-alive`` comment whenever the generator has
 been quiet for ``keepalive`` seconds, and stops as soon as the client
 disconnects (it listens for ``http.disconnect`` while waiting, instead of
 finding out at the next write): the generator is then closed, and its
-``finally`` detaches the stream. :class:`Pump` reads an async iterator with a
+``finally`` detaches the stream. A generator that never started has no
+``finally`` to run, so ``on_close`` (the same cleanup) runs too, however the
+response ends: also when the headers could not be sent. :class:`Pump` reads an async iterator with a
 timeout without ever cancelling a pending read (cancelling ``__anext__`` of a
 generator would end it).
 """
@@ -15,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from typing import Generic, TypeVar
 
 from starlette.responses import Response
@@ -109,7 +111,9 @@ class SSEResponse(Response):
     """``text/event-stream`` from an async generator of frames, with keep-alives.
 
     ``gone`` is the client's disconnect watch (:func:`watch_disconnect`);
-    when None one is started. ``completed`` tells afterwards whether the
+    when None one is started. ``on_close`` runs last, whatever happened (it
+    must be idempotent: the generator's ``finally`` may have run it already).
+    ``completed`` tells afterwards whether the
     generator ran to its end (False: the client went away, or it failed).
     """
 
@@ -123,8 +127,10 @@ class SSEResponse(Response):
         keepalive: float = 10.0,
         gone: asyncio.Task[None] | None = None,
         log_extra: Mapping[str, object] | None = None,
+        on_close: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.frames = frames
+        self.on_close = on_close
         self.keepalive = keepalive
         self.gone = gone
         self.log_extra = dict(log_extra or {})
@@ -168,4 +174,8 @@ class SSEResponse(Response):
             gone.cancel()
             with contextlib.suppress(BaseException):
                 await gone
-            await pump.aclose()
+            try:
+                await pump.aclose()
+            finally:
+                if self.on_close is not None:
+                    await self.on_close()

@@ -26,6 +26,7 @@ from starlette.routing import BaseRoute, Route
 from core.wire.errors import NO_SUCH_STREAM
 from core.wire.events import Event
 from core.wire.keys import STREAM_ID_RE
+from core.wire.requests import RequestError, is_request_id, validate_resume_token
 from gateway.access.cors import EXPOSE_HEADERS
 from gateway.http.common import (
     HttpSettings,
@@ -36,9 +37,9 @@ from gateway.http.common import (
     store_error,
 )
 from gateway.http.openai_render import ChunkEncoder, StreamFormat
-from gateway.http.openai_request import ApiError, error_for_code, parse_json
+from gateway.http.openai_request import ApiError, error_for_code, parse_json, request_error
 from gateway.http.sse import parse_event_id
-from gateway.http.sse_response import Pump, SSEResponse, watch_disconnect
+from gateway.http.sse_response import Pump, SSEResponse
 from gateway.streams.errors import STORE_ERRORS
 from gateway.streams.store import BadOffset
 
@@ -49,20 +50,24 @@ log = logging.getLogger("tokenrelay.api")
 
 
 def resume_token(request: Request, body: dict[str, Any] | None = None) -> str:
-    """The token from the query, the ``X-Resume-Token`` header or the body; else a 401."""
-    token = request.query_params.get("resume_token") or request.headers.get("x-resume-token")
-    if not token and body is not None:
-        raw = body.get("resume_token")
-        if raw is not None and not isinstance(raw, str):
-            raise error_for_code(
-                "bad_request", "'resume_token' must be a string", param="resume_token"
-            )
-        token = raw
+    """The token from the query, the ``X-Resume-Token`` header or the body; else a 401.
+
+    Its shape is checked as on the WebSocket (:func:`validate_resume_token`): a 400.
+    """
+    token: Any = request.query_params.get("resume_token")
+    name = "resume_token"
     if not token:
+        token, name = request.headers.get("x-resume-token"), "X-Resume-Token"
+    if not token and body is not None:
+        token, name = body.get("resume_token"), "resume_token"
+    if token is None or token == "":
         where = "?resume_token=, an X-Resume-Token header"
         where += " or 'resume_token' in the body" if body is not None else ""
         raise error_for_code("unauthorized", f"Missing resume token: pass {where}.")
-    return token
+    try:
+        return validate_resume_token(token, name)
+    except RequestError as exc:
+        raise request_error(exc) from None
 
 
 def stream_id_of(request: Request) -> str:
@@ -102,6 +107,7 @@ class StreamsApi:
     async def events(self, request: Request) -> Response:
         """``GET /v1/streams/{stream_id}/events``: replay after an offset, then tail."""
         slog = self.gw.streams
+        attach_id: str | None = None
         try:
             sid = stream_id_of(request)
             token = resume_token(request)
@@ -118,27 +124,49 @@ class StreamsApi:
                 await load_format(slog, sid), model=self.model, created=int(time.time())
             )
             attach_id = await slog.attach(sid) if info.status != "done" else None
+            answer = self._replay(request, sid, after, info.request_id, fmt, attach_id)
+            attach_id = None  # the answer's cleanup detaches it now
+            return answer
         except ApiError as exc:
             return error_response(exc)
         except STORE_ERRORS as exc:
             return error_response(store_error(exc))
+        finally:  # an attachment no answer took (something failed) goes at once
+            if attach_id is not None:
+                await slog.detach(sid, attach_id)
+
+    def _replay(
+        self,
+        request: Request,
+        sid: str,
+        after: int,
+        rid: str | None,
+        fmt: StreamFormat,
+        attach_id: str | None,
+    ) -> Response:
+        """The SSE answer of a resume; its cleanup detaches ``attach_id`` however it ends."""
+        slog = self.gw.streams
         usage = request.query_params.get("include_usage")
         if usage is not None:
             fmt = StreamFormat(fmt.kind, fmt.model, fmt.created, usage.lower() in ("1", "true"))
-        extra = {"request_id": info.request_id, "stream_id": sid, "after": after}
+        extra = {"request_id": rid, "stream_id": sid, "after": after}
         log.info("resume", extra=extra)
         pump: Pump[Event] = Pump(slog.tail(sid, after, resumed=True))
+        cleaned = False
 
-        async def cleanup() -> None:
-            await pump.aclose()
-            await slog.detach(sid, attach_id)
+        async def cleanup() -> None:  # once: the frames' finally and the response's on_close
+            nonlocal cleaned
+            if not cleaned:
+                cleaned = True
+                await pump.aclose()
+                await slog.detach(sid, attach_id)
 
         frames = event_frames(ChunkEncoder(fmt, sid), pump, [], extra, cleanup)
         headers = {"X-Stream-Id": sid, "Access-Control-Expose-Headers": EXPOSE_HEADERS}
-        if info.request_id:
-            headers["X-Request-Id"] = info.request_id
+        if is_request_id(rid):  # (a stream stored before request ids were checked: left out)
+            headers["X-Request-Id"] = str(rid)
         return SSEResponse(frames, headers=headers, keepalive=self.settings.keepalive,
-                           gone=watch_disconnect(request.receive), log_extra=extra)  # fmt: skip
+                           log_extra=extra, on_close=cleanup)  # fmt: skip
 
     async def cancel(self, request: Request) -> Response:
         """``POST /v1/streams/{stream_id}/cancel``: stop generating (idempotent)."""

@@ -1,17 +1,15 @@
 """``/v1/ws``: one full-duplex WebSocket carrying any number of streams.
 
-Per socket there is a reader loop (client frames, answered in order), one
-tail task per stream (replay + live events from the Redis log) and one writer
-task. A tail writes its token frames itself when nothing is queued and no
-write is in progress (the common case: no task switch between an event and its
-socket); everything else, and every frame the reader loop answers with, goes
-through a bounded send queue that the writer empties, so the reader never
-waits for a slow client's socket. When the client reads slowly, the socket
-stops being writable, the queue fills, the tails stop pulling from Redis (the
-log is the buffer) and nothing else waits. Writes take ``_send_lock`` (first
-come, first served), so each stream's frames leave in the order its tail
-produced them.
-docs/protocol.md is the reference for the frames.
+Per socket there is a reader loop (client frames, answered in order), one tail task per
+stream (replay + live events from the Redis log) and one writer task. A tail writes its
+token frames itself when nothing is queued and no write is in progress (the common case: no
+task switch between an event and its socket); everything else, and every frame the reader
+loop answers with, goes through a bounded send queue that the writer empties, so the reader
+never waits for a slow client's socket. When the client reads slowly, the socket stops
+being writable, the queue fills, the tails stop pulling from Redis (the log is the buffer)
+and nothing else waits. Writes take ``_send_lock`` (first come, first served), so each
+stream's frames leave in the order its tail produced them. docs/protocol.md is the
+reference for the frames.
 """
 
 from __future__ import annotations
@@ -270,14 +268,19 @@ class Connection:
             await asyncio.gather(old, return_exceptions=True)
             await self._release(sid)  # in case it was cancelled before it ran
         self.slot_of[sid] = self._open_slot(None, sid, new_tail=old is None)
-        attach_id = None
-        if info.status != "done":
-            with contextlib.suppress(RedisUnavailable):
-                attach_id = await self.gw.streams.attach(sid)
-        self.owned.add(sid)
-        extra = {"stream_id": sid, "request_id": info.request_id, "after": r.after}
-        log.info("resume", extra=extra)
-        await self.send(p.resumed_frame(sid, r.after))
+        try:  # the slot and the attachment go back on every way out but a started tail
+            attach_id = None
+            if info.status != "done":
+                with contextlib.suppress(RedisUnavailable):
+                    attach_id = await self.gw.streams.attach(sid)
+            self.attach_of[sid] = attach_id
+            self.owned.add(sid)
+            extra = {"stream_id": sid, "request_id": info.request_id, "after": r.after}
+            log.info("resume", extra=extra)
+            await self.send(p.resumed_frame(sid, r.after))
+        except BaseException:  # cancelled meanwhile, say (the socket went away)
+            await self._release(sid)
+            raise
         self._start_tail(sid, r.after, attach_id, None)
 
     def _open_slot(self, rid: str | None, sid: str | None, new_tail: bool = True) -> str:
@@ -308,11 +311,9 @@ class Connection:
             outcome = await self.gw.streams.request_cancel(sid)
         except STORE_ERRORS as exc:  # not found, forbidden, Redis down
             raise _refused(exc, sid=sid) from None
-        if outcome.already_finished:
-            frame = p.cancelled_frame(sid, "finished", outcome.info.finish_reason)
-        else:
-            frame = p.cancelled_frame(sid, "cancelling", None)
-        await self.send(frame)
+        done = outcome.already_finished
+        reason = outcome.info.finish_reason if done else None
+        await self.send(p.cancelled_frame(sid, "finished" if done else "cancelling", reason))
 
     # --- tails -----------------------------------------------------------------------
 

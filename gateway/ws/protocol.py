@@ -28,6 +28,8 @@ from core.wire.requests import (
     check_input_size,
     validate_messages,
     validate_params,
+    validate_request_id,
+    validate_resume_token,
 )
 
 PROTOCOL_VERSION = 1
@@ -149,9 +151,7 @@ def parse_frame(data: str, limits: Limits | None = None) -> ClientFrame:
     if kind == "cancel":
         sid = _stream_id(obj)
         token = obj.get("resume_token")
-        if token is not None and not isinstance(token, str):
-            raise ProtocolError("bad_request", "resume_token must be a string", stream_id=sid)
-        return Cancel(sid, token)
+        return Cancel(sid, None if token is None else _resume_token(token, sid))
     if kind == "resume":
         return _parse_resume(obj)
     if kind == "ping":
@@ -172,13 +172,19 @@ def _stream_id(obj: dict[str, Any]) -> str:
     return sid
 
 
+def _resume_token(token: Any, sid: str) -> str:
+    try:
+        return validate_resume_token(token)
+    except RequestError as exc:
+        raise ProtocolError(exc.code, exc.message, stream_id=sid) from None
+
+
 def _parse_resume(obj: dict[str, Any]) -> Resume:
     sid = _stream_id(obj)
     token = obj.get("resume_token")
     if token is None:
         raise ProtocolError("bad_request", "missing field 'resume_token'", stream_id=sid)
-    if not isinstance(token, str):
-        raise ProtocolError("bad_request", "resume_token must be a string", stream_id=sid)
+    token = _resume_token(token, sid)
     after = obj.get("after", 0)
     if isinstance(after, bool) or not isinstance(after, int):
         raise ProtocolError("bad_request", "after must be an integer", stream_id=sid)
@@ -188,14 +194,10 @@ def _parse_resume(obj: dict[str, Any]) -> Resume:
 
 
 def _parse_generate(obj: dict[str, Any], limits: Limits) -> Generate:
-    rid = obj.get("request_id")
-    if rid is not None:
-        if not isinstance(rid, str):
-            raise ProtocolError("bad_request", "request_id must be a string")
-        if not rid or len(rid) > limits.max_request_id:
-            raise ProtocolError(
-                "bad_request", f"request_id must be 1 to {limits.max_request_id} characters"
-            )
+    try:  # a refused id is not echoed: it may be what made it unsafe
+        rid = validate_request_id(obj.get("request_id"), limits)
+    except RequestError as exc:
+        raise ProtocolError(exc.code, exc.message) from None
     messages, prompt = obj.get("messages"), obj.get("prompt")
     if messages is not None and prompt is not None:
         raise ProtocolError(

@@ -10,15 +10,19 @@ import pytest
 from core.wire.params import SamplingParams
 from core.wire.requests import (
     DEFAULT_MAX_TOKENS_LIMIT,
+    MAX_RESUME_TOKEN,
     MAX_SEED,
     Limits,
     Message,
     RequestError,
     check_input_size,
+    is_request_id,
     validate_messages,
     validate_params,
+    validate_request_id,
+    validate_resume_token,
 )
-from gateway.http.openai_request import ApiError, parse_chat, parse_completion
+from gateway.http.openai_request import ApiError, parse_chat, parse_completion, request_id_header
 from gateway.ws import protocol as p
 
 LIMITS = Limits()
@@ -231,3 +235,78 @@ def test_input_size() -> None:
     assert info.value.code == "too_large" and info.value.field is None
     assert ws_error({}, Limits(max_input_chars=1)).code == "too_large"
     assert http_error({}, Limits(max_input_chars=1), chat=False).status == 413
+
+
+# --- ids (issue 19: ids a client chooses end up in headers and log lines) -------------
+
+UNSAFE_IDS = [
+    "r\r\nX-Evil: 1",
+    "r\n1",
+    "caf\u00e9",
+    "\u2603",
+    "a b",
+    "r\x1b[2J",
+    "a/b",
+    "",
+    "r" * 129,
+]
+
+
+@pytest.mark.parametrize("rid", UNSAFE_IDS, ids=repr)
+def test_unsafe_request_ids_are_refused_on_every_transport(rid: str) -> None:
+    with pytest.raises(RequestError) as info:
+        validate_request_id(rid, LIMITS)
+    assert (info.value.code, info.value.field) == ("bad_request", "request_id")
+    assert "request_id must be 1 to 128 characters of A-Z" in info.value.message
+    assert not is_request_id(rid)
+    frame = {"type": "generate", "request_id": rid, "prompt": "Hi"}
+    with pytest.raises(p.ProtocolError) as ws:
+        p.parse_frame(json.dumps(frame), LIMITS)
+    assert ws.value.code == "bad_request" and "request_id" in ws.value.message
+    assert ws.value.request_id is None  # a refused id is not echoed back
+    if rid:  # an empty X-Request-Id header counts as none
+        with pytest.raises(ApiError) as api:
+            request_id_header(rid, LIMITS)
+        assert (api.value.status, api.value.param) == (400, "X-Request-Id")
+        assert api.value.code == "bad_request"
+
+
+def test_safe_request_ids() -> None:
+    for rid in ("r1", "req-0f3a.b_c:9", "A" * 128, "550e8400-e29b-41d4-a716-446655440000"):
+        assert validate_request_id(rid, LIMITS) == rid and is_request_id(rid)
+        assert request_id_header(rid, LIMITS) == rid
+    assert validate_request_id(None, LIMITS) is None
+    assert request_id_header(None, LIMITS) is None and request_id_header("", LIMITS) is None
+    with pytest.raises(RequestError, match="request_id must be a string, got int"):
+        validate_request_id(5, LIMITS)
+    short = Limits(max_request_id=4)
+    with pytest.raises(RequestError, match="1 to 4 characters"):
+        validate_request_id("abcde", short)
+
+
+def test_resume_tokens_are_bounded() -> None:
+    token = "aZ09_-" * 7
+    assert validate_resume_token(token) == token
+    assert validate_resume_token("t" * MAX_RESUME_TOKEN) == "t" * MAX_RESUME_TOKEN
+    for bad in ("t" * (MAX_RESUME_TOKEN + 1), "x" * 1_000_000, "", "a b", "t\n", "t\u00e9", 5):
+        with pytest.raises(RequestError) as info:
+            validate_resume_token(bad)
+        assert (info.value.code, info.value.field) == ("bad_request", "resume_token")
+        sid = "A" * 22
+        for kind in ("resume", "cancel"):
+            frame = {"type": kind, "stream_id": sid, "resume_token": bad}
+            with pytest.raises(p.ProtocolError) as ws:
+                p.parse_frame(json.dumps(frame), LIMITS)
+            assert ws.value.code == "bad_request" and ws.value.stream_id == sid
+            assert "resume_token" in ws.value.message
+
+
+def test_a_megabyte_stop_string_is_refused_on_both_transports() -> None:
+    stop = "x" * 1_000_000  # issue 19: one string must not skip the list limits
+    assert refusal({"stop": stop}).code == "too_large"
+    assert ws_error({"stop": stop}).code == "too_large"
+    assert http_error({"stop": stop}).status == 413
+    assert http_error({"stop": stop}, chat=False).status == 413
+    for temperature in (2.0001, 1e9):
+        assert ws_error({"temperature": temperature}).code == "bad_request"
+        assert http_error({"temperature": temperature}, chat=False).status == 400

@@ -134,3 +134,27 @@ async def test_write_failure_counts_as_disconnect() -> None:
     resp = SSEResponse(frames(), keepalive=60)
     await resp(SCOPE, Client().receive, send)
     assert cleaned.is_set() and not resp.completed
+
+
+async def test_on_close_runs_when_the_headers_cannot_be_sent() -> None:
+    """A generator that never started has no ``finally``: on_close still cleans up."""
+    started, closed = asyncio.Event(), []
+
+    async def frames() -> AsyncGenerator[bytes, None]:
+        started.set()
+        yield b"data: x\n\n"
+
+    async def on_close() -> None:
+        closed.append(1)
+
+    async def send(message: Message) -> None:
+        if message["type"] == "http.response.start":  # a client gone, a header h11 refuses
+            raise RuntimeError("Illegal header value")
+
+    resp = SSEResponse(frames(), keepalive=60, on_close=on_close)
+    await resp(SCOPE, Client().receive, send)
+    assert closed == [1] and not started.is_set() and not resp.completed
+    client = Client()
+    done = SSEResponse(frames(), keepalive=60, on_close=on_close)
+    await done(SCOPE, client.receive, client.send)  # and after a normal end too
+    assert closed == [1, 1] and done.completed

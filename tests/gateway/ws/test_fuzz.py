@@ -85,6 +85,7 @@ params = (
     )
     | weird
 )
+SAFE_ID = r"[A-Za-z0-9._:-]{1,8}"  # request ids a generate accepts
 ids = st.text(max_size=30) | st.sampled_from(["A" * 22, "not-a-stream-id-0000000", ""]) | weird
 
 
@@ -111,7 +112,7 @@ def ws_frames(draw: st.DrawFn) -> str | bytes:
         if draw(st.booleans()):
             frame[name] = draw(strat)
     if kind == 19:  # a valid generate, now and then
-        frame = {"type": "generate", "request_id": draw(st.text(min_size=1, max_size=8)),
+        frame = {"type": "generate", "request_id": draw(st.from_regex(SAFE_ID, fullmatch=True)),
                  "prompt": draw(st.text(min_size=1, max_size=20)),
                  "params": {"max_tokens": draw(st.integers(1, 3))}}  # fmt: skip
     return json.dumps(frame)

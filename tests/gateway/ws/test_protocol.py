@@ -146,6 +146,20 @@ def test_bad_frames(obj: str, code: str, needle: str) -> None:
     assert frame["type"] == "error" and frame["code"] == code and frame["message"] == err.message
 
 
+@pytest.mark.parametrize("rid", ["r\r\n1", "\u2603", "r 1", "r\u2028", "r" * 129])
+def test_request_ids_that_headers_or_logs_cannot_carry_are_refused(rid: str) -> None:
+    err = error_of({"type": "generate", "request_id": rid, "prompt": "a"})
+    assert err.code == "bad_request" and err.message.startswith("request_id must be 1 to 128")
+    assert "request_id" not in err.frame()  # not echoed
+
+
+def test_resume_token_length_is_bounded() -> None:
+    for kind in ("resume", "cancel"):
+        err = error_of({"type": kind, "stream_id": SID, "resume_token": "t" * 100_000})
+        assert err.code == "bad_request" and "resume_token must be 1 to 128" in err.message
+        assert err.stream_id == SID
+
+
 def test_errors_carry_the_request_id() -> None:
     err = error_of({"type": "generate", "request_id": "r9", "prompt": "a", "params": {"top_p": 2}})
     assert err.request_id == "r9" and err.frame()["request_id"] == "r9"

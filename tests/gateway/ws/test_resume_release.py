@@ -1,0 +1,61 @@
+"""gateway/ws/connection.py in process: a resume that fails half-way gives everything back.
+
+Issue 19: an attachment taken by a resume must be released on every way out, not
+only when its tail ends: here the socket goes away (the task is cancelled) while
+the ``resumed`` frame waits for room in the send queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from gateway.streams.store import StreamStore
+from gateway.ws import protocol as p
+from gateway.ws.connection import Connection
+from worker.store import WorkerStore
+
+
+class Guard:
+    """Counts the per-key stream slots a connection holds."""
+
+    def __init__(self) -> None:
+        self.open = 0
+
+    def open_stream(self, principal: object) -> str:
+        self.open += 1
+        return "bucket"
+
+    def close_stream(self, bucket: str) -> None:
+        self.open -= 1
+
+
+def connection(slog: StreamStore, guard: Guard) -> Connection:
+    settings = SimpleNamespace(send_queue=4, max_streams_per_connection=8)
+    gw: Any = SimpleNamespace(streams=slog, guard=guard, settings=settings)
+    return Connection(SimpleNamespace(), gw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("failure", [asyncio.CancelledError, RuntimeError])
+async def test_resume_failing_before_its_tail_releases_the_attachment(
+    slog: StreamStore, wlog: WorkerStore, failure: type[BaseException]
+) -> None:
+    new = await slog.create({"prompt": "hi", "params": {}}, "r1", attach=False)
+    guard = Guard()
+    conn = connection(slog, guard)
+
+    async def send(frame: dict[str, Any]) -> None:
+        assert frame["type"] == "resumed"
+        assert len(slog.attachments.tracked) == 1  # attached by now
+        raise failure()
+
+    conn.send = send  # type: ignore[method-assign]
+    with pytest.raises(failure):
+        await conn._resume(p.Resume(new.stream_id, new.resume_token, 0))
+    assert not conn.tails and not conn.slot_of and not conn.attach_of
+    assert guard.open == 0, "the per-key slot was kept"
+    assert not slog.attachments.tracked, "the attachment outlived the resume"
+    assert await slog.redis.zcard(slog.keys.attach(new.stream_id)) == 0
