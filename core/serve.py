@@ -1,32 +1,62 @@
 """``tokenrelay serve``: embedded Redis + one engine worker + the gateway, one command.
 
+Before it starts anything, ``serve`` checks the engine options and ``--model``
+(one clear line and exit status 2 when they are wrong) and binds its port (a port
+in use fails the same way); "serving" is logged once the port is bound.
+
 Redis is an embedded redis-server unless ``--redis-url`` is given (its data
-lives under ``$TOKENRELAY_HOME/redis`` unless ``--data-dir`` says otherwise).
-The engine worker is a child process (the engine loop never shares the
-gateway's GIL) in its own session, so a terminal's Ctrl+C reaches only this
-process, which then stops the gateway, the worker and Redis in that order. The
-worker also gets SIGTERM from the kernel if this process dies (and Redis gets
-SIGKILL): nothing is left behind. A worker that crashes is restarted.
+lives under ``$TOKENRELAY_HOME/redis`` unless ``--data-dir`` says otherwise), in a
+session of its own: a terminal's Ctrl+C does not reach it, and ``serve`` stops it
+last, once the worker has written its final events. The engine worker is a child
+process (the engine loop never shares the gateway's GIL) in ``serve``'s process
+group, so Ctrl+C reaches the gateway and the worker at once and both drain
+together, for up to ``--drain-timeout``; a second Ctrl+C stops both at once.
+
+Every child dies with ``serve``, however ``serve`` ends (SIGKILL included): the
+kernel SIGKILLs it (``PR_SET_PDEATHSIG``, worker/lifecycle.py). A worker that
+crashes is restarted; one that keeps crashing stops ``serve``, which exits with
+status 1 and the worker's last error. A worker stopped by a signal stops ``serve``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import logging
 import os
+import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from core.entry import load
+from core.exposure import exposure_error
+from core.options import env_name
+from core.redis.connection import redact_url
 from core.redis.embedded import EmbeddedRedis
 from core.runtime import tokenrelay_home
 
 log = logging.getLogger("tokenrelay.serve")
 
 GATEWAY_ENTRY = "gateway.server:main"  # run in this process (core/entry.py)
+CHECK_ENTRY = "worker.main:check"  # the worker's options and model, checked here first
+
+# the worker's side of these: worker/lifecycle.py
+PARENT_ENV = "TOKENRELAY_PARENT_PID"
+STATUS_ENV = "TOKENRELAY_STATUS_FD"
+READY = "ready"
+ERROR_PREFIX = "error: "
+
+RESTART_DELAY = 1.0  # seconds before a crashed worker is started again
+MAX_EARLY_CRASHES = 3  # in a row, before the worker ever got ready: give up
+MAX_CRASHES = 5  # more than this many within CRASH_WINDOW seconds: give up
+CRASH_WINDOW = 60.0
+POLL = 0.1
 
 WORKER_FLAGS = (
     "log_level",
@@ -49,9 +79,13 @@ WORKER_FLAGS = (
 )
 
 
-def worker_command(args: argparse.Namespace, redis_url: str) -> list[str]:
-    """The command line of the worker child for these ``serve`` options."""
-    cmd = [sys.executable, "-m", "core.cli", "worker", "--redis-url", redis_url]
+def worker_command(args: argparse.Namespace) -> list[str]:
+    """The command line of the worker child for these ``serve`` options.
+
+    The Redis URL (a password, maybe) is not on it: the child gets it in its
+    environment (:class:`WorkerProcess`), which other users cannot read from ``ps``.
+    """
+    cmd = [sys.executable, "-m", "core.cli", "worker"]
     for name in WORKER_FLAGS:
         value = getattr(args, name, None)
         flag = "--" + name.replace("_", "-")
@@ -62,61 +96,175 @@ def worker_command(args: argparse.Namespace, redis_url: str) -> list[str]:
     return cmd
 
 
-class WorkerProcess:
-    """The engine worker child: started, watched (restarted on a crash), stopped."""
+def describe_exit(code: int) -> str:
+    """``exit status 2`` or ``killed by SIGSEGV``, for a ``Popen.returncode``."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+        return f"killed by signal {-code}"
+    return f"exit status {code}"
 
-    def __init__(self, cmd: list[str]) -> None:
+
+def stopped_on_purpose(code: int) -> bool:
+    """Whether a worker's exit came from a stop request (a clean drain, a signal), not a crash."""
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
+    return code in (0, 130) or -code in signals
+
+
+def _read_status(fd: int) -> tuple[bool, str | None]:
+    """``(ready, last error)`` from the status pipe of a worker that has exited."""
+    data = b""
+    with contextlib.suppress(OSError):
+        while chunk := os.read(fd, 65536):
+            data += chunk
+    lines = data.decode(errors="replace").splitlines()
+    errors = [line[len(ERROR_PREFIX) :] for line in lines if line.startswith(ERROR_PREFIX)]
+    return READY in lines, (errors[-1] if errors else None)
+
+
+class WorkerProcess:
+    """The engine worker child: started, restarted after a crash, stopped.
+
+    One thread does all three: the kernel's parent-death signal fires when the
+    *thread* that started a child ends, so the thread that starts a worker must
+    outlive it. ``on_exit`` is called (from that thread) when the worker ends for
+    good without ``serve`` asking: ``serve`` should stop then. ``failure`` holds
+    the reason when the worker kept crashing.
+    """
+
+    def __init__(
+        self, cmd: list[str], *, redis_url: str, on_exit: Callable[[], None], timeout: float
+    ) -> None:
         self.cmd = cmd
+        self.redis_url = redis_url
+        self.on_exit = on_exit
+        self.timeout = timeout  # for a drain asked by serve, before SIGKILL
+        self.failure: str | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self._stopping = threading.Event()
-        self._watcher = threading.Thread(target=self._watch, name="worker-watch", daemon=True)
+        self._now = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="worker-watch", daemon=True)
 
     def start(self) -> None:
-        self._spawn()
-        self._watcher.start()
+        self._thread.start()
 
-    def _spawn(self) -> None:
-        env = dict(os.environ, TOKENRELAY_PARENT_PID=str(os.getpid()))
-        self.proc = subprocess.Popen(self.cmd, env=env, start_new_session=True)
-        log.info("engine worker started", extra={"pid": self.proc.pid})
-
-    def _watch(self) -> None:
-        restarts: list[float] = []
-        while not self._stopping.is_set():
-            proc = self.proc
-            if proc is not None and proc.poll() is not None and not self._stopping.is_set():
-                now = time.monotonic()
-                restarts = [t for t in restarts if now - t < 60] + [now]
-                extra = {"pid": proc.pid, "code": proc.returncode}
-                log.error("engine worker exited; restarting", extra=extra)
-                if len(restarts) > 5:
-                    log.error("engine worker keeps crashing; not restarting it again")
-                    return
-                self._stopping.wait(1.0)
-                if not self._stopping.is_set():
-                    self._spawn()
-            self._stopping.wait(0.5)
-
-    def stop(self, timeout: float = 40.0) -> None:
-        """SIGTERM (the worker drains), then SIGKILL after ``timeout`` seconds."""
+    def stop(self) -> None:
+        """Ask the worker to drain (SIGUSR1) and wait until it has exited."""
         self._stopping.set()
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
+        if self._thread.ident is not None:  # started
+            self._thread.join()
+
+    def stop_now(self) -> None:
+        """A second stop request: the worker ends its streams and exits at once."""
+        self._now.set()
+
+    def _run(self) -> None:
+        crashes: list[float] = []
+        early = 0
+        while True:
+            proc, status_fd = self._spawn()
+            try:
+                while proc.poll() is None and not self._stopping.wait(POLL):
+                    pass
+                if self._stopping.is_set():
+                    self._drain(proc)
+                    return
+                ready, error = _read_status(status_fd)
+            finally:
+                os.close(status_fd)
+            code = int(proc.returncode)
+            reason = error or describe_exit(code)
+            if stopped_on_purpose(code):
+                log.info("engine worker stopped; stopping", extra={"pid": proc.pid, "code": code})
+                self.on_exit()
+                return
+            now = time.monotonic()
+            crashes = [t for t in crashes if now - t < CRASH_WINDOW] + [now]
+            early = 0 if ready else early + 1
+            extra = {"pid": proc.pid, "code": code, "error": reason}
+            if early >= MAX_EARLY_CRASHES or len(crashes) > MAX_CRASHES:
+                self.failure = reason
+                log.error("engine worker keeps crashing; stopping", extra=extra)
+                self.on_exit()
+                return
+            log.error("engine worker exited; restarting", extra=extra)
+            if self._stopping.wait(RESTART_DELAY):
+                return
+
+    def _spawn(self) -> tuple[subprocess.Popen[bytes], int]:
+        read_fd, write_fd = os.pipe()
+        env = dict(os.environ, **{PARENT_ENV: str(os.getpid()), STATUS_ENV: str(write_fd)})
+        env[env_name("--redis-url")] = self.redis_url  # not on the command line: see worker_command
         try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            log.warning("engine worker did not stop in time; killing it")
-            proc.kill()
-            proc.wait()
-        log.info("engine worker stopped", extra={"pid": proc.pid})
+            proc = subprocess.Popen(
+                self.cmd, env=env, stdin=subprocess.DEVNULL, pass_fds=(write_fd,)
+            )
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
+        os.set_blocking(read_fd, False)  # read once the worker has exited
+        self.proc = proc
+        log.info("engine worker started", extra={"pid": proc.pid})
+        return proc, read_fd
+
+    def _drain(self, proc: subprocess.Popen[bytes]) -> None:
+        """SIGUSR1 (drain), SIGTERM on a second request (stop now), SIGKILL after the timeout."""
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + self.timeout
+        hurried = False
+        while proc.poll() is None:
+            if self._now.is_set() and not hurried:
+                hurried = True
+                proc.send_signal(signal.SIGTERM)  # after a drain request: stop now
+            if time.monotonic() >= deadline:
+                log.warning("engine worker did not stop in time; killing it")
+                proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(POLL)
+        log.info("engine worker stopped", extra={"pid": proc.pid, "code": proc.returncode})
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host:port``; ``ValueError`` naming the port when it cannot."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ValueError(
+                f"port {port} on {host} is already in use (choose another with --port)"
+            ) from None
+        raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+def _stop_self() -> None:
+    """Ask this process to stop as a signal would (the gateway drains, then returns)."""
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def main(args: argparse.Namespace) -> int:
     """Entry point of ``tokenrelay serve``."""
+    refused = exposure_error(args)  # before anything starts, like the model check
+    if refused is not None:
+        raise ValueError(refused)
+    load(CHECK_ENTRY)(args)  # a bad --model: ValueError, one line, exit status 2
+    sock = listen(args.host, args.port)
     redis: EmbeddedRedis | None = None
     worker: WorkerProcess | None = None
+    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.getsignal(sig) for sig in handled}
+    for sig in (signal.SIGINT, signal.SIGTERM):  # until the gateway runs: stop starting up
+        signal.signal(sig, signal.default_int_handler)
+    signal.signal(signal.SIGHUP, lambda signum, frame: _stop_self())  # the terminal closed
+    code = 130
     try:
         url = args.redis_url
         if not url:
@@ -125,12 +273,29 @@ def main(args: argparse.Namespace) -> int:
             url = redis.url
         args.redis_url = url
         run_gateway = load(GATEWAY_ENTRY)
-        worker = WorkerProcess(worker_command(args, url))
+        timeout = float(getattr(args, "drain_timeout", 30.0)) + 10.0
+        worker = WorkerProcess(
+            worker_command(args), redis_url=url, on_exit=_stop_self, timeout=timeout
+        )
         worker.start()
-        log.info("serving", extra={"url": f"http://{args.host}:{args.port}/", "redis": url})
-        return run_gateway(args)
+        port = sock.getsockname()[1]  # the one bound (--port 0 picks a free one)
+        log.info("serving", extra={"url": f"http://{args.host}:{port}/", "redis": redact_url(url)})
+        args.listen_socket = sock
+        code = run_gateway(args)
+    except KeyboardInterrupt:
+        pass
     finally:
-        if worker is not None:
-            worker.stop(float(getattr(args, "drain_timeout", 30.0)) + 10.0)
+        if worker is not None:  # a signal now hurries the worker instead
+            hurry = worker.stop_now
+            for sig in handled:
+                signal.signal(sig, lambda signum, frame: hurry())
+            worker.stop()
         if redis is not None:
             redis.stop()
+        sock.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if worker is not None and worker.failure:
+        log.error(f"engine worker keeps crashing: {worker.failure}")
+        return 1
+    return code

@@ -87,8 +87,11 @@ def build_server(
     return GatewayServer(config, app.state.gateway)
 
 
-def run_server(server: GatewayServer) -> None:
+def run_server(server: GatewayServer, sockets: list[socket.socket] | None = None) -> None:
     """Serve until SIGINT/SIGTERM, then return normally (callers clean up after).
+
+    ``sockets``: listening sockets bound already (``tokenrelay serve`` binds its port
+    before it starts anything else); without them uvicorn binds host and port itself.
 
     uvicorn re-raises the signal that stopped it once it is done; with the
     default handlers that would kill the process before ``tokenrelay serve``
@@ -97,7 +100,7 @@ def run_server(server: GatewayServer) -> None:
     previous = {sig: signal.signal(sig, _note_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
-            runner.run(server.serve())
+            runner.run(server.serve(sockets))
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -139,5 +142,6 @@ def main(args: argparse.Namespace) -> int:
         forwarded_allow_ips=args.forwarded_allow_ips,
     )
     log.info("gateway listening", extra={"host": args.host, "port": args.port})
-    run_server(server)
+    bound = getattr(args, "listen_socket", None)  # set by tokenrelay serve
+    run_server(server, [bound] if isinstance(bound, socket.socket) else None)
     return 0

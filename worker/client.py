@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from core.wire.params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
 
 
 class StepOutput(Protocol):
@@ -62,12 +65,14 @@ class EngineClient(Protocol):
         ...
 
 
-def local_engine(args: argparse.Namespace) -> EngineClient:
-    """Our engine (:class:`engine.LLMEngine`) built from ``tokenrelay worker``'s options."""
-    from engine.config import EngineConfig
-    from engine.llm_engine import LLMEngine
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The engine settings of ``tokenrelay worker``'s options, checked (torch is not imported).
 
-    config = EngineConfig(
+    Raises ``ValueError`` with one clear line for a bad option or an unknown ``--model``.
+    """
+    from engine.config import EngineConfig
+
+    return EngineConfig(
         model=args.model,
         device=args.device,
         weights=getattr(args, "weights", "auto"),
@@ -79,4 +84,10 @@ def local_engine(args: argparse.Namespace) -> EngineClient:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
     )
-    return LLMEngine(config)
+
+
+def local_engine(args: argparse.Namespace) -> EngineClient:
+    """Our engine (:class:`engine.LLMEngine`) built from ``tokenrelay worker``'s options."""
+    from engine.llm_engine import LLMEngine
+
+    return LLMEngine(engine_config(args))

@@ -19,19 +19,18 @@ import contextlib
 import logging
 import os
 import secrets
-import signal
 import socket
 import sys
 import threading
 import time
 
 from core.redis.connection import Backoff, RedisHealth, is_outage
-from core.runtime import die_with_parent
 from core.wire.events import accepted_fields, done_fields, rejected_fields, token_fields
 from core.wire.params import SamplingParams
 from core.wire.stats import COUNTERS, WorkerStats
-from worker.client import EngineClient, local_engine
+from worker.client import EngineClient, engine_config, local_engine
 from worker.heartbeat import Heartbeat
+from worker.lifecycle import StatusPipe, die_with_serve, install_signals
 from worker.outbox import Active, Outbox, hand_back
 from worker.store import Request, WorkerStore
 from worker.telemetry import WorkerTelemetry
@@ -340,19 +339,28 @@ class Worker:
             self.wlog.unregister()
 
 
-def _die_with_parent() -> None:
-    """Get SIGTERM when the parent dies (Linux; set by ``tokenrelay serve``).
+def check(args: argparse.Namespace) -> int:
+    """``tokenrelay serve``'s check before it starts anything: the engine options and model.
 
-    ``TOKENRELAY_PARENT_PID`` names the parent; if it is already gone, exit.
+    Raises ``ValueError`` with one clear line (``tokenrelay`` exits with status 2);
+    loads and converts nothing.
     """
-    parent = os.environ.pop("TOKENRELAY_PARENT_PID", None)
-    if parent and not die_with_parent(signal.SIGTERM, int(parent)):
-        raise SystemExit(0)
+    engine_config(args)
+    return 0
 
 
 def main(args: argparse.Namespace) -> int:
     """Entry point of ``tokenrelay worker``."""
-    _die_with_parent()
+    die_with_serve()
+    status = StatusPipe.from_env()
+    try:
+        return _run_worker(args, status)
+    except Exception as exc:
+        status.failed(exc)
+        raise
+
+
+def _run_worker(args: argparse.Namespace, status: StatusPipe) -> int:
     if not args.redis_url:
         raise ValueError("--redis-url is required (or TOKENRELAY_REDIS_URL)")
     worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
@@ -365,18 +373,11 @@ def main(args: argparse.Namespace) -> int:
     worker = Worker(engine, wlog, detach_timeout=args.detach_timeout, stream_ttl=args.stream_ttl)
     worker.stopping = stop
     drain_timeout = float(getattr(args, "drain_timeout", 30.0))
-
-    def on_signal(signum: int, frame: object) -> None:
-        if worker.draining.is_set():  # a second signal: stop now
-            stop.set()
-        else:
-            worker.drain(drain_timeout)
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    install_signals(lambda: worker.drain(drain_timeout), stop.set, worker.draining.is_set)
     worker._publish_stats()
     Heartbeat(worker, args.redis_url, prefix).start()
     log.info("worker ready", extra={"worker": worker_id, **engine.stats()})
+    status.ready()
     worker.run()
     log.info("worker stopped", extra={"worker": worker_id, "drained": worker.draining.is_set()})
     return 0

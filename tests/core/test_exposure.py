@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -49,3 +50,16 @@ def test_the_gateway_exits_2_before_it_listens(redis_server: EmbeddedRedis) -> N
     assert proc.returncode == 2
     lines = [json.loads(ln) for ln in proc.stderr.splitlines() if ln.startswith("{")]
     assert any("refusing to listen on 0.0.0.0" in ln["msg"] for ln in lines), proc.stderr
+
+
+def test_serve_refuses_before_it_starts_anything(tmp_path: Path) -> None:
+    """No Redis, no worker, no model load: one line and exit status 2."""
+    data = tmp_path / "redis"
+    proc = subprocess.run(
+        [sys.executable, "-m", "core.cli", "serve", "--host", "0.0.0.0",
+         "--port", str(free_port()), "--data-dir", str(data)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "refusing to listen on 0.0.0.0 without API keys" in proc.stderr
+    assert not data.exists()  # the embedded Redis never started
