@@ -11,7 +11,7 @@ import argparse
 import asyncio
 import logging
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from core import options
 from core.runtime import version
@@ -19,6 +19,7 @@ from core.wire.keys import DEFAULT_PREFIX
 from gateway.access.auth import SecuritySettings
 from gateway.access.guard import Guard
 from gateway.observe.metrics import GatewayMetrics
+from gateway.observe.readiness import ReadinessWatch
 from gateway.streams.store import StreamStore
 from gateway.ws import protocol as p
 
@@ -91,9 +92,23 @@ class Gateway:
         self.shutting_down = False
         self.metrics = GatewayMetrics(self)
         self.server_name = f"tokenrelay/{version()}"
+        self.readiness = ReadinessWatch(self)  # is a worker ready? (hello, notices)
+
+    async def hello(self) -> dict[str, Any]:
+        """The ``hello`` frame a new WebSocket gets (docs/protocol.md)."""
+        if not self.readiness.ready:  # a worker may have come up within the last second
+            await self.readiness.check(fresh=True)
+        return p.hello_frame(
+            self.settings.heartbeat,
+            max_frame_bytes=self.settings.max_frame_bytes,
+            server=self.server_name,
+            worker_ready=self.readiness.ready,
+        )
 
     async def start(self) -> None:
         await self.streams.start()
+        await self.readiness.check()
+        self.readiness.start()
         log.info("gateway started", extra={"gateway_id": self.streams.gateway_id})
 
     async def close_connections(self, code: int = p.CLOSE_GOING_AWAY, wait: float = 2.0) -> None:
@@ -106,5 +121,6 @@ class Gateway:
             await asyncio.sleep(0.02)
 
     async def stop(self) -> None:
+        await self.readiness.stop()
         await self.close_connections()
         await self.streams.close()

@@ -562,7 +562,7 @@ function finishActive(record, announcement) {
 
 function send() {
   const text = composer.value.trim();
-  if (!text || active) return;
+  if (!text || active || !client.workerReady) return; // held until a worker is ready
   let conv = current();
   if (!conv) {
     conv = newConversation();
@@ -629,13 +629,16 @@ const connLabel = $("connection-label");
 let resumedTimer = 0;
 
 function showState(state) {
-  connEl.dataset.state = state;
+  // connected, but no engine worker ready yet: say so, and hold the send button
+  const loading = state === "open" && !client.workerReady;
+  connEl.dataset.state = loading ? "loading" : state;
+  sendBtn.disabled = loading;
   if (state !== "open") {
     delete connEl.dataset.resumed;
     clearTimeout(resumedTimer);
   }
   if (state === "open" && connEl.dataset.resumed === "true") return;
-  connLabel.textContent = STATE_LABELS[state] ?? state;
+  connLabel.textContent = loading ? "Loading model..." : (STATE_LABELS[state] ?? state);
 }
 
 function flashResumed() {
@@ -652,6 +655,7 @@ client.addEventListener("state", (e) => {
   showState(e.detail.state);
   updateDebug();
 });
+client.addEventListener("readiness", () => showState(client.state));
 
 // --- debug panel -------------------------------------------------------------------------
 

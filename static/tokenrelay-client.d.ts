@@ -186,6 +186,8 @@ export interface ClientEventMap {
     message?: string;
   }>;
   open: CustomEvent<{ hello: Record<string, unknown> }>;
+  /** An engine worker became ready, after a hello that said none was. */
+  readiness: CustomEvent<{ ready: boolean }>;
   /** Information from the gateway, e.g. `shutting_down` while it drains (see docs/protocol.md). */
   notice: CustomEvent<{ code: string; message: string; drainS: number | null }>;
   resumed: CustomEvent<{ stream: TokenRelayStream; after: number }>;
@@ -201,6 +203,8 @@ export declare class TokenRelayClient extends EventTarget {
   readonly state: ConnectionState;
   readonly streams: TokenRelayStream[];
   readonly hello: Record<string, unknown> | null;
+  /** Whether an engine worker is ready to take a generate (from the gateway's hello/notices). */
+  readonly workerReady: boolean;
   readonly stats: {
     connects: number;
     reconnects: number;

@@ -234,6 +234,7 @@ export class TokenRelayStream extends EventTarget {
  * A protocol v1 client. Events (CustomEvent, data in `event.detail`):
  * - `state` `{state, previous, attempt, delay}`: connection state changes
  * - `open` `{hello}`: the server said hello on a new socket
+ * - `readiness` `{ready}`: an engine worker became ready (after a hello that said none was)
  * - `resumed` `{stream, after}`: a stream was re-attached
  * - `heartbeat-timeout` `{}`: the socket went silent and is being replaced
  * - `error` `{code, message, frame}`: an error frame not tied to a stream of ours
@@ -273,6 +274,9 @@ export class TokenRelayClient extends EventTarget {
     /** @type {Map<string, TokenRelayStream>} @private */ this._byRequest = new Map();
     /** @type {Map<string, TokenRelayStream>} @private */ this._byStream = new Map();
     /** @type {object|null} the last `hello` frame */ this.hello = null;
+    /** Whether an engine worker is ready (`hello.worker_ready`, then a `worker_ready`
+     * notice); a generate sent before gets `unavailable`. */
+    this.workerReady = true;
     /** Counters for dashboards and the debug panel. */
     this.stats = {
       connects: 0,
@@ -701,6 +705,13 @@ export class TokenRelayClient extends EventTarget {
     }, backoffDelay(s._retries, this.options, this._random));
   }
 
+  /** @private @param {boolean} ready */
+  _setReady(ready) {
+    if (ready === this.workerReady) return;
+    this.workerReady = ready;
+    this.dispatchEvent(event("readiness", { ready }));
+  }
+
   /** @private @param {any} f */
   _handle(f) {
     this.dispatchEvent(event("frame", { frame: f }));
@@ -708,11 +719,13 @@ export class TokenRelayClient extends EventTarget {
       case "hello":
         this.hello = f;
         this._attempt = 0;
+        this._setReady(f.worker_ready !== false);
         this.dispatchEvent(event("open", { hello: f }));
         return;
       case "pong":
         return;
       case "notice":
+        if (f.code === "worker_ready") this._setReady(true);
         // e.g. {"code":"shutting_down","drain_s":30}: the gateway is draining; the socket
         // closes with 1001 later and the client resumes its streams elsewhere on its own
         this.dispatchEvent(

@@ -78,7 +78,8 @@ header .title { font-weight: 600; flex: 1; min-width: 0; overflow: hidden; text-
 .conn { display: inline-flex; align-items: center; gap: 5px; font-size: 12px; opacity: 0.9; white-space: nowrap; }
 .conn .dot { width: 7px; height: 7px; border-radius: 50%; background: #cbd5e1; }
 .conn[data-state="open"] .dot { background: #4ade80; }
-.conn[data-state="connecting"] .dot, .conn[data-state="reconnecting"] .dot { background: #fbbf24; }
+.conn[data-state="connecting"] .dot, .conn[data-state="loading"] .dot,
+.conn[data-state="reconnecting"] .dot { background: #fbbf24; }
 .conn[data-state="offline"] .dot, .conn[data-state="closed"] .dot { background: #f87171; }
 .close { background: none; border: 0; color: inherit; cursor: pointer; font-size: 20px; line-height: 1; width: 32px; height: 32px; border-radius: 8px; }
 .close:hover { background: rgb(255 255 255 / 0.15); }
@@ -190,6 +191,7 @@ header .title { font-weight: 600; flex: 1; min-width: 0; overflow: hidden; text-
         if (!this._client) {
           this._client = new TokenRelayClient({ endpoint: this._endpoint() });
           this._client.addEventListener("state", (e) => this._showState(e.detail.state));
+          this._client.addEventListener("readiness", () => this._showState(this._client.state));
           this._client.addEventListener("resumed", () => {
             this._conn.dataset.resumed = "true";
             this._connLabel.textContent = "Resumed";
@@ -330,9 +332,14 @@ header .title { font-weight: 600; flex: 1; min-width: 0; overflow: hidden; text-
       }
 
       _showState(state) {
-        this._conn.dataset.state = state;
+        // connected, but no engine worker ready yet: say so, and hold the send button
+        const loading = state === "open" && !this._client.workerReady;
+        this._conn.dataset.state = loading ? "loading" : state;
+        this._send.disabled = loading;
         if (state !== "open") delete this._conn.dataset.resumed;
-        if (this._conn.dataset.resumed !== "true") this._connLabel.textContent = LABELS[state] || state;
+        if (this._conn.dataset.resumed !== "true") {
+          this._connLabel.textContent = loading ? "Loading model..." : LABELS[state] || state;
+        }
       }
 
       _params() {
@@ -381,7 +388,8 @@ header .title { font-weight: 600; flex: 1; min-width: 0; overflow: hidden; text-
       /** Send a user message (also what the Send button does). */
       send(text) {
         text = String(text ?? "").trim();
-        if (!text || this._active) return;
+        // held (the text stays in the box) until an engine worker is ready
+        if (!text || this._active || (this._client && !this._client.workerReady)) return;
         this._input.value = "";
         this._messages.push({ role: "user", content: text });
         const history = [];

@@ -73,6 +73,7 @@ class Connection:
         self._closing = False  # no new frames are taken (what is queued still goes)
         self._dead = False  # a write failed: nothing more can be sent
         self._send_lock = asyncio.Lock()  # one socket write at a time, in arrival order
+        self.waiting_for_worker = False  # hello said no worker was ready: tell it when one is
 
     # --- lifecycle ---------------------------------------------------------------
 
@@ -85,13 +86,9 @@ class Connection:
             elif len(self.gw.connections) > self.gw.settings.max_connections:
                 self.close(p.CLOSE_OVERLOADED, "too many connections")
             else:
-                await self.send(
-                    p.hello_frame(
-                        self.gw.settings.heartbeat,
-                        max_frame_bytes=self.gw.settings.max_frame_bytes,
-                        server=self.gw.server_name,
-                    )
-                )
+                hello = await self.gw.hello()
+                await self.send(hello)
+                self.waiting_for_worker = not hello["worker_ready"]  # a notice will follow
                 await self._read_loop()
         finally:
             tails = list(self.tails.values())

@@ -236,13 +236,16 @@ def encode(frame: dict[str, Any]) -> str:
     return _ENCODER.encode(frame)
 
 
-def hello_frame(heartbeat_s: float, *, max_frame_bytes: int, server: str) -> dict[str, Any]:
+def hello_frame(
+    heartbeat_s: float, *, max_frame_bytes: int, server: str, worker_ready: bool = True
+) -> dict[str, Any]:
     return {
         "type": "hello",
         "protocol": PROTOCOL_VERSION,
         "heartbeat_s": heartbeat_s,
         "max_frame_bytes": max_frame_bytes,
         "server": server,
+        "worker_ready": worker_ready,  # else a ``worker_ready`` notice follows when one is
     }
 
 

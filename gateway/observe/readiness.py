@@ -1,0 +1,86 @@
+"""Whether an engine worker is ready, followed once a second and told to every socket.
+
+A gateway comes up before its worker has loaded the model (``serve`` starts them
+together; a fleet adds workers later). Until a worker's heartbeat is in Redis a
+generate gets ``unavailable``. Instead of a page that says "Connected" and then
+fails, the ``hello`` frame carries ``worker_ready``, and a socket told ``false``
+gets one ``worker_ready`` notice as soon as a worker is; pages hold their send
+button meanwhile (static/app.js, static/widget.js). A socket told ``true`` gets
+no notice when workers come and go (its generates get ``unavailable`` then, as
+before): readiness notices never interleave with the frames of running streams.
+``/readyz`` reads the same state from Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+from gateway.drain import notice_frame
+from gateway.streams.store import RedisUnavailable
+
+if TYPE_CHECKING:
+    from gateway.state import Gateway
+
+log = logging.getLogger("tokenrelay.app")
+
+POLL_S = 1.0
+
+READY = ("worker_ready", "an engine worker is ready")
+
+
+async def workers_ready(gw: Gateway, *, fresh: bool = False) -> bool:
+    """At least one live worker that is not draining (cached for a second unless ``fresh``)."""
+    workers = await gw.streams.live_workers(max_age=0 if fresh else 1.0)
+    if not workers:
+        return False
+    return not all(await gw.streams.workers_draining(workers))
+
+
+class ReadinessWatch:
+    """Keeps ``ready`` current; tells the sockets waiting for a worker when one is."""
+
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        self.ready = False
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="readiness")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def check(self, *, fresh: bool = False) -> bool:
+        """Look now; log a change; once ready, tell the sockets whose hello said not ready.
+
+        ``fresh``: past the one-second cache (a new socket's hello must not lag
+        ``/readyz``, which reads Redis directly).
+        """
+        try:
+            ready = await workers_ready(self.gw, fresh=fresh)
+        except RedisUnavailable:
+            ready = False
+        if ready != self.ready:
+            self.ready = ready
+            log.info("worker readiness", extra={"worker_ready": ready})
+        if ready:
+            waiting = [c for c in self.gw.connections if c.waiting_for_worker]
+            for conn in waiting:
+                conn.waiting_for_worker = False
+                with contextlib.suppress(Exception):  # closing meanwhile, or not reading
+                    await asyncio.wait_for(conn.send(notice_frame(*READY)), 1.0)
+        return ready
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.check()
+            except Exception:  # never let the watch die: log and look again
+                log.exception("worker readiness check failed")
+            await asyncio.sleep(POLL_S)
