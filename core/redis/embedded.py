@@ -17,6 +17,7 @@ whatever writes to it has finished.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import importlib.util
 import logging
 import os
@@ -91,6 +92,7 @@ class EmbeddedRedis:
         self.port = port
         self.startup_timeout = startup_timeout
         self.proc: subprocess.Popen[bytes] | None = None
+        self._lock_fd: int | None = None  # flock on data_dir/owner.lock while this one runs it
         self._socket_dir: str | None = None
         self.socket_path = self._pick_socket_path()
 
@@ -115,9 +117,34 @@ class EmbeddedRedis:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def _lock(self) -> None:
+        """Own ``data_dir`` (one embedded Redis per folder), else ``ValueError`` naming it.
+
+        Two ``serve`` processes with the same ``TOKENRELAY_HOME`` would otherwise share
+        one socket and one AOF. The lock dies with this process, however it ends.
+        """
+        if self._lock_fd is not None:
+            return
+        fd = os.open(self.data_dir / "owner.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ValueError(
+                f"{self.data_dir} is in use by another tokenrelay serve (its embedded Redis): "
+                "stop that one, or give this one its own --data-dir or TOKENRELAY_HOME"
+            ) from None
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)  # closing releases the flock
+
     def start(self) -> EmbeddedRedis:
         if self.running:
             return self
+        self._lock()
         binary = find_redis_server()
         if self.use_tcp and self.port is None:
             self.port = _free_port()
@@ -144,7 +171,11 @@ class EmbeddedRedis:
             start_new_session=True,  # out of reach of the terminal's Ctrl+C
             preexec_fn=lambda: _exit_unless(die_with_parent(signal.SIGKILL, parent)),
         )
-        self._wait_ready()
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()  # reaps it and gives the folder back
+            raise
         log.info("embedded redis started", extra={"url": self.url, "pid": self.proc.pid})
         return self
 
@@ -174,6 +205,7 @@ class EmbeddedRedis:
         """Shut the server down (SIGTERM: Redis flushes its AOF), then reap it."""
         proc, self.proc = self.proc, None
         if proc is None:
+            self._unlock()
             return
         if proc.poll() is None:
             proc.terminate()
@@ -182,6 +214,7 @@ class EmbeddedRedis:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        self._unlock()
         log.info("embedded redis stopped", extra={"url": self.url})
 
     def kill(self) -> None:

@@ -123,3 +123,35 @@ def test_session_fixture_works(redis_server: EmbeddedRedis) -> None:
     c = redis_server.client()
     assert c.ping()
     c.close()
+
+
+def test_one_embedded_redis_per_data_folder(tmp_path: Path) -> None:
+    """Two serves with one TOKENRELAY_HOME: the second fails clearly, not on a shared socket."""
+    first = EmbeddedRedis(tmp_path).start()
+    try:
+        with pytest.raises(ValueError, match="in use by another tokenrelay serve"):
+            EmbeddedRedis(tmp_path).start()
+        first.kill()  # a restart of the same manager keeps the folder (fault tests do this)
+        first.start()
+        assert first.client().ping()
+    finally:
+        first.stop()
+    second = EmbeddedRedis(tmp_path).start()  # stopped: free again
+    second.stop()
+
+
+def test_serve_refuses_a_data_folder_in_use(tmp_path: Path) -> None:
+    """The same check from `tokenrelay serve`: one line, exit status 2."""
+    from tests.gateway.procs import free_port
+
+    held = EmbeddedRedis(tmp_path).start()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "core.cli", "serve", "--port", str(free_port()),
+             "--data-dir", str(tmp_path)],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert "in use by another tokenrelay serve" in proc.stderr
+    finally:
+        held.stop()
