@@ -25,18 +25,22 @@ def is_loopback(host: str) -> bool:
         return False  # a hostname or a wildcard: assume it is reachable from outside
 
 
+def _unguarded(args: argparse.Namespace) -> bool:
+    """A non-loopback ``--host`` with neither ``--api-keys`` nor ``--api-keys-file``."""
+    keys = getattr(args, "api_keys", None) or getattr(args, "api_keys_file", None)
+    return not keys and not is_loopback(str(args.host))
+
+
 def exposure_error(args: argparse.Namespace) -> str | None:
     """Why ``gateway``/``serve`` must not start with these options, or ``None``.
 
     Refuses a non-loopback ``--host`` without ``--api-keys``/``--api-keys-file``
     unless ``--insecure-no-auth`` is given.
     """
-    host = str(args.host)
-    keys = bool(getattr(args, "api_keys", None) or getattr(args, "api_keys_file", None))
-    if keys or is_loopback(host) or getattr(args, "insecure_no_auth", False):
+    if not _unguarded(args) or getattr(args, "insecure_no_auth", False):
         return None
     return (
-        f"refusing to listen on {host} without API keys: anyone who reaches the port could "
+        f"refusing to listen on {args.host} without API keys: anyone who reaches the port could "
         f"use the model. Set --api-keys (or --api-keys-file), bind 127.0.0.1, or pass "
         f"{INSECURE_FLAG} (env TOKENRELAY_INSECURE_NO_AUTH=1) to serve without authentication"
     )
@@ -44,8 +48,7 @@ def exposure_error(args: argparse.Namespace) -> str | None:
 
 def insecure_banner(args: argparse.Namespace) -> str | None:
     """The warning to log when the operator chose to serve a network without keys."""
-    keys = bool(getattr(args, "api_keys", None) or getattr(args, "api_keys_file", None))
-    if keys or is_loopback(str(args.host)) or not getattr(args, "insecure_no_auth", False):
+    if not _unguarded(args) or not getattr(args, "insecure_no_auth", False):
         return None
     return (
         f"INSECURE: listening on {args.host} with no API keys ({INSECURE_FLAG}): "
