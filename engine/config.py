@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.attention.registry import BACKENDS
+from engine.attention.registry import BACKENDS, choose
 from engine.models.store import locate_model
 
 log = logging.getLogger("tokenrelay.engine")
@@ -89,6 +89,8 @@ class EngineConfig:
                 f"attention_backend must be one of {', '.join(BACKENDS)}, "
                 f"got {self.attention_backend!r}"
             )
+        if self.device == "cpu":  # no torch needed to know a backend cannot run there
+            choose(self.attention_backend, "cpu", self.dtype or "float32")
         if not isinstance(self.enforce_eager, bool):
             raise ValueError(f"enforce_eager must be a boolean, got {self.enforce_eager!r}")
         if self.kv_cache_memory is not None:

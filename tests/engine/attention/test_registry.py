@@ -86,6 +86,8 @@ def test_engine_config_checks_the_name_and_the_switch() -> None:
         EngineConfig(attention_backend="xformers")
     with pytest.raises(ValueError, match="enforce_eager must be a boolean"):
         EngineConfig(enforce_eager="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="flash-attn needs a CUDA device"):
+        EngineConfig(device="cpu", attention_backend="flash-attn")  # before any worker starts
     with pytest.raises(ValueError, match="block_size must be a power of two"):
         EngineConfig(block_size=48)
     config = EngineConfig()
