@@ -17,7 +17,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 STAMP := $(VENV)/.installed
 SOURCES := pyproject.toml
 
-.PHONY: run test test-fast lint typecheck pytest install model browser bench clean
+.PHONY: run test test-fast lint typecheck pytest install model browser js bench clean
 
 $(STAMP): $(SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,15 @@ browser:
 		echo "chromium could not be installed: browser tests will be skipped"; \
 	else echo "chromium missing and apt-get unavailable (not root): browser tests will be skipped"; fi
 
+# Pinned JS tooling for the tests (tests/js/package-lock.json): tsc and the openai SDK.
+JS_STAMP := tests/js/node_modules/.installed
+$(JS_STAMP): tests/js/package.json tests/js/package-lock.json
+	@if command -v npm >/dev/null; then \
+		npm ci --prefix tests/js --no-audit --no-fund --loglevel=error && touch $(JS_STAMP); \
+	else echo "npm missing: the JS package and SDK tests will be skipped"; fi
+
+js: $(JS_STAMP)
+
 run: model
 	$(VENV)/bin/tokenrelay serve --host $(HOST) --port $(PORT)
 
@@ -52,17 +61,17 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-pytest: $(STAMP) model browser
+pytest: $(STAMP) model browser js
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 test: lint typecheck pytest
 
 # For iteration: the same checks without the browser, slow end-to-end and soak tests.
-test-fast: lint typecheck $(STAMP) model
+test-fast: lint typecheck $(STAMP) model js
 	$(PY) -m pytest -q -x -m "not slow and not browser" --deselect tests/bench/test_soak.py
 
 bench: model
 	$(PY) -m bench.engine_throughput
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache tests/js/node_modules
