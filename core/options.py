@@ -29,6 +29,7 @@ WS_TOKEN_TTL = 60.0
 MAX_STREAMS_PER_KEY = 256
 MAX_STREAMS_PER_ADDRESS = 64  # without keys, per client address off this host
 RATE_LIMIT_PER_ADDRESS = 600.0  # requests per minute, the same
+REDIS_MAXMEMORY = "1gb"  # the embedded Redis' limit (core/redis/embedded.py)
 
 
 def env_name(flag: str) -> str:
@@ -138,6 +139,14 @@ def add_worker_options(p: argparse.ArgumentParser) -> None:
     add_redis_url(p, required=True)
     add_engine_options(p)
     add_stream_options(p)
+    add_health_options(p)
+
+
+def add_health_options(p: argparse.ArgumentParser) -> None:
+    """The worker's own ``/healthz`` and ``/metrics`` port (worker/health.py); not on serve."""
+    add(p, "--health-port", default=0, type=int,
+        help="port of the worker's /healthz and /metrics (0: off)")  # fmt: skip
+    add(p, "--health-host", default="127.0.0.1", help="address of --health-port")
 
 
 def add_serve_options(p: argparse.ArgumentParser) -> None:
@@ -147,6 +156,9 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
     add_engine_options(p)
     add_stream_options(p)
     add(p, "--data-dir", default=None, help="embedded Redis data folder (default: under the cache)")
+    add(p, "--redis-maxmemory", default=REDIS_MAXMEMORY,
+        help="embedded Redis' memory limit (512mb, 2gb, bytes; 0: none); when full it "
+        "refuses new streams, never drops one")  # fmt: skip
 
 
 def add_security_options(p: argparse.ArgumentParser) -> None:

@@ -5,12 +5,13 @@ Before it starts anything, ``serve`` checks the engine options and ``--model``
 in use fails the same way); "serving" is logged once the port is bound.
 
 Redis is an embedded redis-server unless ``--redis-url`` is given (its data
-lives under ``$TOKENRELAY_HOME/redis`` unless ``--data-dir`` says otherwise), in a
-session of its own: a terminal's Ctrl+C does not reach it, and ``serve`` stops it
-last, once the worker has written its final events. The engine worker is a child
-process (the engine loop never shares the gateway's GIL) in ``serve``'s process
-group, so Ctrl+C reaches the gateway and the worker at once and both drain
-together, for up to ``--drain-timeout``; a second Ctrl+C stops both at once.
+lives under ``$TOKENRELAY_HOME/redis`` unless ``--data-dir`` says otherwise; its
+memory is bounded by ``--redis-maxmemory``, and a full one refuses writes instead
+of evicting), in a session of its own: a terminal's Ctrl+C does not reach it, and
+``serve`` stops it last, once the worker has written its final events. The engine
+worker is a child process (the engine loop never shares the gateway's GIL) in
+``serve``'s process group, so Ctrl+C reaches the gateway and the worker at once and
+both drain together, for up to ``--drain-timeout``; a second Ctrl+C stops both at once.
 
 Every child dies with ``serve``, however ``serve`` ends (SIGKILL included): the
 kernel SIGKILLs it (``PR_SET_PDEATHSIG``, worker/lifecycle.py). A worker that
@@ -38,7 +39,7 @@ from core.entry import load
 from core.exposure import exposure_error
 from core.options import env_name
 from core.redis.connection import redact_url
-from core.redis.embedded import EmbeddedRedis
+from core.redis.embedded import EmbeddedRedis, parse_memory
 from core.runtime import tokenrelay_home
 
 log = logging.getLogger("tokenrelay.serve")
@@ -255,6 +256,10 @@ def main(args: argparse.Namespace) -> int:
     refused = exposure_error(args)  # before anything starts, like the model check
     if refused is not None:
         raise ValueError(refused)
+    try:
+        maxmemory = parse_memory(args.redis_maxmemory)
+    except ValueError as exc:
+        raise ValueError(f"--redis-maxmemory: {exc}") from None
     load(CHECK_ENTRY)(args)  # a bad --model: ValueError, one line, exit status 2
     sock = listen(args.host, args.port)
     redis: EmbeddedRedis | None = None
@@ -269,7 +274,7 @@ def main(args: argparse.Namespace) -> int:
         url = args.redis_url
         if not url:
             data_dir = Path(args.data_dir) if args.data_dir else tokenrelay_home() / "redis"
-            redis = EmbeddedRedis(data_dir).start()
+            redis = EmbeddedRedis(data_dir, maxmemory=maxmemory).start()
             url = redis.url
         args.redis_url = url
         run_gateway = load(GATEWAY_ENTRY)

@@ -1,7 +1,7 @@
 """docker/: what the images and the compose file promise, checked without Docker.
 
 No Docker daemon here: the files are read as text (Dockerfiles) and YAML (compose), and the
-workers' HEALTHCHECK command runs for real against the test Redis.
+workers' HEALTHCHECK command runs for real against a worker's health port (worker/health.py).
 """
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ import shlex
 import subprocess
 import sys
 import tomllib
-import uuid
 from typing import Any
 
 import pytest
 
 from core.redis.embedded import EmbeddedRedis
-from core.wire.stats import WorkerStats
+from tests.gateway.procs import free_port
 from tests.root import ROOT
-from worker.store import WorkerStore
+from tests.worker.test_health import make_worker
+from worker.health import HealthServer
 
 DOCKER = ROOT / "docker"
 CUDA = DOCKER / "Dockerfile.cuda"
@@ -68,7 +68,9 @@ def test_cuda_image_is_a_triton_worker_run_by_a_user() -> None:
     users = [a for w, a in ins if w == "USER"]
     assert users and users[-1] not in ("root", "0")
     assert words.index("USER") < words.index("CMD")
-    assert "HEALTHCHECK" in words and "EXPOSE" not in words  # a worker serves no port
+    # its health port listens on loopback only (the HEALTHCHECK's): nothing to EXPOSE
+    assert "HEALTHCHECK" in words and "EXPOSE" not in words
+    assert any("TOKENRELAY_HEALTH_PORT=9100" in a for w, a in ins if w == "ENV")
     assert ins[-1] == ("CMD", '["tokenrelay", "worker", "--device", "cuda"]')
 
 
@@ -112,33 +114,36 @@ def test_compose_gpu_profile() -> None:
     for svc in services.values():
         if "build" in svc:
             assert (ROOT / svc["build"]["dockerfile"]).is_file()
-    # both workers are checked by their heartbeat, the same way the CUDA image checks it
+    # both workers open their health port, checked the same way the CUDA image checks it
     for name in ("worker", "worker-gpu"):
+        assert services[name]["environment"]["TOKENRELAY_HEALTH_PORT"] == "9100"
         test = services[name]["healthcheck"]["test"]
         assert test[:3] == ["CMD", "python", "-c"]
         assert test[3] == _healthcheck_code(CUDA)
 
 
-def _healthy(code: str, url: str, prefix: str) -> bool:
-    env = {"TOKENRELAY_REDIS_URL": url, "TOKENRELAY_REDIS_PREFIX": prefix, "PATH": ""}
+def _healthy(code: str, port: int) -> bool:
+    env = {"TOKENRELAY_HEALTH_PORT": str(port), "PATH": ""}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=30)
     assert proc.returncode in (0, 1), proc.stderr.decode()
     return proc.returncode == 0
 
 
-def test_worker_healthcheck_follows_the_heartbeat(redis_server: EmbeddedRedis) -> None:
+def test_worker_healthcheck_asks_the_health_port(redis_server: EmbeddedRedis) -> None:
+    """Unhealthy while nothing listens, while the model loads and while draining."""
     code = _healthcheck_code(CUDA)
-    prefix = f"hc-{uuid.uuid4().hex[:8]}:"
-    store = WorkerStore(redis_server.url, "hc-worker", prefix=prefix)
-    other = WorkerStore(redis_server.url, "elsewhere", prefix=prefix)
-    assert not _healthy(code, redis_server.url, prefix)  # still loading: no heartbeat yet
-    other.redis.hset(f"{prefix}w:elsewhere", mapping={"host": "another-container"})
-    other.redis.sadd(f"{prefix}workers", "elsewhere")
-    assert not _healthy(code, redis_server.url, prefix)  # another host's worker is not ours
-    store.heartbeat(WorkerStats(worker_id="hc-worker"))
-    assert _healthy(code, redis_server.url, prefix)
-    store.unregister()  # stopped (or its heartbeat expired)
-    assert not _healthy(code, redis_server.url, prefix)
+    assert not _healthy(code, free_port())  # not started yet
+    server = HealthServer("hc-worker").start()
+    worker = make_worker(redis_server.url)
+    try:
+        assert not _healthy(code, server.port)  # loading
+        server.attach(worker)
+        assert _healthy(code, server.port)
+        worker.drain(30)
+        assert not _healthy(code, server.port)
+    finally:
+        server.close()
+        worker.wlog.close()
 
 
 def test_the_build_context_leaves_out_the_checkout_state() -> None:

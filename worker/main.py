@@ -28,6 +28,7 @@ from core.redis.connection import Backoff, RedisHealth, is_outage
 from core.wire.events import accepted_fields, done_fields, rejected_fields, token_fields
 from core.wire.params import SamplingParams
 from core.wire.stats import COUNTERS, WorkerStats
+from worker.health import start_health
 from worker.client import EngineClient, engine_config, local_engine
 from worker.heartbeat import Heartbeat
 from worker.lifecycle import StatusPipe, die_with_serve, install_signals
@@ -313,6 +314,7 @@ class Worker:
 
     def fresh_snapshot(self, timeout: float) -> WorkerStats:
         """The stats as the loop's current iteration ends (called by the heartbeat thread).
+    health = start_health(args, worker_id)  # --health-port: 503 "loading" until attached
 
         Waits at most ``timeout``; a longer iteration (a long prefill, an outage) gives
         the last snapshot, at most :data:`STATS_MAX_AGE` older than that iteration.
@@ -323,6 +325,8 @@ class Worker:
         return self.snapshot
 
     def _shutdown(self) -> None:
+    if health is not None:
+        health.attach(worker)  # its loop runs in this thread
         message = "engine worker shut down before the stream finished"
         if self.draining.is_set() and time.monotonic() >= self.drain_deadline:
             message += " (drain timeout)"

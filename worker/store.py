@@ -20,7 +20,7 @@ from typing import Any
 
 import redis
 
-from core.redis.connection import connect_sync, queue_script
+from core.redis.connection import connect_sync, is_full, queue_script
 from core.wire.events import plan_finish, seq_of
 from core.wire.keys import DEFAULT_PREFIX, GROUP, HEARTBEAT_TTL, MAXLEN, WORKER_DEAD_GRACE, Keys
 from core.wire.scripts import (
@@ -277,7 +277,12 @@ class WorkerStore:
     # --- liveness --------------------------------------------------------------------
 
     def heartbeat(self, stats: WorkerStats) -> None:
-        """Refresh this worker's heartbeat key with its current stats."""
+        """Refresh this worker's heartbeat key with its current stats.
+
+        A full Redis (maxmemory) refuses the stats; the key's expiry is still
+        renewed (``PEXPIRE`` needs no memory), so gateways do not take this worker
+        for dead, and the error is raised for the caller to report.
+        """
         key = self.keys.worker(self.worker_id)
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(
@@ -291,7 +296,12 @@ class WorkerStore:
         )
         pipe.pexpire(key, int(HEARTBEAT_TTL * 1000))
         pipe.sadd(self.keys.workers, self.worker_id)
-        pipe.execute()
+        try:
+            pipe.execute()
+        except redis.ResponseError as exc:
+            if is_full(exc):
+                self.redis.pexpire(key, int(HEARTBEAT_TTL * 1000))
+            raise
 
     def unregister(self) -> None:
         """Remove this worker's heartbeat (clean exit)."""

@@ -5,6 +5,11 @@ through clients made here: RESP2 replies, short connect timeouts and a single
 quick retry, so an outage surfaces in well under a second instead of after
 redis-py's default ten retries. :class:`RedisHealth` logs one line when Redis
 goes away and one when it is back, however many calls fail in between.
+
+A Redis at its ``maxmemory`` (``noeviction``: the embedded one, core/redis/embedded.py)
+refuses writes with ``OOM`` but still answers reads: :func:`is_full` tells that apart,
+and :func:`is_outage` counts it as an outage, so every caller that waits out an outage
+(the worker keeps its events and writes them again) waits out a full Redis too.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
     ConnectionError,
     OSError,
 )
+# What Redis says when it refuses a write at maxmemory (after its "OOM" error code).
+OOM_MESSAGE = "command not allowed when used memory > 'maxmemory'"
 
 
 def redact_url(url: str) -> str:
@@ -47,13 +54,24 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
 
 
+def is_full(exc: BaseException) -> bool:
+    """True when Redis refused a write because it is at ``maxmemory`` (``OOM``).
+
+    A plain command raises ``OutOfMemoryError``; a write inside a Lua script comes
+    back (Redis 6) as a ``ResponseError`` whose text carries Redis' ``OOM`` message.
+    """
+    if isinstance(exc, redis.OutOfMemoryError):
+        return True
+    return isinstance(exc, redis.ResponseError) and OOM_MESSAGE in str(exc)
+
+
 def is_outage(exc: BaseException) -> bool:
-    """True for errors that mean Redis is down, restarting or still loading."""
+    """True for errors that mean Redis is down, restarting, still loading or full."""
     if isinstance(exc, OUTAGE_ERRORS):
         return True
     if isinstance(exc, redis.ResponseError):
         msg = str(exc)
-        return msg.startswith(("LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN"))
+        return msg.startswith(("LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN")) or is_full(exc)
     return False
 
 
@@ -142,11 +160,12 @@ def _identity() -> dict[str, Any]:
 
 
 class RedisHealth:
-    """Tracks whether Redis answers; logs only when that changes."""
+    """Tracks whether Redis answers (and takes writes); logs only when that changes."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.up = True
+        self.full = False  # down because Redis is at maxmemory (refusing writes)
         self.down_since: float | None = None
         self._lock = threading.Lock()
 
@@ -158,9 +177,9 @@ class RedisHealth:
             if self.up:
                 return
             outage = time.monotonic() - (self.down_since or time.monotonic())
-            self.up, self.down_since = True, None
+            full, self.up, self.full, self.down_since = self.full, True, False, None
         extra = {"component": self.name, "outage_s": round(outage, 1)}
-        log.warning("redis is reachable again", extra=extra)
+        log.warning("redis takes writes again" if full else "redis is reachable again", extra=extra)
 
     def failed(self, exc: BaseException) -> None:
         """Record a failed call (logs only on the first failure of an outage)."""
@@ -169,9 +188,12 @@ class RedisHealth:
         with self._lock:
             if not self.up:
                 return
-            self.up, self.down_since = False, time.monotonic()
+            self.up, self.full, self.down_since = False, is_full(exc), time.monotonic()
         extra = {"component": self.name, "error": str(exc)[:200]}
-        log.warning("redis is unreachable: %s", exc.__class__.__name__, extra=extra)
+        if self.full:
+            log.warning("redis is full (maxmemory): writes are refused", extra=extra)
+        else:
+            log.warning("redis is unreachable: %s", exc.__class__.__name__, extra=extra)
 
 
 class Backoff:

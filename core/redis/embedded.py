@@ -9,6 +9,13 @@ SIGKILL when the parent goes (``PR_SET_PDEATHSIG``), even if the parent itself
 is killed with SIGKILL. (The kernel watches the parent *thread* that called
 :meth:`EmbeddedRedis.start`: call it from a thread that outlives the server.)
 
+Memory is bounded: ``maxmemory`` (``--redis-maxmemory``, default
+:data:`core.options.REDIS_MAXMEMORY`) with the ``noeviction`` policy. A full
+Redis never drops a key (a live stream's events, a queued request): it refuses
+writes with ``OOM`` instead, and reads go on. Gateways stop taking new streams
+before that (gateway/streams/memory.py) and the worker keeps its events until
+Redis takes them again (docs/operations.md, "Redis memory").
+
 The server runs in a session of its own, so a signal to its parent's process
 group (a terminal's Ctrl+C) does not reach it: the parent stops it, last, once
 whatever writes to it has finished.
@@ -32,11 +39,32 @@ from types import TracebackType
 
 import redis
 
+from core.options import REDIS_MAXMEMORY
 from core.runtime import die_with_parent
 
 log = logging.getLogger("tokenrelay.redis")
 
 _MAX_UNIX_PATH = 100  # sun_path is 108 bytes on Linux; keep a margin
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1024, "m": 1000**2, "mb": 1024**2,
+          "g": 1000**3, "gb": 1024**3}  # redis.conf's, case-insensitive  # fmt: skip
+MIN_MAXMEMORY = 1024**2  # below this Redis cannot even hold its own state
+
+
+def parse_memory(value: str | int) -> int:
+    """Bytes for a Redis memory size: ``1073741824``, ``512mb``, ``1gb``, ``100k``; 0: no limit.
+
+    Units as in redis.conf (``k`` = 1000, ``kb`` = 1024, ...). Anything else, or a
+    limit under 1 MiB, is a ``ValueError`` that says what is accepted.
+    """
+    text = str(value).strip().lower()
+    digits = text.rstrip("kmgb")
+    unit = text[len(digits) :]
+    if not digits.isdigit() or unit not in _UNITS:
+        raise ValueError(f"{value!r} is not a memory size (bytes, or a number with kb, mb or gb)")
+    size = int(digits) * _UNITS[unit]
+    if 0 < size < MIN_MAXMEMORY:
+        raise ValueError(f"{value!r} is under 1mb, too small for Redis (0 means no limit)")
+    return size
 
 
 def find_redis_server() -> str:
@@ -82,9 +110,11 @@ class EmbeddedRedis:
         use_tcp: bool = False,
         port: int | None = None,
         startup_timeout: float = 10.0,
+        maxmemory: str | int = REDIS_MAXMEMORY,
     ) -> None:
         if startup_timeout <= 0:
             raise ValueError("startup_timeout must be > 0")
+        self.maxmemory = parse_memory(maxmemory)  # bytes; 0: no limit
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="tokenrelay-redis-"))
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -157,6 +187,8 @@ class EmbeddedRedis:
             "--daemonize", "no",
             "--loglevel", "warning",
             "--logfile", str(self.data_dir / "redis.log"),
+            "--maxmemory", str(self.maxmemory),
+            "--maxmemory-policy", "noeviction",  # refuse writes when full; never drop a key
         ]  # fmt: skip
         if self.use_tcp:
             args += ["--port", str(self.port), "--bind", "127.0.0.1"]
@@ -176,7 +208,8 @@ class EmbeddedRedis:
         except BaseException:
             self.stop()  # reaps it and gives the folder back
             raise
-        log.info("embedded redis started", extra={"url": self.url, "pid": self.proc.pid})
+        extra = {"url": self.url, "pid": self.proc.pid, "maxmemory": self.maxmemory}
+        log.info("embedded redis started", extra=extra)
         return self
 
     def _wait_ready(self) -> None:

@@ -15,6 +15,7 @@ __all__ = [
     "ERRORS",
     "ERROR_CODES",
     "NO_SUCH_STREAM",
+    "STORE_FULL",
     "STORE_UNREACHABLE",
     "STORE_UNREACHABLE_RESUME",
     "ErrorCode",
@@ -52,6 +53,7 @@ ERROR_CODES = frozenset(ERRORS)
 STORE_UNREACHABLE = "the stream store is unreachable"  # Redis is down: retry with backoff
 STORE_UNREACHABLE_RESUME = f"{STORE_UNREACHABLE}; resume later"  # ... while streaming
 NO_SUCH_STREAM = "no such stream (unknown or expired)"
+STORE_FULL = "the stream store is full; retry later"  # Redis at maxmemory: no new streams
 
 
 def lookup(code: str) -> ErrorCode:

@@ -11,7 +11,8 @@ and the request queue's depth; a custom collector then exposes:
   (generated tokens, requests by ``finish_reason``, detach expiries,
   preemptions, ...), as the worker counts them since it started;
 - the workers' latency histograms (TTFT, TPOT, end to end, queue wait),
-  summed over the live workers;
+  summed over the live workers (these families are built in core/metrics.py,
+  which a worker's own ``/metrics`` shares);
 - this gateway's own figures: open WebSockets, attached streams, resumes and
   events replayed, cancels, disconnects, errors by code and transport.
 
@@ -21,23 +22,18 @@ docs/operations.md lists every metric.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from core.metrics import NS, histogram_families, worker_families
 from core.redis.connection import is_outage
-from core.wire.events import FINISH_REASONS
 from core.wire.keys import GROUP
 from core.wire.stats import STATS_FIELD, WorkerStats
-from core.wire.telemetry import BUCKETS, Hist
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -45,62 +41,6 @@ if TYPE_CHECKING:
     from gateway.state import Gateway
 
 log = logging.getLogger("tokenrelay.metrics")
-
-NS = "tokenrelay_"
-
-# Per-worker gauges: metric name -> (help, stats key).
-WORKER_GAUGES = {
-    "streams_active": ("Streams the engine worker is producing.", "active_streams"),
-    "sequences_running": ("Sequences in the running batch.", "running"),
-    "sequences_waiting": ("Sequences waiting for room in the batch.", "waiting"),
-    "kv_blocks_free": ("KV-cache blocks free (cached-free included).", "blocks_free"),
-    "kv_blocks_total": ("KV-cache blocks in the pool.", "blocks_total"),
-    "kv_blocks_cached": ("KV-cache blocks registered in the prefix cache.", "blocks_cached"),
-}
-# Per-worker counters: metric name (without _total) -> (help, stats key).
-WORKER_COUNTERS = {
-    "generated_tokens": ("Tokens generated.", "generated_tokens"),
-    "prompt_tokens_computed": (
-        "Prompt tokens prefilled (recomputes included).",
-        "prompt_tokens_computed",
-    ),
-    "requests_started": ("Requests taken by the worker.", "requests"),
-    "requests_rejected": ("Requests the worker refused (bad input).", "rejected"),
-    "detach_expiries": (
-        "Streams aborted after no client was attached for the detach timeout.",
-        "expired",
-    ),
-    "preemptions": ("Sequences preempted (their KV recomputed later).", "preemptions"),
-    "prefix_cache_hit_tokens": (
-        "Prompt tokens served from the prefix cache.",
-        "prefix_cache_hit_tokens",
-    ),
-    "prefix_cache_query_tokens": (
-        "Prompt tokens looked up in the prefix cache.",
-        "prefix_cache_query_tokens",
-    ),
-    "engine_steps": ("Engine steps run.", "num_steps"),
-    "engine_step_seconds": ("Seconds spent in engine steps.", "step_seconds"),
-}
-# Histograms (summed over workers): stats name -> (metric name, help).
-HISTOGRAMS = {
-    "ttft": ("time_to_first_token_seconds", "Time from request to its first token."),
-    "tpot": ("time_per_output_token_seconds", "Mean time between output tokens of a stream."),
-    "e2e": ("request_duration_seconds", "Time from request to its last event (end to end)."),
-    "queue": ("queue_wait_seconds", "Time from request to its admission by an engine worker."),
-}
-
-
-F = TypeVar("F", GaugeMetricFamily, CounterMetricFamily)
-
-
-def _per_worker(family: F, workers: Mapping[str, WorkerStats], key: str) -> F:
-    """``family`` with one sample per worker whose stats hold a number under ``key``."""
-    for wid, stats in workers.items():
-        value = stats.number(key)
-        if value is not None:
-            family.add_metric([wid], value)
-    return family
 
 
 @dataclass
@@ -221,55 +161,7 @@ class _Collector(Collector):
             yield CounterMetricFamily(NS + name, doc, value=float(value))
 
     def _workers(self) -> Iterator[Metric]:
-        workers = self.metrics.view.workers
-        for name, (doc, key) in WORKER_GAUGES.items():
-            yield _per_worker(GaugeMetricFamily(NS + name, doc, labels=["worker_id"]), workers, key)
-        used = GaugeMetricFamily(
-            NS + "kv_blocks_used", "KV-cache blocks in use.", labels=["worker_id"]
-        )
-        rate = GaugeMetricFamily(
-            NS + "prefix_cache_hit_rate",
-            "Share of looked-up prompt tokens served from the prefix cache, since start.",
-            labels=["worker_id"],
-        )
-        draining = GaugeMetricFamily(
-            NS + "worker_draining", "1 while the worker drains for shutdown.", labels=["worker_id"]
-        )
-        for wid, stats in workers.items():
-            total, free = stats.number("blocks_total"), stats.number("blocks_free")
-            if total is not None and free is not None:
-                used.add_metric([wid], max(0.0, total - free))
-            hit = stats.number("prefix_cache_hit_tokens")
-            query = stats.number("prefix_cache_query_tokens")
-            if hit is not None and query:
-                rate.add_metric([wid], hit / query)
-            draining.add_metric([wid], 1.0 if stats.draining else 0.0)
-        yield used
-        yield rate
-        yield draining
-        for name, (doc, key) in WORKER_COUNTERS.items():
-            c = CounterMetricFamily(NS + name, doc, labels=["worker_id"])
-            yield _per_worker(c, workers, key)
-        finished = CounterMetricFamily(
-            NS + "requests_finished",
-            "Streams the worker ended, by finish_reason.",
-            labels=["worker_id", "finish_reason"],
-        )
-        for wid, stats in workers.items():
-            for reason in FINISH_REASONS:
-                value = stats.number(reason)
-                if value is not None:
-                    finished.add_metric([wid, reason], value)
-        yield finished
+        yield from worker_families(self.metrics.view.workers)
 
     def _histograms(self) -> Iterator[Metric]:
-        workers = self.metrics.view.workers
-        for key, (name, doc) in HISTOGRAMS.items():
-            total = Hist(BUCKETS[key])
-            for stats in workers.values():
-                one = Hist.from_json(stats.hist.get(key))
-                if one is not None:
-                    total.add(one)
-            yield HistogramMetricFamily(
-                NS + name, doc, buckets=total.prometheus_buckets(), sum_value=total.sum
-            )
+        yield from histogram_families(self.metrics.view.workers)

@@ -28,7 +28,7 @@ from core.redis.connection import queue_script
 from core.wire.keys import ATTACH_REFRESH, ATTACH_TTL, Keys
 from core.wire.scripts import ATTACH_LUA, DETACH_LUA
 from core.wire.telemetry import DISCONNECTS_FIELD
-from gateway.streams.tailer import RedisUnavailable
+from gateway.streams.subscription import RedisFull, RedisUnavailable
 
 log = logging.getLogger("tokenrelay.gateway")
 
@@ -97,9 +97,14 @@ class Attachments:
         self.tracked[attach_id] = stream_id
 
     async def attach(self, stream_id: str) -> str:
-        """Attach a client to the stream now; returns the attachment id."""
+        """Attach a client to the stream now; returns the attachment id.
+
+        A full Redis (maxmemory) refuses the write, not the resume: the attachment is
+        kept here and reaches Redis with the next refresh that finds room.
+        """
         attach_id = self.new_id()
-        await self._guard(self._call([(attach_id, stream_id)]))
+        with contextlib.suppress(RedisFull):
+            await self._guard(self._call([(attach_id, stream_id)]))
         self.track(stream_id, attach_id)
         return attach_id
 

@@ -3,7 +3,7 @@
 :func:`refusal` maps the exceptions of :mod:`gateway.streams.store`
 (:class:`NoWorker` and :class:`ShuttingDown`, :class:`Overloaded`,
 :class:`StreamNotFound`, :class:`StreamForbidden`, :class:`BadOffset`,
-:class:`RedisUnavailable`) to a protocol error code and message; the WebSocket
+:class:`RedisFull`, :class:`RedisUnavailable`) to a protocol error code and message; the WebSocket
 (gateway/ws/connection.py) makes an ``error`` frame of it, the HTTP API
 (gateway/http/common.py) an OpenAI-style error body.
 """
@@ -12,11 +12,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.wire.errors import NO_SUCH_STREAM, STORE_UNREACHABLE, STORE_UNREACHABLE_RESUME
+from core.wire.errors import (
+    NO_SUCH_STREAM,
+    STORE_FULL,
+    STORE_UNREACHABLE,
+    STORE_UNREACHABLE_RESUME,
+)
 from gateway.streams.store import (
     BadOffset,
     NoWorker,
     Overloaded,
+    RedisFull,
     RedisUnavailable,
     StreamForbidden,
     StreamNotFound,
@@ -25,6 +31,7 @@ from gateway.streams.store import (
 __all__ = ["STORE_ERRORS", "Refusal", "refusal"]
 
 STORE_ERRORS = (NoWorker, Overloaded, StreamNotFound, StreamForbidden, BadOffset, RedisUnavailable)
+FULL_RETRY_AFTER = 5.0  # seconds: a full Redis frees memory as finished streams expire
 
 
 @dataclass(frozen=True)
@@ -53,5 +60,7 @@ def refusal(exc: BaseException, *, streaming: bool = False) -> Refusal:
         return Refusal("forbidden", str(exc))
     if isinstance(exc, BadOffset):
         return Refusal("bad_request", str(exc), param="after")
+    if isinstance(exc, RedisFull):  # a write refused (Redis at maxmemory): not an outage
+        return Refusal("overloaded", STORE_FULL, retry_after=FULL_RETRY_AFTER)
     message = STORE_UNREACHABLE_RESUME if streaming else STORE_UNREACHABLE
     return Refusal("unavailable", message, retry_after=2)

@@ -23,7 +23,13 @@ from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from core.redis.connection import RedisHealth, connect_async, is_outage, raise_if_cancel_swallowed
+from core.redis.connection import (
+    RedisHealth,
+    connect_async,
+    is_full,
+    is_outage,
+    raise_if_cancel_swallowed,
+)
 from core.wire.events import Event, decode_event, entry_id, plan_finish, seq_of
 from core.wire.ids import hash_token, new_resume_token, new_stream_id, token_matches
 from core.wire.keys import ACTIVE_TTL, CONTROL_MAXLEN, DEFAULT_PREFIX, MAXLEN, Keys
@@ -31,6 +37,8 @@ from core.wire.scripts import APPEND_LUA, COUNT_LUA, Append, append_call, decode
 from core.wire.stats import STATS_FIELD, WorkerStats
 from core.wire.telemetry import DISCONNECTS_FIELD, RESUMES_FIELD, log_summary
 from gateway.streams.attachments import Attachments
+from gateway.streams.memory import ADMIT_BELOW, MemoryGauge
+from gateway.streams.subscription import RedisFull
 from gateway.streams.tailer import RedisUnavailable, StreamNotFound, Tailer
 
 log = logging.getLogger("tokenrelay.streamlog")
@@ -42,6 +50,7 @@ __all__ = [
     "NewStream",
     "NoWorker",
     "Overloaded",
+    "RedisFull",
     "RedisUnavailable",
     "ShuttingDown",
     "StreamForbidden",
@@ -125,6 +134,7 @@ class StreamStore:
         detach_timeout: float = 30.0,
         max_pending: int = 4096,
         name: str = "gateway",
+        admit_memory: float | None = ADMIT_BELOW,
     ) -> None:
         self.keys = Keys(prefix)
         self.stream_ttl = stream_ttl
@@ -138,6 +148,7 @@ class StreamStore:
         self.attachments = Attachments(self.redis, self.keys, self.gateway_id, self._guard)
         self._workers_cache: tuple[float, list[str]] = (0.0, [])
         self._count = self.redis.register_script(COUNT_LUA)
+        self.memory = MemoryGauge(self.redis, self._guard, admit_below=admit_memory)
         self.accepting = True  # False while the gateway drains
         # this process's totals, exported by gateway/observe/metrics.py
         self.resumes = 0
@@ -155,10 +166,13 @@ class StreamStore:
         await self.redis.aclose()
 
     async def _guard(self, aw: Awaitable[T]) -> T:
-        """Await a Redis call; outages become :class:`RedisUnavailable`."""
+        """Await a Redis call; outages become :class:`RedisUnavailable`, a full Redis
+        :class:`RedisFull` (not an outage for :attr:`health`: reads still work)."""
         try:
             out = await aw
         except Exception as exc:
+            if is_full(exc):
+                raise RedisFull("redis is full (maxmemory)") from None
             if is_outage(exc):
                 self.health.failed(exc)
                 raise RedisUnavailable("redis is unreachable") from None
@@ -189,26 +203,35 @@ class StreamStore:
         self._workers_cache = (time.monotonic(), alive)
         return alive
 
-    async def workers_draining(self, workers: list[str]) -> list[bool]:
-        """For each worker, whether its last published stats say it is draining (SIGTERM)."""
+    async def worker_stats(self, workers: list[str]) -> list[WorkerStats | None]:
+        """Each worker's last published stats (``None`` where there are none)."""
         pipe = self.redis.pipeline(transaction=False)
         for w in workers:
             pipe.hget(self.keys.worker(w), STATS_FIELD)
-        snapshots = [WorkerStats.from_json(raw) for raw in await self._guard(pipe.execute())]
-        return [s is not None and s.draining for s in snapshots]
+        return [WorkerStats.from_json(raw) for raw in await self._guard(pipe.execute())]
+
+    async def workers_draining(self, workers: list[str]) -> list[bool]:
+        """For each worker, whether its last published stats say it is draining (SIGTERM)."""
+        return [s is not None and s.draining for s in await self.worker_stats(workers)]
 
     # --- streams -----------------------------------------------------------------
 
     async def create(
         self, body: dict[str, Any], request_id: str | None, *, attach: bool = True
     ) -> NewStream:
-        """Create a stream and queue its request; raises :class:`Overloaded`/:class:`NoWorker`."""
+        """Create a stream and queue its request.
+
+        Raises :class:`Overloaded` or :class:`RedisFull` (Redis is at ``admit_memory`` of
+        its maxmemory, or refused the write), :class:`NoWorker`, :class:`RedisUnavailable`.
+        """
         if not self.accepting:
             raise ShuttingDown("this gateway is shutting down; retry (another gateway will answer)")
         if not await self.live_workers():
             raise NoWorker("no engine worker is running")
         if await self._guard(self.redis.xlen(self.keys.requests)) >= self.max_pending:
             raise Overloaded("too many requests are waiting")
+        if await self.memory.full():  # the room left is for the streams already running
+            raise RedisFull("redis is nearly full (maxmemory)")
         sid, token = new_stream_id(), new_resume_token()
         attach_id = self.attachments.new_id() if attach else None
         meta: dict[Any, Any] = {

@@ -34,6 +34,14 @@ class RedisUnavailable(Exception):
     """Redis cannot be reached right now."""
 
 
+class RedisFull(RedisUnavailable):
+    """Redis is at its ``maxmemory`` (or nearly, for a new stream): it takes no writes now.
+
+    Reads still work. Whoever waits out an outage waits this out too; a new
+    stream is refused with ``overloaded`` (gateway/streams/errors.py).
+    """
+
+
 class Subscription:
     """One consumer's live view of one stream (events with seq > ``last_seq``)."""
 

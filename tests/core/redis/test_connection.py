@@ -3,11 +3,52 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+from pathlib import Path
 
 import pytest
+import redis
 
-from core.redis.connection import connect_async, redact_url
+from core.redis.connection import (
+    RedisHealth,
+    connect_async,
+    connect_sync,
+    is_full,
+    is_outage,
+    redact_url,
+)
 from core.redis.embedded import EmbeddedRedis
+
+FILLER = "filler:"
+
+
+def fill(client: redis.Redis) -> int:
+    """Write filler keys until Redis refuses one (OOM); returns its ``maxmemory`` before.
+
+    A refused write frees its own buffers, so memory may dip just under the limit and
+    let a small write through: the limit is then pinned 256 KiB under what is used,
+    and every write is refused until :func:`make_room`.
+    """
+    limit = int(str(client.config_get("maxmemory")["maxmemory"]))
+    assert limit > 0, "this Redis has no maxmemory"
+    n = 0
+    with contextlib.suppress(redis.OutOfMemoryError):
+        while n <= limit // 65536:
+            client.set(f"{FILLER}{n}", b"x" * 65536)
+            n += 1
+    assert n <= limit // 65536, "Redis took more than its maxmemory"
+    used = int(client.info("memory")["used_memory"])
+    client.config_set("maxmemory", used - 256 * 1024)
+    return limit
+
+
+def make_room(client: redis.Redis, limit: int) -> None:
+    """Delete the filler and give Redis its limit back."""
+    keys = list(client.scan_iter(match=f"{FILLER}*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.config_set("maxmemory", limit)
 
 
 async def test_a_burst_of_concurrent_calls_all_succeed(redis_server: EmbeddedRedis) -> None:
@@ -34,3 +75,32 @@ async def test_a_burst_of_concurrent_calls_all_succeed(redis_server: EmbeddedRed
 )  # fmt: skip
 def test_redact_url_hides_the_password(url: str, shown: str) -> None:
     assert redact_url(url) == shown
+
+
+def test_a_full_redis_refuses_writes_reads_go_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A write refused at maxmemory is "full" (an outage to wait out), in a script too;
+    reads still answer and nothing was evicted; :class:`RedisHealth` says so once."""
+    with EmbeddedRedis(tmp_path, maxmemory="4mb") as server:
+        client = connect_sync(server.url)
+        client.set("kept", "v")
+        limit = fill(client)
+        with pytest.raises(redis.OutOfMemoryError) as plain:
+            client.set("more", "v")
+        with pytest.raises(redis.ResponseError) as scripted:  # Redis 6: wrapped in ERR
+            client.eval("return redis.call('SET', KEYS[1], 'v')", 1, "more")
+        for exc in (plain.value, scripted.value):
+            assert is_full(exc) and is_outage(exc), exc
+        assert not is_full(redis.ResponseError("WRONGTYPE Operation against a key"))
+        assert client.get("kept") == b"v" and client.exists(f"{FILLER}0")
+        health = RedisHealth("test")
+        with caplog.at_level(logging.WARNING, "tokenrelay.redis"):
+            for exc in (plain.value, scripted.value, plain.value):
+                health.failed(exc)
+            make_room(client, limit)
+            assert client.set("more", "v")
+            health.ok()
+        said = [r.getMessage() for r in caplog.records if r.name == "tokenrelay.redis"]
+        assert said == ["redis is full (maxmemory): writes are refused", "redis takes writes again"]
+        client.close()

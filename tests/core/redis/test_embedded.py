@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from core.redis.embedded import EmbeddedRedis, find_redis_server
+from core.options import REDIS_MAXMEMORY
+from core.redis.embedded import EmbeddedRedis, find_redis_server, parse_memory
 from tests.root import ROOT
 
 
@@ -155,3 +156,51 @@ def test_serve_refuses_a_data_folder_in_use(tmp_path: Path) -> None:
         assert "in use by another tokenrelay serve" in proc.stderr
     finally:
         held.stop()
+
+
+def test_memory_is_bounded_and_never_evicted(tmp_path: Path) -> None:
+    """maxmemory (the flag's default, or as given) with noeviction: a full Redis drops nothing."""
+    with EmbeddedRedis(tmp_path / "default") as server:
+        config = server.client().config_get("maxmemory*")
+        assert config["maxmemory"] == str(parse_memory(REDIS_MAXMEMORY)) == str(1024**3)
+        assert config["maxmemory-policy"] == "noeviction"
+    with EmbeddedRedis(tmp_path / "small", maxmemory="64mb") as server:
+        config = server.client().config_get("maxmemory*")
+        assert config["maxmemory"] == str(64 * 1024**2)
+        assert config["maxmemory-policy"] == "noeviction"
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("1073741824", 1024**3), ("512mb", 512 * 1024**2), ("2GB", 2 * 1024**3),
+     ("1g", 10**9), ("5000k", 5 * 10**6), (" 16Mb ", 16 * 1024**2), ("0", 0)],
+)  # fmt: skip
+def test_memory_sizes_in_redis_syntax(text: str, size: int) -> None:
+    assert parse_memory(text) == size
+
+
+@pytest.mark.parametrize("text", ["lots", "1.5gb", "-1", "12tb", "mb", "1 gb", "100kb", ""])
+def test_a_bad_memory_size_is_a_clear_error(tmp_path: Path, text: str) -> None:
+    with pytest.raises(ValueError, match=r"memory size|too small"):
+        parse_memory(text)
+    with pytest.raises(ValueError, match=r"memory size|too small"):
+        EmbeddedRedis(tmp_path, maxmemory=text)  # before anything starts
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_serve_refuses_a_bad_redis_maxmemory(tmp_path: Path, how: str) -> None:
+    """One line and exit status 2, before the model check, the port or Redis."""
+    args = ["serve", "--port", "1", "--data-dir", str(tmp_path / "r")]
+    env = dict(os.environ)
+    if how == "flag":
+        args += ["--redis-maxmemory", "lots"]
+    else:
+        env["TOKENRELAY_REDIS_MAXMEMORY"] = "lots"
+    proc = subprocess.run(
+        [sys.executable, "-m", "core.cli", *args],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    err = proc.stderr
+    assert err.count("\n") == 1 and "--redis-maxmemory" in err and "'lots'" in err, err
+    assert not (tmp_path / "r").exists(), "Redis was started"
