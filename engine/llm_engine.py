@@ -148,7 +148,7 @@ class LLMEngine:
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt must not be empty")
-            ids = list(self.tokenizer(prompt)["input_ids"])
+            ids = self.encode(prompt)
         elif isinstance(prompt, list | tuple):
             ids = list(prompt)
             for tok in ids:
@@ -164,9 +164,17 @@ class LLMEngine:
             raise ValueError("prompt must not be empty")
         return ids
 
+    def encode(self, text: str) -> list[int]:
+        """Token ids of a prompt string, as :meth:`add_request` tokenizes it.
+
+        Thread-safe, and the tokenizer releases the GIL while it encodes: a
+        worker calls it from another thread than the one that steps the engine.
+        """
+        return list(self.tokenizer(text)["input_ids"])
+
     def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
         """Token ids of ``messages`` rendered by the model's chat template,
-        ending with the assistant's generation prompt."""
+        ending with the assistant's generation prompt. Thread-safe (see :meth:`encode`)."""
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list")
         for i, msg in enumerate(messages):

@@ -79,7 +79,8 @@ class Gateway:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.limits = p.Limits(max_tokens=settings.security.max_tokens)
+        self.base_limits = p.Limits(max_tokens=settings.security.max_tokens)
+        self.limits = self.base_limits  # bounded by the model's context once a worker says it
         self.streams = StreamStore(
             settings.redis_url,
             prefix=settings.redis_prefix,
@@ -104,6 +105,22 @@ class Gateway:
             server=self.server_name,
             worker_ready=self.readiness.ready,
         )
+
+    def follow_context(self, context_tokens: int | None) -> None:
+        """Bound request sizes by the served model's context (``None``: keep the last bound).
+
+        Workers that come and go keep the last known bound: a gateway without a live
+        worker refuses the too-long input rather than queueing it.
+        """
+        if context_tokens is not None and context_tokens != self.limits.context_tokens:
+            self.limits = self.base_limits.for_context(context_tokens)
+            log.info(
+                "request size follows the model's context",
+                extra={
+                    "context_tokens": context_tokens,
+                    "max_input_chars": self.limits.max_input_chars,
+                },
+            )
 
     async def start(self) -> None:
         await self.streams.start()

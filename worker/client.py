@@ -32,10 +32,18 @@ class StepOutput(Protocol):
 
 
 class EngineClient(Protocol):
-    """The step-level engine interface a worker drives (one thread, one call at a time)."""
+    """The step-level engine interface a worker drives (one thread, one call at a time).
+
+    Except :meth:`encode` and :meth:`apply_chat_template`: the worker tokenizes
+    long prompts on a second thread (worker/prepare.py), concurrently with the others.
+    """
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of a prompt string, as ``add_request`` would tokenize it. Thread-safe."""
+        ...
 
     def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
-        """Token ids of a chat; ``ValueError`` naming the field for a bad message."""
+        """Token ids of a chat; ``ValueError`` naming the field for a bad message. Thread-safe."""
         ...
 
     def add_request(

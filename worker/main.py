@@ -25,15 +25,15 @@ import threading
 import time
 
 from core.redis.connection import Backoff, RedisHealth, is_outage
-from core.wire.events import accepted_fields, done_fields, rejected_fields, token_fields
-from core.wire.params import SamplingParams
+from core.wire.events import done_fields, token_fields
 from core.wire.stats import COUNTERS, WorkerStats
-from worker.health import start_health
 from worker.client import EngineClient, engine_config, local_engine
+from worker.health import start_health
 from worker.heartbeat import Heartbeat
+from worker.intake import Intake
 from worker.lifecycle import StatusPipe, die_with_serve, install_signals
-from worker.outbox import Active, Outbox, hand_back
-from worker.store import Request, WorkerStore
+from worker.outbox import Outbox, hand_back
+from worker.store import WorkerStore
 from worker.telemetry import WorkerTelemetry
 
 log = logging.getLogger("tokenrelay.worker")
@@ -66,6 +66,15 @@ class Worker:
         self._handed_back = False
         self.telemetry = WorkerTelemetry(wlog, self.worker_id)
         self.counters = dict.fromkeys(COUNTERS, 0)
+        self.intake = Intake(
+            engine,
+            wlog,
+            self.active,
+            self.counters,
+            self.telemetry,
+            detach_timeout=detach_timeout,
+            stream_ttl=stream_ttl,
+        )
         self.snapshot = WorkerStats(worker_id=self.worker_id)
         self._stats_at = 0.0  # when the snapshot was taken (monotonic)
         self._stats_wanted = threading.Event()  # the heartbeat asks for a fresh snapshot
@@ -83,7 +92,7 @@ class Worker:
             try:
                 if not started:
                     self.wlog.ensure_group()
-                    self._admit_all(self.wlog.read_own_pending())
+                    self.intake.admit_all(self.wlog.read_own_pending())
                     started = True
                 self._iteration()
                 self.health.ok()
@@ -128,27 +137,29 @@ class Worker:
         return not self.active or time.monotonic() >= self.drain_deadline
 
     def _hand_back(self) -> None:
-        """Give the engine's unstarted requests back to the queue (their entries stay pending)."""
-        for sid in self.engine.unstarted_requests():
+        """Give the unstarted requests back to the queue (their entries stay pending):
+        the engine's, and those still being tokenized."""
+        for sid in [*self.engine.unstarted_requests(), *self.intake.preparing]:
             a = self.active.get(sid)
             if a is not None and hand_back(a, self.wlog, self.engine.abort):
                 self.telemetry.forget(sid)
+                self.intake.forget(sid)
 
     def _iteration(self) -> None:
         if self.outbox.unwritten():
             self.outbox.flush()
             if self.outbox.unwritten():  # Redis took only part: try again before more work
                 return
-        busy = self.engine.has_unfinished()
+        busy = self.engine.has_unfinished() or self.intake.pending() > 0
         room = 0 if self.draining.is_set() else self.max_seqs - len(self.active)
         if room > 0:
             if busy:  # with the cancel notices in one round trip (read_control below)
                 reqs = self.wlog.read_new(room)
             else:
                 reqs = self.wlog.read_requests(room, IDLE_BLOCK_MS)
-            if reqs:
-                self._admit_all(reqs)
-                self.outbox.flush()  # clients get `started` before the first step
+            self.intake.admit_all(reqs)
+        if self.intake.start_prepared():
+            self.outbox.flush()  # clients get `started` before the first step
         for sid in self.wlog.read_control():
             self._abort(sid, "cancelled")
         now = time.monotonic()
@@ -157,12 +168,14 @@ class Worker:
             self._poll(now)
         if now - self._last_claim >= CLAIM_INTERVAL and not self.draining.is_set():
             self._last_claim = now
-            self._admit_all(self.wlog.claim_dead())
+            self.intake.admit_all(self.wlog.claim_dead())
             # requests read just before an outage interrupted their admission
-            self._admit_all(self.wlog.read_own_pending())
+            self.intake.admit_all(self.wlog.read_own_pending())
         if self.engine.has_unfinished():
             self._step()
             self.outbox.flush()
+        elif self.intake.pending():  # nothing to step: wait for the tokenizer
+            self.intake.preparer.wait(IDLE_BLOCK_MS / 1000)
         self.telemetry.finished(self.outbox.take_finished())
         # only the heartbeat reads the snapshot: take it when asked (or grown old)
         if self._stats_wanted.is_set() or time.monotonic() - self._stats_at >= STATS_MAX_AGE:
@@ -177,7 +190,7 @@ class Worker:
             for broken in list(self.active.values()):
                 if broken.in_engine and not broken.final:
                     self.engine.abort(broken.stream_id)
-                    self._end(broken, "error", f"engine error: {exc.__class__.__name__}")
+                    self.intake.end(broken, "error", f"engine error: {exc.__class__.__name__}")
             if self._step_failures >= MAX_STEP_FAILURES:
                 raise SystemExit(1) from exc
             return
@@ -203,72 +216,6 @@ class Worker:
                 a.final = True
 
     # --- requests --------------------------------------------------------------------
-
-    def _admit_all(self, reqs: list[Request]) -> None:
-        for req in reqs:
-            self._admit(req)
-
-    def _admit(self, req: Request) -> None:
-        meta = req.meta
-        ttl = float((meta or {}).get("ttl") or self.stream_ttl)
-        dt = req.detach_timeout if req.detach_timeout is not None else self.detach_timeout
-        extra = {"stream_id": req.stream_id, "request_id": req.request_id}
-        if req.stream_id in self.active:
-            return
-        if meta is None or meta.get("st") == "done":
-            self.wlog.ack([req.entry_id])  # expired, or ended before it ran
-            return
-        if meta.get("st") == "running":  # taken from a dead worker mid-stream
-            message = f"engine worker {meta.get('w', '?')} stopped responding"
-            if self.wlog.finish_foreign(req.stream_id, "error", message):
-                self.telemetry.ended_foreign(req.stream_id, req.request_id, meta)
-            self.wlog.ack([req.entry_id])
-            return
-        a = Active(req.stream_id, req.request_id, req.entry_id, dt, ttl)
-        self.active[a.stream_id] = a
-        self.counters["requests"] += 1
-        if meta.get("cx") == "1":
-            a.events.append(rejected_fields("cancelled", "cancelled before it started"))
-            a.events.append(done_fields("cancelled", 0, 0))
-            a.final = True
-            return
-        try:
-            body = req.body
-            if body is None:
-                raise ValueError("request body is not valid JSON")
-            params = SamplingParams(**(body.get("params") or {}))
-            if "messages" in body:
-                prompt: str | list[int] = self.engine.apply_chat_template(body["messages"])
-            else:
-                prompt = body.get("prompt")  # type: ignore[assignment]
-            n = self.engine.add_request(a.stream_id, prompt, params)
-        except (ValueError, TypeError) as exc:
-            self._reject(a, "bad_request", str(exc))
-            log.info("request rejected: %s", exc, extra=extra)
-            return
-        except Exception as exc:
-            log.exception("request could not be added", extra=extra)
-            self._reject(a, "internal", f"could not start: {exc.__class__.__name__}")
-            return
-        a.in_engine = True
-        self.telemetry.admitted(a.stream_id, meta)
-        a.events.append(accepted_fields(n, self.worker_id))
-        a.meta.update({"st": "running", "w": self.worker_id, "pt": str(n)})
-        log.info("request started", extra={**extra, "prompt_tokens": n})
-
-    def _reject(self, a: Active, code: str, message: str) -> None:
-        self.counters["rejected"] += 1
-        a.events += [rejected_fields(code, message), done_fields("error", 0, 0, message)]
-        a.final = True
-
-    def _end(self, a: Active, reason: str, message: str | None = None) -> None:
-        """End a stream now (its engine request is already aborted or gone)."""
-        if a.final or a.silent:
-            return
-        prompt = int(a.meta.get("pt", 0) or 0)
-        a.events.append(done_fields(reason, prompt, a.completion_events, message))
-        a.final = True
-        self.counters[reason] = self.counters.get(reason, 0) + 1
 
     def _abort(self, sid: str, reason: str) -> None:
         a = self.active.get(sid)
@@ -314,7 +261,6 @@ class Worker:
 
     def fresh_snapshot(self, timeout: float) -> WorkerStats:
         """The stats as the loop's current iteration ends (called by the heartbeat thread).
-    health = start_health(args, worker_id)  # --health-port: 503 "loading" until attached
 
         Waits at most ``timeout``; a longer iteration (a long prefill, an outage) gives
         the last snapshot, at most :data:`STATS_MAX_AGE` older than that iteration.
@@ -325,16 +271,15 @@ class Worker:
         return self.snapshot
 
     def _shutdown(self) -> None:
-    if health is not None:
-        health.attach(worker)  # its loop runs in this thread
         message = "engine worker shut down before the stream finished"
         if self.draining.is_set() and time.monotonic() >= self.drain_deadline:
             message += " (drain timeout)"
+        self.intake.close()
         for a in list(self.active.values()):
             if a.in_engine:
                 self.engine.abort(a.stream_id)
                 a.in_engine = False  # no further step will report it
-            self._end(a, "error", message)
+            self.intake.end(a, "error", message)
         with contextlib.suppress(Exception):
             self.outbox.flush()
         with contextlib.suppress(Exception):
@@ -369,6 +314,7 @@ def _run_worker(args: argparse.Namespace, status: StatusPipe) -> int:
         raise ValueError("--redis-url is required (or TOKENRELAY_REDIS_URL)")
     worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
     stop = threading.Event()
+    health = start_health(args, worker_id)  # --health-port: 503 "loading" until attached
     log.info("loading model", extra={"model": args.model, "worker": worker_id})
     engine = local_engine(args)  # a signal while loading just ends the process
 
@@ -379,6 +325,8 @@ def _run_worker(args: argparse.Namespace, status: StatusPipe) -> int:
     drain_timeout = float(getattr(args, "drain_timeout", 30.0))
     install_signals(lambda: worker.drain(drain_timeout), stop.set, worker.draining.is_set)
     worker._publish_stats()
+    if health is not None:
+        health.attach(worker)  # its loop runs in this thread
     Heartbeat(worker, args.redis_url, prefix).start()
     log.info("worker ready", extra={"worker": worker_id, **engine.stats()})
     status.ready()

@@ -13,6 +13,10 @@ Ids a client chooses travel into HTTP headers (``X-Request-Id``), log lines and
 Redis: :func:`validate_request_id` keeps every transport's request ids to one
 safe shape (:data:`REQUEST_ID_CHARS`), and :func:`validate_resume_token` bounds
 resume tokens before they are hashed.
+
+An input that cannot fit the model's context is refused before anyone
+tokenizes it: :meth:`Limits.for_context` bounds the characters at
+:data:`CHARS_PER_TOKEN` per context token.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 from core.wire.params import SamplingParams
 
 __all__ = [
+    "CHARS_PER_TOKEN",
     "DEFAULT_MAX_TOKENS_LIMIT",
     "MAX_RESUME_TOKEN",
     "MAX_SEED",
@@ -45,6 +50,10 @@ __all__ = [
 ]
 
 DEFAULT_MAX_TOKENS_LIMIT = 8192  # --max-tokens-limit: the largest max_tokens accepted
+# Characters per token above which an input is refused as too long for the context. Text
+# averages 2.2-4.5 characters per token with the default model's tokenizer (English prose,
+# code, markup); only long runs of one character (64 spaces are one token) go beyond 8.
+CHARS_PER_TOKEN = 8
 MAX_SEED = 2**63  # seeds are in [0, MAX_SEED)
 MAX_TEMPERATURE = 2.0
 MAX_REQUEST_ID = 128  # the longest request id, whatever Limits.max_request_id says
@@ -66,6 +75,22 @@ class Limits:
     max_stop: int = 16
     max_stop_chars: int = 200
     max_tokens: int = DEFAULT_MAX_TOKENS_LIMIT
+    context_tokens: int | None = None  # the served model's context, when known
+
+    def for_context(self, context_tokens: int | None) -> Limits:
+        """These limits for a model of ``context_tokens`` (``None``: unknown, no bound).
+
+        ``max_input_chars`` becomes at most :data:`CHARS_PER_TOKEN` per context token:
+        a cheap check that needs no tokenizer, so a prompt far beyond the context costs
+        the gateway a length comparison and the worker nothing. Call it on the
+        configured limits, not on a result of it.
+        """
+        if context_tokens is None:
+            return self
+        bound = context_tokens * CHARS_PER_TOKEN
+        return dataclasses.replace(
+            self, max_input_chars=min(self.max_input_chars, bound), context_tokens=context_tokens
+        )
 
 
 class RequestError(ValueError):
@@ -283,4 +308,6 @@ def check_input_size(size: int, limits: Limits) -> None:
     """``too_large`` when a prompt (or all message contents) is over the limit."""
     if size > limits.max_input_chars:
         message = f"input is {size} characters; the limit is {limits.max_input_chars}"
+        if (ctx := limits.context_tokens) is not None:
+            message += f" ({CHARS_PER_TOKEN} per token of the model's {ctx}-token context)"
         raise RequestError("too_large", message)

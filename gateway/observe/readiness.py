@@ -9,6 +9,10 @@ button meanwhile (static/app.js, static/widget.js). A socket told ``true`` gets
 no notice when workers come and go (its generates get ``unavailable`` then, as
 before): readiness notices never interleave with the frames of running streams.
 ``/readyz`` reads the same state from Redis.
+
+The same look gives the served model's context (``max_model_len`` in the
+workers' stats), which bounds the characters a request may carry
+(:meth:`core.wire.requests.Limits.for_context`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
+from core.wire.stats import WorkerStats
 from gateway.drain import notice_frame
 from gateway.streams.store import RedisUnavailable
 
@@ -31,12 +36,20 @@ POLL_S = 1.0
 READY = ("worker_ready", "an engine worker is ready")
 
 
-async def workers_ready(gw: Gateway, *, fresh: bool = False) -> bool:
-    """At least one live worker that is not draining (cached for a second unless ``fresh``)."""
+async def serving_workers(gw: Gateway, *, fresh: bool = False) -> list[WorkerStats]:
+    """The stats of the live workers that are not draining (the list cached for a second
+    unless ``fresh``)."""
     workers = await gw.streams.live_workers(max_age=0 if fresh else 1.0)
     if not workers:
-        return False
-    return not all(await gw.streams.workers_draining(workers))
+        return []
+    stats = await gw.streams.worker_stats(workers)
+    return [s for s in stats if s is not None and not s.draining]
+
+
+def context_tokens(workers: list[WorkerStats]) -> int | None:
+    """The largest context among ``workers`` (``None`` when none publishes one)."""
+    sizes = [int(n) for s in workers if (n := s.number("max_model_len"))]
+    return max(sizes) if sizes else None
 
 
 class ReadinessWatch:
@@ -63,9 +76,11 @@ class ReadinessWatch:
         ``/readyz``, which reads Redis directly).
         """
         try:
-            ready = await workers_ready(self.gw, fresh=fresh)
+            workers = await serving_workers(self.gw, fresh=fresh)
         except RedisUnavailable:
-            ready = False
+            workers = []
+        ready = bool(workers)
+        self.gw.follow_context(context_tokens(workers))
         if ready != self.ready:
             self.ready = ready
             log.info("worker readiness", extra={"worker_ready": ready})

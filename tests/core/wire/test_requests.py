@@ -9,6 +9,7 @@ import pytest
 
 from core.wire.params import SamplingParams
 from core.wire.requests import (
+    CHARS_PER_TOKEN,
     DEFAULT_MAX_TOKENS_LIMIT,
     MAX_RESUME_TOKEN,
     MAX_SEED,
@@ -235,6 +236,20 @@ def test_input_size() -> None:
     assert info.value.code == "too_large" and info.value.field is None
     assert ws_error({}, Limits(max_input_chars=1)).code == "too_large"
     assert http_error({}, Limits(max_input_chars=1), chat=False).status == 413
+
+
+def test_input_size_follows_the_models_context() -> None:
+    assert LIMITS.for_context(None) is LIMITS
+    small = LIMITS.for_context(1000)
+    assert small.max_input_chars == 1000 * CHARS_PER_TOKEN and small.context_tokens == 1000
+    assert small.max_tokens == LIMITS.max_tokens  # nothing else changes
+    check_input_size(1000 * CHARS_PER_TOKEN, small)
+    with pytest.raises(RequestError) as info:
+        check_input_size(1000 * CHARS_PER_TOKEN + 1, small)
+    assert info.value.code == "too_large"
+    assert "per token of the model's 1000-token context" in info.value.message
+    huge = LIMITS.for_context(10**6)  # never above the configured limit
+    assert huge.max_input_chars == LIMITS.max_input_chars
 
 
 # --- ids (issue 19: ids a client chooses end up in headers and log lines) -------------

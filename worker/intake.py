@@ -1,0 +1,188 @@
+"""From a queued request to an engine request: checked, tokenized, added.
+
+:class:`Intake` is the worker loop's door. For each request read from the
+consumer group it decides what the stream log says first:
+
+- expired or already ended: acknowledged, nothing written;
+- taken over from a dead worker mid-stream: ended with ``error`` (its tokens
+  came from an engine that is gone; the client's text so far stays readable);
+- cancelled before it ran: ``rejected cancelled`` then ``done cancelled``;
+- bad parameters, or more characters than the engine's context can hold
+  (:meth:`core.wire.requests.Limits.for_context`, the bound gateways apply
+  too): ``rejected`` then ``done error``, before any tokenizing;
+- else it is tokenized (worker/prepare.py: long inputs on a thread, off the
+  engine loop) and, once its token ids are back, added to the engine with an
+  ``accepted`` event (seq 0). A stream cancelled meanwhile ends as one
+  cancelled before it ran.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from core.wire.events import accepted_fields, done_fields, rejected_fields
+from core.wire.params import SamplingParams
+from core.wire.requests import Limits
+from worker.client import EngineClient
+from worker.outbox import Active
+from worker.prepare import Prepared, Preparer, input_chars
+from worker.store import Request, WorkerStore
+from worker.telemetry import WorkerTelemetry
+
+log = logging.getLogger("tokenrelay.worker")
+
+
+class Intake:
+    """Admits requests into ``active`` (the outbox's streams) and the engine."""
+
+    def __init__(
+        self,
+        engine: EngineClient,
+        wlog: WorkerStore,
+        active: dict[str, Active],
+        counters: dict[str, int],
+        telemetry: WorkerTelemetry,
+        *,
+        detach_timeout: float,
+        stream_ttl: float,
+    ) -> None:
+        self.engine = engine
+        self.wlog = wlog
+        self.active = active
+        self.counters = counters
+        self.telemetry = telemetry
+        self.worker_id = wlog.worker_id
+        self.detach_timeout = detach_timeout
+        self.stream_ttl = stream_ttl
+        self.preparer = Preparer(self.encode)
+        # streams being tokenized: their params and request metadata
+        self.preparing: dict[str, tuple[SamplingParams, dict[str, str]]] = {}
+        context = engine.stats().get("max_model_len")
+        self.max_input_chars = (
+            Limits().for_context(int(context)).max_input_chars if context else None
+        )
+
+    def admit_all(self, reqs: list[Request]) -> None:
+        for req in reqs:
+            self.admit(req)
+
+    def admit(self, req: Request) -> None:
+        """Take one request: end it at once (see the module doc) or start tokenizing it."""
+        meta = req.meta
+        ttl = float((meta or {}).get("ttl") or self.stream_ttl)
+        dt = req.detach_timeout if req.detach_timeout is not None else self.detach_timeout
+        if req.stream_id in self.active:
+            return
+        if meta is None or meta.get("st") == "done":
+            self.wlog.ack([req.entry_id])  # expired, or ended before it ran
+            return
+        if meta.get("st") == "running":  # taken from a dead worker mid-stream
+            message = f"engine worker {meta.get('w', '?')} stopped responding"
+            if self.wlog.finish_foreign(req.stream_id, "error", message):
+                self.telemetry.ended_foreign(req.stream_id, req.request_id, meta)
+            self.wlog.ack([req.entry_id])
+            return
+        a = Active(req.stream_id, req.request_id, req.entry_id, dt, ttl)
+        self.active[a.stream_id] = a
+        self.counters["requests"] += 1
+        if meta.get("cx") == "1":
+            self._cancelled_before_start(a)
+            return
+        try:
+            body = req.body
+            if body is None:
+                raise ValueError("request body is not valid JSON")
+            params = SamplingParams(**(body.get("params") or {}))
+        except (ValueError, TypeError) as exc:
+            self.reject(a, "bad_request", str(exc))
+            return
+        limit = self.max_input_chars  # the gateways' bound, for requests queued past one
+        if limit is not None and (size := input_chars(body)) > limit:
+            message = f"input is {size} characters; the limit is {limit} for this model's context"
+            self.reject(a, "too_large", message)
+            return
+        self.preparing[a.stream_id] = (params, meta)
+        self.preparer.submit(a.stream_id, body)
+
+    def encode(self, body: dict[str, Any]) -> list[int]:
+        """A request body's prompt token ids (on the preparer's thread for long ones)."""
+        if "messages" in body:
+            return self.engine.apply_chat_template(body["messages"])
+        prompt: Any = body.get("prompt")
+        if isinstance(prompt, str) and prompt:
+            return self.engine.encode(prompt)
+        return prompt  # type: ignore[no-any-return]  # token ids (or junk): add_request checks
+
+    def start_prepared(self) -> bool:
+        """Hand the tokenized requests to the engine; whether any stream has news."""
+        news = False
+        for prepared in self.preparer.take():
+            a = self.active.get(prepared.stream_id)
+            waiting = self.preparing.pop(prepared.stream_id, None)
+            if a is None or a.final or a.silent or waiting is None:
+                continue
+            news = True
+            if a.abort_reason is not None:  # cancelled while it was tokenized
+                self._cancelled_before_start(a)
+                continue
+            self._add(a, prepared, *waiting)
+        return news
+
+    def pending(self) -> int:
+        """Requests being tokenized."""
+        return len(self.preparing)
+
+    def forget(self, stream_id: str) -> None:
+        """Stop caring about a stream being tokenized (it was handed back)."""
+        if self.preparing.pop(stream_id, None) is not None:
+            self.preparer.forget(stream_id)
+
+    def close(self) -> None:
+        """Drop the tokenizing (shutdown: the streams end with the others)."""
+        self.preparer.close()
+        self.preparing.clear()
+
+    def reject(self, a: Active, code: str, message: str) -> None:
+        """End a stream that never ran: ``rejected`` with ``code``, then ``done error``."""
+        self.counters["rejected"] += 1
+        a.events += [rejected_fields(code, message), done_fields("error", 0, 0, message)]
+        a.final = True
+        extra = {"stream_id": a.stream_id, "request_id": a.request_id, "code": code}
+        log.info("request rejected: %s", message, extra=extra)
+
+    def end(self, a: Active, reason: str, message: str | None = None) -> None:
+        """End a stream now (its engine request is already aborted or gone)."""
+        if a.final or a.silent:
+            return
+        prompt = int(a.meta.get("pt", 0) or 0)
+        a.events.append(done_fields(reason, prompt, a.completion_events, message))
+        a.final = True
+        self.counters[reason] = self.counters.get(reason, 0) + 1
+
+    def _cancelled_before_start(self, a: Active) -> None:
+        a.events.append(rejected_fields("cancelled", "cancelled before it started"))
+        a.events.append(done_fields("cancelled", 0, 0))
+        a.final = True
+        self.counters["cancelled"] += 1
+
+    def _add(
+        self, a: Active, prepared: Prepared, params: SamplingParams, meta: dict[str, str]
+    ) -> None:
+        extra = {"stream_id": a.stream_id, "request_id": a.request_id}
+        try:
+            if prepared.error is not None:
+                raise prepared.error
+            n = self.engine.add_request(a.stream_id, prepared.token_ids or [], params)
+        except (ValueError, TypeError) as exc:
+            self.reject(a, "bad_request", str(exc))
+            return
+        except Exception as exc:
+            log.exception("request could not be added", extra=extra)
+            self.reject(a, "internal", f"could not start: {exc.__class__.__name__}")
+            return
+        a.in_engine = True
+        self.telemetry.admitted(a.stream_id, meta)
+        a.events.append(accepted_fields(n, self.worker_id))
+        a.meta.update({"st": "running", "w": self.worker_id, "pt": str(n)})
+        log.info("request started", extra={**extra, "prompt_tokens": n})
