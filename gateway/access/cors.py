@@ -7,12 +7,23 @@ on localhost / 127.0.0.1 / [::1] (any port), and the origins given with
 WebSocket handshake with 403 (gateway/ws/connection.py), the HTTP API under ``/v1/``
 with 403 ``forbidden``. Allowed cross-origin HTTP calls get CORS headers,
 and ``OPTIONS`` preflights are answered here.
+
+A preflight is answered with the fixed :data:`ALLOW_HEADERS` plus every header
+it asks for (``Access-Control-Request-Headers``: SDKs send their own, such as
+the OpenAI SDK's ``x-stainless-*``), within bounds: at most
+:data:`MAX_REQUEST_HEADERS` names of at most :data:`MAX_HEADER_NAME` characters,
+each an HTTP token, :data:`MAX_REQUEST_HEADERS_CHARS` characters in all. A
+preflight outside them is refused whole with 400 ``bad_request`` (no CORS
+headers, so the browser blocks the request) rather than answered with the names
+it could accept: the browser would block the request for the missing names
+anyway, and a 400 that says why is easier to find than a 204 without them.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterable, Mapping
 from urllib.parse import urlsplit
 
@@ -28,6 +39,53 @@ ALLOW_METHODS = "GET, POST, OPTIONS"
 ALLOW_HEADERS = "Authorization, Content-Type, X-Request-Id, X-Resume-Token, Last-Event-ID"
 EXPOSE_HEADERS = "X-Stream-Id, X-Resume-Token, X-Request-Id, Retry-After"
 MAX_AGE = "600"
+MAX_REQUEST_HEADERS = 64  # names in one preflight's Access-Control-Request-Headers
+MAX_HEADER_NAME = 64  # characters in one of them
+MAX_REQUEST_HEADERS_CHARS = 4096  # the whole (raw) Access-Control-Request-Headers
+PREFLIGHT_VARY = "Origin, Access-Control-Request-Method, Access-Control-Request-Headers"
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token: a valid header name
+_HTTP_WHITESPACE = " \t"
+
+
+class BadPreflight(ValueError):
+    """A preflight's ``Access-Control-Request-Headers`` is malformed or too long."""
+
+
+def allow_headers(requested: str | None) -> str:
+    """The ``Access-Control-Allow-Headers`` answer to a preflight that asks for ``requested``.
+
+    :data:`ALLOW_HEADERS`, then each requested name not already in it (lower-cased,
+    once), in the order asked. Empty list items are skipped, as the Fetch standard
+    parses the header. Raises :class:`BadPreflight` for a name that is not an HTTP
+    token and for a list over the bounds.
+    """
+    if requested is None:
+        return ALLOW_HEADERS
+    if len(requested) > MAX_REQUEST_HEADERS_CHARS:
+        raise BadPreflight(
+            f"Access-Control-Request-Headers is over {MAX_REQUEST_HEADERS_CHARS} characters"
+        )
+    known = {name.strip().lower() for name in ALLOW_HEADERS.split(",")}
+    extra: list[str] = []
+    count = 0
+    for item in requested.split(","):
+        name = item.strip(_HTTP_WHITESPACE)
+        if not name:
+            continue
+        count += 1
+        if count > MAX_REQUEST_HEADERS:
+            raise BadPreflight(
+                f"Access-Control-Request-Headers names over {MAX_REQUEST_HEADERS} headers"
+            )
+        if len(name) > MAX_HEADER_NAME:
+            raise BadPreflight(f"a requested header name is over {MAX_HEADER_NAME} characters")
+        if not _TOKEN.fullmatch(name):
+            raise BadPreflight(f"{name[:MAX_HEADER_NAME]!r} is not a valid header name")
+        name = name.lower()
+        if name not in known:
+            known.add(name)
+            extra.append(name)
+    return ", ".join([ALLOW_HEADERS, *extra])
 
 
 class OriginPolicy:
@@ -78,7 +136,15 @@ class CORSMiddleware:
             await _forbidden(send, origin)
             return
         if scope["method"] == "OPTIONS" and "access-control-request-method" in headers:
-            await _preflight(send, origin)
+            requested = headers.getlist("access-control-request-headers")
+            try:
+                allowed = allow_headers(",".join(requested) if requested else None)
+            except BadPreflight as exc:
+                extra = {"origin": origin[:200], "path": scope["path"], "reason": str(exc)}
+                log.info("preflight refused", extra=extra)
+                await _refuse(send, "bad_request", str(exc), PREFLIGHT_VARY)
+                return
+            await _preflight(send, origin, allowed)
             return
 
         async def send_with_cors(message: Message) -> None:
@@ -103,11 +169,13 @@ def _cors_headers(origin: str) -> list[tuple[bytes, bytes]]:
     ]
 
 
-async def _preflight(send: Send, origin: str) -> None:
+async def _preflight(send: Send, origin: str, allowed: str) -> None:
     headers = [
-        *_cors_headers(origin),
+        (b"access-control-allow-origin", origin.encode("latin-1", "replace")),
+        (b"access-control-expose-headers", EXPOSE_HEADERS.encode()),
+        (b"vary", PREFLIGHT_VARY.encode()),
         (b"access-control-allow-methods", ALLOW_METHODS.encode()),
-        (b"access-control-allow-headers", ALLOW_HEADERS.encode()),
+        (b"access-control-allow-headers", allowed.encode()),
         (b"access-control-max-age", MAX_AGE.encode()),
         (b"content-length", b"0"),
     ]
@@ -117,12 +185,17 @@ async def _preflight(send: Send, origin: str) -> None:
 
 async def _forbidden(send: Send, origin: str) -> None:
     shown = origin[:100]
-    err = error_for_code("forbidden", f"Origin {shown!r} is not allowed (see --allow-origin).")
+    await _refuse(send, "forbidden", f"Origin {shown!r} is not allowed (see --allow-origin).")
+
+
+async def _refuse(send: Send, code: str, message: str, vary: str = "Origin") -> None:
+    """An error answer without CORS headers: the browser blocks the request."""
+    err = error_for_code(code, message)
     body = json.dumps(err.body()).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
-        (b"vary", b"Origin"),
+        (b"vary", vary.encode()),
     ]
-    await send({"type": "http.response.start", "status": 403, "headers": headers})
+    await send({"type": "http.response.start", "status": err.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
