@@ -4,8 +4,9 @@
 //           data-endpoint="https://gateway.example" data-title="Ask us" async></script>
 //
 // It defines the custom element <tokenrelay-chat> (shadow DOM, themable with CSS custom
-// properties such as --tokenrelay-accent) and, when the script tag has data-endpoint, mounts
-// one on the page. It is a classic script so it works with plain `async` script tags; it loads
+// properties such as --tokenrelay-accent, light and dark themes) and, when the script tag has
+// data-endpoint, mounts one on the page. On a gateway with API keys it gets a short-lived
+// token before every connect from the host site's backend (token-url) or a `token` function. It is a classic script so it works with plain `async` script tags; it loads
 // the client module (tokenrelay-client.js) and the Markdown renderer next to it with import().
 // Options, theming and events: docs/client.md.
 (() => {
@@ -25,6 +26,24 @@
   };
   const config = script ? { ...script.dataset } : {};
 
+  // The dark theme: theme="dark", or theme="auto" (the default) when the visitor's system
+  // prefers dark. Colours come from --tokenrelay-dark-*; the accent is shared unless
+  // --tokenrelay-dark-accent is set.
+  const DARK = `
+  --_accent: var(--tokenrelay-dark-accent, var(--tokenrelay-accent, #6366f1));
+  --_accent-fg: var(--tokenrelay-dark-accent-fg, var(--tokenrelay-accent-fg, #ffffff));
+  --_bg: var(--tokenrelay-dark-bg, #1c1c21);
+  --_fg: var(--tokenrelay-dark-fg, #ececf1);
+  --_muted: var(--tokenrelay-dark-muted, #a1a1aa);
+  --_border: var(--tokenrelay-dark-border, #3a3a42);
+  --_user-bg: var(--tokenrelay-dark-user-bg, #312e81);
+  --_code-bg: var(--tokenrelay-dark-code-bg, #2a2a31);
+  --_link: var(--tokenrelay-dark-link, #a5b4fc);
+  --_warn: #fbbf24;
+  --_alert-bg: #422006;
+  --_alert-fg: #fde68a;
+  color-scheme: dark;`;
+
   const CSS_TEXT = `
 :host {
   --_accent: var(--tokenrelay-accent, #4f46e5);
@@ -35,6 +54,10 @@
   --_border: var(--tokenrelay-border, #e2e2e8);
   --_user-bg: var(--tokenrelay-user-bg, #eef0ff);
   --_code-bg: var(--tokenrelay-code-bg, #f3f3f6);
+  --_link: var(--tokenrelay-link, var(--_accent));
+  --_warn: #b45309;
+  --_alert-bg: #fef3c7;
+  --_alert-fg: #78350f;
   --_radius: var(--tokenrelay-radius, 16px);
   --_font: var(--tokenrelay-font, system-ui, -apple-system, "Segoe UI", Roboto, sans-serif);
   --_width: var(--tokenrelay-width, 380px);
@@ -48,6 +71,13 @@
   z-index: var(--tokenrelay-z-index, 2147483000);
   font: 14px/1.5 var(--_font);
   color: var(--_fg);
+  color-scheme: light;
+}
+:host([theme="dark"]) {${DARK}
+}
+@media (prefers-color-scheme: dark) {
+  :host(:not([theme="light"])) {${DARK}
+  }
 }
 :host([position="bottom-left"]) { right: auto; left: var(--_offset); }
 :host([inline]) { position: static; display: block; }
@@ -83,6 +113,7 @@ header .title { font-weight: 600; flex: 1; min-width: 0; overflow: hidden; text-
 .conn[data-state="offline"] .dot, .conn[data-state="closed"] .dot { background: #f87171; }
 .close { background: none; border: 0; color: inherit; cursor: pointer; font-size: 20px; line-height: 1; width: 32px; height: 32px; border-radius: 8px; }
 .close:hover { background: rgb(255 255 255 / 0.15); }
+.alert { margin: 8px 10px 0; padding: 6px 10px; border-radius: 8px; font-size: 12px; background: var(--_alert-bg); color: var(--_alert-fg); overflow-wrap: anywhere; }
 .messages { flex: 1; overflow-y: auto; padding: 12px; min-height: 0; }
 .empty { color: var(--_muted); text-align: center; margin-top: 30%; padding: 0 16px; }
 .msg { margin: 0 0 10px; display: flex; }
@@ -90,10 +121,10 @@ header .title { font-weight: 600; flex: 1; min-width: 0; overflow: hidden; text-
 .msg .body { max-width: 88%; min-width: 0; overflow-wrap: anywhere; }
 .msg[data-role="user"] .body { background: var(--_user-bg); padding: 7px 11px; border-radius: 14px 14px 4px 14px; white-space: pre-wrap; }
 .msg[data-role="assistant"] .body { max-width: 100%; }
-.msg[data-state="cancelled"] .note, .msg[data-state="error"] .note { color: #b45309; font-size: 12px; }
+.msg[data-state="cancelled"] .note, .msg[data-state="error"] .note { color: var(--_warn); font-size: 12px; }
 .body > :first-child { margin-top: 0; } .body > :last-child { margin-bottom: 0; }
 .body p[data-raw] { white-space: pre-wrap; }
-.body a { color: var(--_accent); }
+.body a { color: var(--_link); }
 .body code { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 0.9em; background: var(--_code-bg); padding: 0.1em 0.3em; border-radius: 4px; }
 .body pre { background: var(--_code-bg); padding: 10px; border-radius: 8px; overflow-x: auto; }
 .body pre code { background: none; padding: 0; }
@@ -148,12 +179,50 @@ header .title { font-weight: 600; flex: 1; min-width: 0; overflow: hidden; text-
     return node;
   }
 
+  /**
+   * An Error carrying a protocol-style `code` (the client reads `code === "unauthorized"`).
+   * @param {string} code @param {string} message
+   */
+  function codedError(code, message) {
+    const err = new Error(message);
+    /** @type {any} */ (err).code = code;
+    return err;
+  }
+
+  /**
+   * GET the host site's token endpoint (same-origin cookies included) and return its
+   * `{"token": "..."}` (null: the gateway has no keys). Rejects with code `token_failed`.
+   * @param {string} url
+   * @returns {Promise<string|null>}
+   */
+  async function fetchTokenFrom(url) {
+    let resp;
+    try {
+      resp = await fetch(url, { credentials: "same-origin", cache: "no-store", headers: { Accept: "application/json" } });
+    } catch (err) {
+      throw codedError("token_failed", `token-url: ${(err && err.message) || "network error"}`);
+    }
+    if (!resp.ok) throw codedError("token_failed", `token-url answered HTTP ${resp.status}`);
+    let body = null;
+    try {
+      body = await resp.json();
+    } catch {
+      /* handled below */
+    }
+    if (!body || typeof body !== "object" || !(typeof body.token === "string" || body.token === null)) {
+      throw codedError("token_failed", 'token-url must answer JSON {"token": "..."}');
+    }
+    return body.token;
+  }
+
   function define(TokenRelayClient, md) {
     if (customElements.get("tokenrelay-chat")) return;
 
     class TokenRelayChat extends HTMLElement {
+      // system, temperature, max-tokens and seed are read at every send; theme and position
+      // are pure CSS. These need work when they change:
       static get observedAttributes() {
-        return ["chat-title", "open"];
+        return ["chat-title", "open", "endpoint", "token-url", "greeting", "placeholder", "inline"];
       }
 
       constructor() {
@@ -163,11 +232,43 @@ header .title { font-weight: 600; flex: 1; min-width: 0; overflow: hidden; text-
         this._messages = [];
         this._active = null;
         this._built = false;
+        /** @type {string|null|(() => string|null|Promise<string|null>)} */
+        this._tokenSource = null;
+        this._greeted = false; // the current socket got `hello`
+        this._refusal = null; // an error frame before `hello`: reported with the close
+        // properties set before this script defined the element
+        for (const prop of ["token", "open"]) {
+          if (Object.prototype.hasOwnProperty.call(this, prop)) {
+            const value = this[prop];
+            delete this[prop];
+            this[prop] = value;
+          }
+        }
       }
 
-      /** The TokenRelayClient this widget uses (created on first connect). */
+      /** The TokenRelayClient this widget uses (created on first connect; replaced when
+       * `endpoint` changes). */
       get client() {
         return this._client;
+      }
+
+      /**
+       * Credentials for a gateway with API keys, instead of `token-url`: a token from
+       * `POST /v1/ws-token`, or a function returning one (or a promise of one), called before
+       * every connect and reconnect. A rejection with `code: "unauthorized"` stops retrying.
+       * @returns {string|null|(() => string|null|Promise<string|null>)}
+       */
+      get token() {
+        return this._tokenSource;
+      }
+
+      set token(value) {
+        if (value != null && typeof value !== "function" && typeof value !== "string") {
+          throw new TypeError("tokenrelay-chat: token must be a string, a function or null");
+        }
+        if (value === this._tokenSource) return;
+        this._tokenSource = value ?? null;
+        this._reconnect();
       }
 
       get open() {
@@ -189,22 +290,123 @@ header .title { font-weight: 600; flex: 1; min-width: 0; overflow: hidden; text-
       connectedCallback() {
         if (!this._built) this._build();
         if (!this._client) {
-          this._client = new TokenRelayClient({ endpoint: this._endpoint() });
-          this._client.addEventListener("state", (e) => this._showState(e.detail.state));
-          this._client.addEventListener("readiness", () => this._showState(this._client.state));
-          this._client.addEventListener("resumed", () => {
-            this._conn.dataset.resumed = "true";
-            this._connLabel.textContent = "Resumed";
-            clearTimeout(this._resumedTimer);
-            this._resumedTimer = setTimeout(() => {
-              delete this._conn.dataset.resumed;
-              this._showState(this._client.state);
-            }, 3000);
-          });
-          this._restore();
+          this._makeClient();
+          if (this._client) this._restore();
         }
-        if (this.open) this._client.connect();
+        if (this.open) this._client?.connect();
         this._sync();
+      }
+
+      /** A client for the current endpoint; its token is asked for before every connect. */
+      _makeClient() {
+        let client;
+        try {
+          client = new TokenRelayClient({ endpoint: this._endpoint(), token: () => this._token() });
+        } catch (err) {
+          this._client = null;
+          this._report("bad_endpoint", String((err && err.message) || err), "connection", true);
+          return;
+        }
+        this._client = client;
+        const mine = (f) => (e) => {
+          if (this._client === client) f(e.detail);
+        };
+        client.addEventListener("state", mine((d) => this._onState(d)));
+        client.addEventListener("readiness", mine(() => this._showState(client.state)));
+        client.addEventListener("open", mine(() => {
+          this._greeted = true;
+          this._refusal = null;
+          this._alert.hidden = true;
+        }));
+        client.addEventListener("error", mine((d) => {
+          if (this._greeted) this._report(d.code, d.message, "server", false);
+          else this._refusal = d; // the handshake was refused: reported with the close
+        }));
+        client.addEventListener("resumed", mine(() => {
+          this._conn.dataset.resumed = "true";
+          this._connLabel.textContent = "Resumed";
+          clearTimeout(this._resumedTimer);
+          this._resumedTimer = setTimeout(() => {
+            delete this._conn.dataset.resumed;
+            this._showState(client.state);
+          }, 3000);
+        }));
+        this._showState(client.state);
+      }
+
+      /**
+       * The client's token option: the `token` property, else `token-url`, else none.
+       * @returns {Promise<string|null>}
+       */
+      async _token() {
+        const source = this._tokenSource;
+        const url = this.getAttribute("token-url");
+        try {
+          if (typeof source === "function") return (await source()) ?? null;
+          if (source) return source;
+          return url ? await fetchTokenFrom(url) : null;
+        } catch (err) {
+          const code = (err && err.code) || "token_failed";
+          // unauthorized ends the client: reported once, with its close
+          if (code !== "unauthorized") {
+            this._report(code, `Could not get a chat token: ${(err && err.message) || err}`, "token", false);
+          }
+          throw err;
+        }
+      }
+
+      /** @param {{state: string, code?: string, message?: string}} detail */
+      _onState(detail) {
+        if (detail.state !== "open") this._greeted = false;
+        if (detail.state === "closed" && detail.code) {
+          const why = this._refusal || detail; // the server's own words when it sent any
+          this._refusal = null;
+          this._report(why.code, why.message, "connection", true);
+        }
+        this._showState(detail.state);
+      }
+
+      /**
+       * Show a problem and emit `tokenrelay:error` {code, message, source, fatal}. Stream
+       * errors are shown on their answer; the others in the alert line until the next `hello`.
+       * @param {string} code @param {string} message
+       * @param {"token"|"connection"|"server"|"stream"} source
+       * @param {boolean} fatal no retry follows on its own
+       */
+      _report(code, message, source, fatal) {
+        if (this._built && source !== "stream") {
+          this._alert.textContent = (fatal || source === "server") ? message : `${message}. Retrying...`;
+          this._alert.dataset.code = code;
+          this._alert.hidden = false;
+        }
+        const detail = { code, message, source, fatal };
+        this.dispatchEvent(new CustomEvent("tokenrelay:error", { detail, bubbles: true, composed: true }));
+      }
+
+      /** New credentials: a client that is (or tried to be) connected starts over with them. */
+      _reconnect() {
+        const client = this._client;
+        if (!client || client.state === "idle" || !this.isConnected) return;
+        client.close(); // unfinished streams stay known and resume on the new socket
+        client.connect();
+      }
+
+      /** Another gateway: its own conversation (kept per endpoint) and a new client. */
+      _switchEndpoint() {
+        const old = this._client;
+        const wasUsed = !!old && old.state !== "idle";
+        this._client = null;
+        old?.close(); // an answer in flight there resumes if the endpoint comes back
+        this._active = null;
+        this._messages = [];
+        this._greeted = false;
+        this._refusal = null;
+        this._alert.hidden = true;
+        this._makeClient();
+        if (this._client) this._restore();
+        this._renderAll();
+        this._sync();
+        if (this._client && this.isConnected && (wasUsed || this.open)) this._client.connect();
       }
 
       disconnectedCallback() {
@@ -214,8 +416,13 @@ header .title { font-weight: 600; flex: 1; min-width: 0; overflow: hidden; text-
         });
       }
 
-      attributeChangedCallback(name) {
-        if (!this._built) return;
+      attributeChangedCallback(name, oldValue, newValue) {
+        if (!this._built || oldValue === newValue) return;
+        if (name === "endpoint") this._switchEndpoint();
+        if (name === "token-url" && !this._tokenSource) this._reconnect();
+        if (name === "greeting") this._empty.textContent = this._greetingText();
+        if (name === "placeholder") this._input.placeholder = this._placeholderText();
+        if (name === "inline") this._sync();
         if (name === "chat-title") {
           this._title.textContent = this._titleText();
           this._launcher.setAttribute("aria-label", `Open chat: ${this._titleText()}`);
@@ -229,6 +436,14 @@ header .title { font-weight: 600; flex: 1; min-width: 0; overflow: hidden; text-
 
       _titleText() {
         return this.getAttribute("chat-title") || "Chat";
+      }
+
+      _greetingText() {
+        return this.getAttribute("greeting") || "Ask a question. Enter sends, Shift+Enter adds a line.";
+      }
+
+      _placeholderText() {
+        return this.getAttribute("placeholder") || "Type a message...";
       }
 
       _build() {
@@ -260,17 +475,15 @@ header .title { font-weight: 600; flex: 1; min-width: 0; overflow: hidden; text-
           "data-testid": "widget-close",
           text: "\u00d7",
         });
+        this._alert = el("p", { class: "alert", role: "alert", "data-testid": "widget-error", hidden: true });
         this._list = el("div", { class: "messages", "data-testid": "messages", "aria-label": "Messages" });
-        this._empty = el("p", {
-          class: "empty",
-          text: this.getAttribute("greeting") || "Ask a question. Enter sends, Shift+Enter adds a line.",
-        });
+        this._empty = el("p", { class: "empty", text: this._greetingText() });
         this._list.append(this._empty);
         this._input = el("textarea", {
           id: "input",
           rows: "1",
           "data-testid": "composer",
-          placeholder: this.getAttribute("placeholder") || "Type a message...",
+          placeholder: this._placeholderText(),
           enterkeyhint: "send",
         });
         this._send = el("button", { type: "submit", "data-testid": "send", text: "Send" });
@@ -287,6 +500,7 @@ header .title { font-weight: 600; flex: 1; min-width: 0; overflow: hidden; text-
           "section",
           { id: "panel", class: "panel", part: "panel", role: "dialog", "aria-label": title, "data-testid": "widget-panel", hidden: true },
           el("header", { part: "header" }, this._title, this._conn, close),
+          this._alert,
           this._list,
           form,
           el("div", { class: "foot", text: "Powered by tokenrelay" }),
@@ -332,8 +546,9 @@ header .title { font-weight: 600; flex: 1; min-width: 0; overflow: hidden; text-
       }
 
       _showState(state) {
+        if (!this._built) return;
         // connected, but no engine worker ready yet: say so, and hold the send button
-        const loading = state === "open" && !this._client.workerReady;
+        const loading = state === "open" && !!this._client && !this._client.workerReady;
         this._conn.dataset.state = loading ? "loading" : state;
         this._send.disabled = loading;
         if (state !== "open") delete this._conn.dataset.resumed;
@@ -389,7 +604,7 @@ header .title { font-weight: 600; flex: 1; min-width: 0; overflow: hidden; text-
       send(text) {
         text = String(text ?? "").trim();
         // held (the text stays in the box) until an engine worker is ready
-        if (!text || this._active || (this._client && !this._client.workerReady)) return;
+        if (!text || this._active || !this._client || !this._client.workerReady) return;
         this._input.value = "";
         this._messages.push({ role: "user", content: text });
         const history = [];
@@ -414,18 +629,23 @@ header .title { font-weight: 600; flex: 1; min-width: 0; overflow: hidden; text-
       _follow(stream, record) {
         this._active = { stream, record };
         const msg = this._messages.at(-1);
-        stream.addEventListener("started", (e) => {
+        const client = this._client;
+        // after an endpoint switch, the old client's streams no longer touch this widget
+        const mine = (f) => (e) => {
+          if (this._client === client) f(e);
+        };
+        stream.addEventListener("started", mine((e) => {
           record.streamId = e.detail.streamId;
           record.resumeToken = e.detail.resumeToken;
           this._save();
-        });
-        stream.addEventListener("token", (e) => {
+        }));
+        stream.addEventListener("token", mine((e) => {
           record.lastSeq = e.detail.seq;
           record.text = e.detail.fullText;
           msg.content = record.text;
           this._save();
           this._scheduleRender();
-        });
+        }));
         const end = (state, note) => {
           msg.content = stream.text;
           msg.state = state;
@@ -436,13 +656,16 @@ header .title { font-weight: 600; flex: 1; min-width: 0; overflow: hidden; text-
           this._sync();
           this.dispatchEvent(new CustomEvent("tokenrelay:done", { detail: { text: msg.content, state }, bubbles: true, composed: true }));
         };
-        stream.addEventListener("done", (e) => {
+        stream.addEventListener("done", mine((e) => {
           const r = e.detail.finishReason;
           if (r === "cancelled") end("cancelled", "Stopped");
           else if (r === "error" || r === "expired") end("error", "The answer did not finish.");
           else end("done");
-        });
-        stream.addEventListener("error", (e) => end("error", `${e.detail.message} (${e.detail.code})`));
+        }));
+        stream.addEventListener("error", mine((e) => {
+          end("error", `${e.detail.message} (${e.detail.code})`);
+          this._report(e.detail.code, e.detail.message, "stream", true);
+        }));
         this._sync();
         this._save();
       }
@@ -511,6 +734,8 @@ header .title { font-weight: 600; flex: 1; min-width: 0; overflow: hidden; text-
       ["maxTokens", "max-tokens"],
       ["seed", "seed"],
       ["position", "position"],
+      ["tokenUrl", "token-url"],
+      ["theme", "theme"],
     ]) {
       if (config[key] != null) chat.setAttribute(attr, config[key]);
     }

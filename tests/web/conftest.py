@@ -275,3 +275,49 @@ def screenshot_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         out.mkdir(parents=True, exist_ok=True)
         return out
     return tmp_path_factory.mktemp("screenshots")
+
+
+@dataclass
+class KeyedGateway:
+    """A gateway with API keys that lets one foreign origin in (``--allow-origin``)."""
+
+    base: str
+    key: str
+    allowed_origin: str  # http://127.0.0.2:<port>: the port is free for the test's host site
+    proc: Any
+
+
+@pytest.fixture(scope="session")
+def keyed_gateway(
+    server: Server, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KeyedGateway]:
+    """A second gateway, with ``--api-keys`` and ``--allow-origin``, on the ``server``
+    fixture's Redis: it shares that engine worker, so it costs one gateway process (a couple
+    of seconds), not a second model."""
+    from tests.gateway.procs import Proc, wait_ready
+
+    if server.proc is None:
+        pytest.skip("needs the Redis of a server the tests start (not TOKENRELAY_TEST_SERVER)")
+    redis_url = next(
+        (
+            rec["redis"]
+            for line in server.log_path.read_text(errors="replace").splitlines()
+            if line.startswith("{") and (rec := json.loads(line)).get("msg") == "serving"
+        ),
+        None,
+    )
+    if not redis_url:
+        pytest.fail(f"no 'serving' line with the Redis URL in the serve log:\n{server.log_tail()}")
+    with socket.socket() as s:  # a port for the host site on 127.0.0.2 (not a local name)
+        s.bind(("127.0.0.2", 0))
+        origin = f"http://127.0.0.2:{s.getsockname()[1]}"
+    key = "sk-widget-test-0123456789"
+    port = _free_port()
+    args = ["gateway", "--redis-url", redis_url, "--port", str(port)]
+    args += ["--api-keys", key, "--allow-origin", origin]
+    proc = Proc(args, tmp_path_factory.mktemp("keyed") / "gateway.log")
+    try:
+        wait_ready(f"127.0.0.1:{port}", proc, 60)
+        yield KeyedGateway(f"http://127.0.0.1:{port}", key, origin, proc)
+    finally:
+        proc.stop()
