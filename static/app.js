@@ -1,8 +1,11 @@
-// The chat page at `/`: conversations in localStorage, streaming Markdown answers over
-// TokenRelayClient, Stop / regenerate / copy, a connection indicator, and resume after a
-// reload (the in-flight stream's id, resume token, last seq and text are saved per token).
+// The chat page at `/`: conversations in localStorage, streaming Markdown answers (with
+// syntax-highlighted code) over TokenRelayClient, Stop / edit / regenerate / copy, the model
+// and a connection indicator in the header, keyboard shortcuts, one live region that reads
+// each finished answer, and resume after a reload (the in-flight stream's id, resume token,
+// last seq and text are saved per token).
 // QA hooks (docs/client.md): `?debug=1`, `window.tokenrelay`, stable data-testid selectors.
 import { TokenRelayClient, wsTokenFetcher } from "./tokenrelay-client.js";
+import { highlightCode } from "./highlight.js";
 import { copyText, decorateCodeBlocks, renderMarkdown } from "./markdown.js";
 
 const KEY = {
@@ -32,6 +35,11 @@ const STATE_LABELS = {
 };
 
 const $ = (/** @type {string} */ id) => /** @type {HTMLElement} */ (document.getElementById(id));
+
+/** Markdown options for answers: code blocks are highlighted. */
+const MARKDOWN = { highlight: highlightCode };
+/** Longest answer text the live region reads out (characters); longer ones are cut. */
+const MAX_ANNOUNCED_CHARS = 1000;
 
 // --- storage -----------------------------------------------------------------------------
 
@@ -188,6 +196,9 @@ const client = new TokenRelayClient({ token: wsToken });
 /** The answer being streamed now (one at a time). */
 /** @type {{stream: import("./tokenrelay-client.js").TokenRelayStream, record: Inflight}|null} */
 let active = null;
+/** The user message being edited (one at a time), with its unsaved text. */
+/** @type {{convId: string, msgId: string, draft: string}|null} */
+let editing = null;
 
 // --- rendering ---------------------------------------------------------------------------
 
@@ -197,11 +208,29 @@ const sendBtn = /** @type {HTMLButtonElement} */ ($("send"));
 const stopBtn = /** @type {HTMLButtonElement} */ ($("stop"));
 const announcer = $("announcer");
 
+/**
+ * Say `text` once through the page's one live region (`#announcer`, polite). Answers are not
+ * live regions themselves: streaming text would be read token by token.
+ * @param {string} text
+ */
 function announce(text) {
   announcer.textContent = "";
   setTimeout(() => {
     announcer.textContent = text;
   }, 30);
+}
+
+/**
+ * What the live region says when an answer ends: its text (as read, without Markdown marks;
+ * cut after MAX_ANNOUNCED_CHARS), or that it was stopped or failed.
+ * @param {Msg} m
+ */
+function answerAnnouncement(m) {
+  const plain = (renderMarkdown(m.content).textContent ?? "").replace(/\s+/g, " ").trim();
+  const text = plain.length > MAX_ANNOUNCED_CHARS ? `${plain.slice(0, MAX_ANNOUNCED_CHARS)}...` : plain;
+  if (m.state === "error") return `The answer failed: ${m.error || "something went wrong"}.${text ? ` Partial answer: ${text}` : ""}`;
+  if (m.state === "cancelled") return text ? `Answer stopped: ${text}` : "Answer stopped.";
+  return `Answer: ${text || "(empty)"}`;
 }
 
 function nearBottom() {
@@ -244,8 +273,17 @@ function messageElement(msg, conv) {
   actions.className = "actions";
   bubble.append(content);
   el.append(label, bubble);
-  if (msg.role === "assistant") {
-    content.setAttribute("aria-live", "polite");
+  if (msg.role === "user") {
+    const edit = document.createElement("button");
+    edit.type = "button";
+    edit.className = "btn btn-small";
+    edit.dataset.testid = "edit";
+    edit.textContent = "Edit";
+    edit.setAttribute("aria-label", "Edit this message and answer it again");
+    edit.addEventListener("click", () => startEditing(conv.id, msg.id));
+    actions.append(edit);
+    el.append(actions);
+  } else {
     const copy = document.createElement("button");
     copy.type = "button";
     copy.className = "btn btn-small";
@@ -267,6 +305,7 @@ function messageElement(msg, conv) {
     regen.dataset.testid = "regenerate";
     regen.textContent = "Regenerate";
     regen.setAttribute("aria-label", "Regenerate this answer");
+    regen.title = "Answer again from here (the messages after this answer are removed)";
     regen.addEventListener("click", () => regenerate(conv.id, msg.id));
     actions.append(copy, regen);
     bubble.append(meta, actions);
@@ -281,10 +320,16 @@ function updateMessageElement(el, msg, conv) {
   el.dataset.state = state;
   const content = /** @type {HTMLElement} */ (el.querySelector(".content"));
   if (msg.role === "user") {
-    content.textContent = msg.content; // never HTML
+    if (editing?.msgId === msg.id) showEditor(el, msg, conv);
+    else {
+      el.querySelector(".editor")?.remove();
+      delete el.dataset.editing;
+      content.hidden = false;
+      content.textContent = msg.content; // never HTML
+    }
   } else {
     content.setAttribute("aria-busy", state === "streaming" ? "true" : "false");
-    content.replaceChildren(renderMarkdown(msg.content));
+    content.replaceChildren(renderMarkdown(msg.content, MARKDOWN));
     if (state === "streaming") {
       const caret = document.createElement("span");
       caret.className = "caret";
@@ -304,9 +349,9 @@ function updateMessageElement(el, msg, conv) {
     meta.textContent = formatMeta(msg.meta, msg);
     if (msg.meta?.ttftMs != null) meta.dataset.ttftMs = String(Math.round(msg.meta.ttftMs));
     if (msg.meta?.tokensPerSec != null) meta.dataset.tokensPerSec = msg.meta.tokensPerSec.toFixed(2);
-    const last = conv.messages.at(-1)?.id === msg.id;
+    // any answer can be regenerated; the messages after it are dropped (docs/client.md)
     const regen = /** @type {HTMLElement} */ (el.querySelector("[data-testid=regenerate]"));
-    regen.hidden = !last || state === "streaming";
+    regen.hidden = state === "streaming";
     const copy = /** @type {HTMLElement} */ (el.querySelector("[data-testid=copy]"));
     copy.hidden = state === "streaming";
   }
@@ -320,6 +365,141 @@ function renderMessages() {
   if (!conv) return;
   for (const msg of items) messagesEl.append(messageElement(msg, conv));
   scrollToBottom();
+}
+
+/**
+ * Bring the shown messages in line with `conv` without touching the ones that stay: drop the
+ * elements of removed messages, append the new ones (messages are only ever added at the end).
+ * @param {Conversation} conv
+ */
+function syncMessages(conv) {
+  if (conv.id !== currentId) return;
+  const ids = new Set(conv.messages.map((m) => m.id));
+  /** @type {Set<string>} */
+  const shown = new Set();
+  for (const el of messagesEl.querySelectorAll("[data-testid=message]")) {
+    const id = /** @type {HTMLElement} */ (el).dataset.id ?? "";
+    if (ids.has(id)) shown.add(id);
+    else el.remove();
+  }
+  for (const m of conv.messages) if (!shown.has(m.id)) messagesEl.append(messageElement(m, conv));
+  $("empty-state").hidden = conv.messages.length > 0;
+}
+
+/** @param {string} msgId */
+function messageEl(msgId) {
+  return /** @type {HTMLElement|null} */ (messagesEl.querySelector(`[data-id="${CSS.escape(msgId)}"]`));
+}
+
+/** Focus the message box (not on touch screens, where that opens the keyboard unasked). */
+function focusComposer() {
+  if (matchMedia("(pointer: coarse)").matches) messagesEl.focus({ preventScroll: true });
+  else composer.focus();
+}
+
+// --- editing a user message --------------------------------------------------------------
+
+/** @param {HTMLElement} el @param {Msg} msg @param {Conversation} conv */
+function showEditor(el, msg, conv) {
+  const content = /** @type {HTMLElement} */ (el.querySelector(".content"));
+  content.hidden = true;
+  el.dataset.editing = "true";
+  if (el.querySelector(".editor")) return;
+  const form = document.createElement("form");
+  form.className = "editor";
+  form.dataset.testid = "editor";
+  const box = document.createElement("textarea");
+  box.className = "editor-box";
+  box.dataset.testid = "edit-box";
+  box.rows = 3;
+  box.setAttribute("aria-label", "Edit your message");
+  box.value = editing?.draft ?? msg.content;
+  box.addEventListener("input", () => {
+    if (editing) editing.draft = box.value;
+  });
+  box.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing && !e.altKey && !e.ctrlKey && !e.metaKey) {
+      e.preventDefault();
+      form.requestSubmit();
+    } else if (e.key === "Escape" && !e.shiftKey) {
+      e.preventDefault();
+      e.stopPropagation();
+      cancelEditing();
+    }
+  });
+  const bar = document.createElement("div");
+  bar.className = "editor-actions";
+  const save = document.createElement("button");
+  save.type = "submit";
+  save.className = "btn btn-primary btn-compact";
+  save.dataset.testid = "edit-save";
+  save.textContent = "Save and answer";
+  save.title = "Replace this message and answer it again (the messages after it are removed)";
+  const cancel = document.createElement("button");
+  cancel.type = "button";
+  cancel.className = "btn btn-compact";
+  cancel.dataset.testid = "edit-cancel";
+  cancel.textContent = "Cancel";
+  cancel.addEventListener("click", () => cancelEditing());
+  bar.append(save, cancel);
+  form.append(box, bar);
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    saveEdit(conv.id, msg.id, box.value);
+  });
+  content.after(form);
+}
+
+/** @param {string} convId @param {string} msgId */
+function startEditing(convId, msgId) {
+  if (active) return;
+  const msg = findMessage(convId, msgId);
+  if (!msg || msg.role !== "user") return;
+  if (editing) cancelEditing(false);
+  editing = { convId, msgId, draft: msg.content };
+  const el = messageEl(msgId);
+  if (!el) return;
+  updateMessageElement(el, msg, convs.items[convId]);
+  const box = /** @type {HTMLTextAreaElement|null} */ (el.querySelector("[data-testid=edit-box]"));
+  box?.focus();
+  box?.setSelectionRange(box.value.length, box.value.length);
+}
+
+/** Close the editor without saving. @param {boolean} [refocus] give focus back to its Edit button */
+function cancelEditing(refocus = true) {
+  const was = editing;
+  editing = null;
+  if (!was) return;
+  const el = messageEl(was.msgId);
+  const msg = findMessage(was.convId, was.msgId);
+  if (!el || !msg) return;
+  delete el.dataset.editing;
+  updateMessageElement(el, msg, convs.items[was.convId]);
+  if (refocus) /** @type {HTMLElement|null} */ (el.querySelector("[data-testid=edit]"))?.focus();
+}
+
+/**
+ * Replace a user message and answer again from there: everything after it is removed.
+ * @param {string} convId @param {string} msgId @param {string} text
+ */
+function saveEdit(convId, msgId, text) {
+  const value = text.trim();
+  if (!value || active || !client.workerReady) return; // held, like the composer
+  const conv = convs.items[convId];
+  const idx = conv ? conv.messages.findIndex((m) => m.id === msgId) : -1;
+  if (!conv || idx < 0 || conv.messages[idx].role !== "user") return;
+  conv.messages[idx].content = value;
+  conv.messages.splice(idx + 1);
+  if (idx === 0) conv.title = titleOf(value);
+  cancelEditing(false);
+  startAnswer(conv, historyFor(conv, conv.messages.length));
+  renderConversationList();
+  focusComposer();
+}
+
+/** @param {string} text */
+function titleOf(text) {
+  return text.replace(/\s+/g, " ").slice(0, 60);
 }
 
 function renderConversationList() {
@@ -354,6 +534,7 @@ function renderConversationList() {
 }
 
 function selectConversation(id) {
+  editing = null;
   currentId = id;
   storage.set(KEY.current, id);
   renderConversationList();
@@ -452,7 +633,7 @@ function startAnswer(conv, history) {
   inflight[msg.id] = record;
   saveInflight();
   follow(stream, record);
-  renderMessages();
+  syncMessages(conv);
   scrollToBottom();
 }
 
@@ -545,17 +726,13 @@ function finishActive(record, announcement) {
   const hadFocus = document.activeElement === stopBtn;
   if (active?.record === record) active = null;
   setBusy(false);
+  const m = findMessage(record.convId, record.msgId);
+  // only this answer is re-rendered: the others stay as they are
   if (record.convId === currentId) {
-    const el = messagesEl.querySelector(`[data-id="${CSS.escape(record.msgId)}"]`);
-    const m = findMessage(record.convId, record.msgId);
-    if (el && m && conv) updateMessageElement(/** @type {HTMLElement} */ (el), m, conv);
-    // the previous answer loses its Regenerate button
-    for (const other of messagesEl.querySelectorAll("[data-role=assistant]")) {
-      const om = conv ? findMessage(conv.id, /** @type {HTMLElement} */ (other).dataset.id) : null;
-      if (om && om.id !== record.msgId && conv) updateMessageElement(/** @type {HTMLElement} */ (other), om, conv);
-    }
+    const el = messageEl(record.msgId);
+    if (el && m && conv) updateMessageElement(el, m, conv);
   }
-  announce(announcement);
+  announce(m ? answerAnnouncement(m) : announcement);
   if (hadFocus) composer.focus();
   updateDebug();
 }
@@ -569,7 +746,7 @@ function send() {
     currentId = conv.id;
     storage.set(KEY.current, conv.id);
   }
-  if (conv.messages.length === 0) conv.title = text.replace(/\s+/g, " ").slice(0, 60);
+  if (conv.messages.length === 0) conv.title = titleOf(text);
   conv.messages.push({ id: uid("m"), role: "user", content: text, createdAt: Date.now() });
   // move to the top of the list
   convs.order = [conv.id, ...convs.order.filter((x) => x !== conv.id)];
@@ -579,14 +756,21 @@ function send() {
   renderConversationList();
 }
 
+/**
+ * Answer again in place of `msgId`: that answer and every message after it are removed
+ * (truncate and regenerate), and a new answer streams from the history before it.
+ * @param {string} convId @param {string} msgId
+ */
 function regenerate(convId, msgId) {
-  if (active) return;
+  if (active || !client.workerReady) return;
   const conv = convs.items[convId];
   if (!conv) return;
   const idx = conv.messages.findIndex((m) => m.id === msgId);
-  if (idx < 0 || idx !== conv.messages.length - 1) return;
-  conv.messages.splice(idx, 1);
+  if (idx < 0 || conv.messages[idx].role !== "assistant") return;
+  if (editing) cancelEditing(false);
+  conv.messages.splice(idx);
   startAnswer(conv, historyFor(conv, conv.messages.length));
+  focusComposer();
 }
 
 function stop() {
@@ -641,6 +825,44 @@ function showState(state) {
   connLabel.textContent = loading ? "Loading model..." : (STATE_LABELS[state] ?? state);
 }
 
+// --- model and worker readiness -----------------------------------------------------------
+
+const modelEl = $("model");
+const modelName = $("model-name");
+const workerState = $("worker-state");
+let modelLoaded = false;
+
+/** The served model's name from `GET /v1/models` (with the API key, on a gateway that has keys). */
+async function loadModelName() {
+  if (modelLoaded) return;
+  const key = sessionStorage.getItem(API_KEY);
+  try {
+    const r = await fetch(new URL("/v1/models", location.origin), {
+      headers: key ? { Authorization: `Bearer ${key}` } : {},
+      credentials: "omit",
+    });
+    if (!r.ok) return; // tried again on the next connect
+    const body = await r.json();
+    const id = body?.data?.[0]?.id;
+    if (typeof id !== "string" || !id) return;
+    modelLoaded = true;
+    modelName.textContent = id;
+    showReadiness();
+  } catch {
+    /* offline or refused: tried again on the next connect */
+  }
+}
+
+/** The header's worker readiness: ready, loading (connected, no worker yet) or unknown. */
+function showReadiness() {
+  const open = client.state === "open";
+  const ready = open ? (client.workerReady ? "true" : "false") : "unknown";
+  modelEl.dataset.ready = ready;
+  workerState.textContent =
+    ready === "true" ? "ready" : ready === "false" ? "loading" : "not connected";
+  modelEl.title = `Model: ${modelLoaded ? modelName.textContent : "unknown"}, worker: ${workerState.textContent}`;
+}
+
 function flashResumed() {
   connEl.dataset.resumed = "true";
   connLabel.textContent = "Resumed";
@@ -653,9 +875,17 @@ function flashResumed() {
 
 client.addEventListener("state", (e) => {
   showState(e.detail.state);
+  showReadiness();
   updateDebug();
 });
-client.addEventListener("readiness", () => showState(client.state));
+client.addEventListener("readiness", () => {
+  showState(client.state);
+  showReadiness();
+});
+client.addEventListener("open", () => {
+  showReadiness();
+  loadModelName();
+});
 
 // --- debug panel -------------------------------------------------------------------------
 
@@ -693,6 +923,61 @@ function closeSidebar() {
   toggleSidebarBtn.setAttribute("aria-expanded", "false");
 }
 
+function newChat() {
+  const conv = current();
+  if (!conv || conv.messages.length > 0) {
+    const c = newConversation();
+    saveConversations();
+    selectConversation(c.id);
+  }
+  closeSidebar();
+  composer.focus();
+}
+
+/** @param {EventTarget|null} target */
+function isTextField(target) {
+  const el = /** @type {HTMLElement|null} */ (target);
+  if (!el || !el.tagName) return false;
+  return el.isContentEditable || ["INPUT", "TEXTAREA", "SELECT"].includes(el.tagName);
+}
+
+/**
+ * Page-wide keys (listed under the composer and in docs/client.md): Esc stops the answer (or
+ * closes the conversation list), Shift+Esc or / (outside a text field) focuses the message
+ * box, Ctrl+Shift+O (Cmd+Shift+O on a Mac) starts a new chat.
+ * @param {KeyboardEvent} e
+ */
+function onShortcut(e) {
+  if (e.defaultPrevented || e.isComposing) return;
+  const mod = e.ctrlKey || e.metaKey;
+  if (mod && e.shiftKey && !e.altKey && e.code === "KeyO") {
+    e.preventDefault();
+    newChat();
+  } else if (e.key === "Escape" && e.shiftKey && !mod && !e.altKey) {
+    e.preventDefault();
+    closeSidebar();
+    composer.focus();
+  } else if (e.key === "/" && !mod && !e.altKey && !isTextField(e.target)) {
+    e.preventDefault();
+    closeSidebar();
+    composer.focus();
+  } else if (e.key === "Escape" && !mod && !e.altKey) {
+    if (active) {
+      e.preventDefault();
+      stop();
+    } else if (sidebar.dataset.open === "true") {
+      closeSidebar();
+      toggleSidebarBtn.focus();
+    }
+  }
+}
+
+/** Show the platform's modifier key name in the shortcut hints (Cmd on a Mac). */
+function labelShortcuts() {
+  const mac = /Mac|iPhone|iPad/.test(navigator.platform || navigator.userAgent);
+  for (const k of document.querySelectorAll("[data-key=mod]")) k.textContent = mac ? "Cmd" : "Ctrl";
+}
+
 function autosize() {
   composer.style.height = "auto";
   composer.style.height = `${Math.min(composer.scrollHeight, 220)}px`;
@@ -711,26 +996,8 @@ function bindUi() {
   });
   composer.addEventListener("input", autosize);
   stopBtn.addEventListener("click", stop);
-  document.addEventListener("keydown", (e) => {
-    if (e.key !== "Escape") return;
-    if (active) {
-      e.preventDefault();
-      stop();
-    } else if (sidebar.dataset.open === "true") {
-      closeSidebar();
-      toggleSidebarBtn.focus();
-    }
-  });
-  $("new-chat").addEventListener("click", () => {
-    const conv = current();
-    if (!conv || conv.messages.length > 0) {
-      const c = newConversation();
-      saveConversations();
-      selectConversation(c.id);
-    }
-    closeSidebar();
-    composer.focus();
-  });
+  document.addEventListener("keydown", onShortcut);
+  $("new-chat").addEventListener("click", newChat);
   toggleSidebarBtn.addEventListener("click", () =>
     sidebar.dataset.open === "true" ? closeSidebar() : openSidebar(),
   );
@@ -760,12 +1027,14 @@ function bindUi() {
 
 initSettings();
 bindUi();
+labelShortcuts();
 if (!currentId && convs.order.length) currentId = convs.order[0];
 resumeInflight();
 renderConversationList();
 renderMessages();
 setBusy(active !== null);
 showState(client.state);
+showReadiness();
 client.connect();
 updateDebug();
 if (!matchMedia("(pointer: coarse)").matches) composer.focus();

@@ -1,6 +1,11 @@
 // Safe Markdown for model output: marked (vendored) renders, raw HTML in the text is shown as
 // text, then DOMPurify (vendored) sanitises what marked produced. The result is a
 // DocumentFragment: nothing the model writes is ever parsed as HTML by us.
+//
+// Code blocks may be syntax-highlighted (static/highlight.js, passed in by the caller so the
+// widget does not load it): the highlighter's markup goes through the same sanitiser, which
+// keeps a `class` attribute only on <code> and <span> and only its `hljs`, `hljs-*` and
+// `language-*` names; every other class, every style and every handler is removed.
 import { Marked } from "./vendor/marked.esm.js";
 import DOMPurify from "./vendor/purify.es.js";
 
@@ -12,11 +17,38 @@ export function escapeHtml(s) {
   );
 }
 
+/**
+ * A code highlighter: HTML for the block (escaped text in `hljs-*` spans) and the language's
+ * canonical name, or null to leave the block plain.
+ * @typedef {(code: string, lang: string) => ({html: string, language: string} | null)} Highlighter
+ */
+
+/** The language label a fence may carry (```python title="x" gives `python`). */
+const LANG = /^[A-Za-z0-9_+#.-]{1,32}$/;
+
+/** The highlighter of the `renderMarkdown` call in progress (parsing is synchronous). */
+/** @type {Highlighter | null} */
+let activeHighlighter = null;
+
 const marked = new Marked({
   gfm: true,
   breaks: false,
   async: false,
   renderer: {
+    // Fenced and indented code: the language as a data attribute (for the label), and the
+    // highlighter's markup when one is given and knows the language.
+    code(/** @type {{text: string, lang?: string, escaped?: boolean}} */ token) {
+      const first = (token.lang ?? "").match(/^\S*/)?.[0] ?? "";
+      const lang = LANG.test(first) ? first : "";
+      const text = token.text ? token.text.replace(/\n$/, "") + "\n" : "";
+      const lit = lang && activeHighlighter ? activeHighlighter(text, lang) : null;
+      const attrs = lang ? ` data-lang="${escapeHtml(lang)}"` : "";
+      if (lit) {
+        const cls = `hljs language-${lit.language.replace(/[^A-Za-z0-9_+#.-]/g, "")}`;
+        return `<pre><code class="${cls}"${attrs}>${lit.html}</code></pre>\n`;
+      }
+      return `<pre><code${attrs}>${escapeHtml(text)}</code></pre>\n`;
+    },
     // Raw HTML written by the model (or the user) is text, never markup.
     html(/** @type {{text: string, block?: boolean}} */ token) {
       const text = escapeHtml(token.text);
@@ -34,15 +66,37 @@ const PURIFY = {
   FORBID_TAGS: ["style", "img", "form", "input", "button", "textarea", "select", "option",
     "iframe", "frame", "object", "embed", "video", "audio", "source", "picture", "svg", "math",
     "link", "meta", "base"],
-  FORBID_ATTR: ["style", "id", "name", "class", "srcset", "action", "formaction"],
+  FORBID_ATTR: ["style", "id", "name", "srcset", "action", "formaction"],
   ALLOW_DATA_ATTR: false,
   RETURN_DOM_FRAGMENT: true,
 };
+
+/** The only class names that survive sanitising: the highlighter's. */
+const ALLOWED_CLASS = /^(?:hljs|hljs-[a-z0-9_-]{1,40}|language-[A-Za-z0-9_+#.-]{1,32})$/;
+/** The only elements that may keep a class attribute. */
+const CLASS_TAGS = new Set(["CODE", "SPAN"]);
+
+/**
+ * The class names of `value` that may stay ("" when none).
+ * @param {string} value
+ */
+export function allowedClasses(value) {
+  return String(value)
+    .split(/\s+/)
+    .filter((c) => ALLOWED_CLASS.test(c))
+    .join(" ");
+}
 
 let hooked = false;
 function hook() {
   if (hooked) return;
   hooked = true;
+  DOMPurify.addHook("uponSanitizeAttribute", (node, data) => {
+    if (data.attrName !== "class") return;
+    const kept = CLASS_TAGS.has(node.nodeName) ? allowedClasses(data.attrValue) : "";
+    if (kept) data.attrValue = kept;
+    else data.keepAttr = false;
+  });
   DOMPurify.addHook("afterSanitizeAttributes", (node) => {
     if (node.tagName === "A" && node.getAttribute("href")) {
       node.setAttribute("target", "_blank");
@@ -52,22 +106,34 @@ function hook() {
 }
 
 /**
- * Markdown source to a sanitised DocumentFragment.
- * @param {string} source
+ * Sanitise HTML into a DocumentFragment with the rules above (exported for the tests, which
+ * feed it hostile markup directly: model text never reaches it as HTML).
+ * @param {string} html
  * @returns {DocumentFragment}
  */
-export function renderMarkdown(source) {
+export function sanitize(html) {
   hook();
-  const html = /** @type {string} */ (marked.parse(source ?? ""));
-  // marked only adds `language-xxx` classes on code blocks; keep that one as a data attribute
-  // (class attributes are forbidden) so the UI can label code blocks.
-  const withLang = html.replace(
-    /<code class="language-([A-Za-z0-9_+#.-]{1,32})">/g,
-    '<code data-lang="$1">',
-  );
   return /** @type {DocumentFragment} */ (
-    /** @type {unknown} */ (DOMPurify.sanitize(withLang, { ...PURIFY, ADD_ATTR: ["data-lang", "data-raw", "target"] }))
+    /** @type {unknown} */ (DOMPurify.sanitize(html, { ...PURIFY, ADD_ATTR: ["data-lang", "data-raw", "target"] }))
   );
+}
+
+/**
+ * Markdown source to a sanitised DocumentFragment.
+ * @param {string} source
+ * @param {{highlight?: Highlighter | null}} [options] `highlight`: syntax-highlight code blocks
+ *   (static/highlight.js `highlightCode`)
+ * @returns {DocumentFragment}
+ */
+export function renderMarkdown(source, options = {}) {
+  activeHighlighter = options.highlight ?? null;
+  let html;
+  try {
+    html = /** @type {string} */ (marked.parse(source ?? ""));
+  } finally {
+    activeHighlighter = null;
+  }
+  return sanitize(html);
 }
 
 /**

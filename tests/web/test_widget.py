@@ -1,17 +1,10 @@
-"""The embeddable widget on ``/embed-demo``, and the screenshots for the docs.
-
-Set TOKENRELAY_SCREENSHOTS=1 to write the screenshots to docs/screenshots/ (otherwise they go
-to a temporary folder, so a test run leaves the working tree alone).
-"""
+"""The embeddable widget on ``/embed-demo`` (its screenshot for the docs: test_screenshots.py)."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 
 from tests.web.conftest import PageHandle, Server
-from tests.web.test_chat import SHORT_MAX, SHORT_Q, ask, open_chat, wait_finished
 
 pytestmark = pytest.mark.browser
 
@@ -82,38 +75,3 @@ def test_widget_stop_button(desktop: PageHandle, server: Server) -> None:
     page.click("tokenrelay-chat [data-testid=stop]")
     page.wait_for_selector(W_ASSISTANT + "[data-state=cancelled]", timeout=20_000)
     assert desktop.console_errors() == []
-
-
-# --- screenshots --------------------------------------------------------------------------
-
-CODE_Q = "Write a Python function that returns the square of a number, in a code block."
-
-
-def test_screenshots(
-    desktop: PageHandle, phone: PageHandle, server: Server, screenshot_dir: Path
-) -> None:
-    page = open_chat(desktop, server, "?temperature=0&max_tokens=120")
-    ask(page, CODE_Q)
-    wait_finished(page)
-    ask(page, SHORT_Q)
-    wait_finished(page)
-    page.locator("[data-testid=composer]").fill("Thanks! And the capital of Italy?")
-    page.screenshot(path=str(screenshot_dir / "chat-desktop.png"))
-
-    ppage = open_chat(phone, server, f"?temperature=0&max_tokens={SHORT_MAX}")
-    ask(ppage, SHORT_Q)
-    wait_finished(ppage)
-    ppage.screenshot(path=str(screenshot_dir / "chat-phone.png"))
-
-    wpage = desktop.page
-    open_widget(desktop, server)
-    wpage.locator("tokenrelay-chat").evaluate("el => el.setAttribute('max-tokens', '60')")
-    wpage.locator("tokenrelay-chat [data-testid=composer]").fill("Which boots for wet trails?")
-    wpage.locator("tokenrelay-chat [data-testid=composer]").press("Enter")
-    wpage.wait_for_selector(W_ASSISTANT + ":not([data-state=streaming])", timeout=120_000)
-    wpage.screenshot(path=str(screenshot_dir / "widget.png"))
-
-    for name in ("chat-desktop.png", "chat-phone.png", "widget.png"):
-        assert (screenshot_dir / name).stat().st_size > 10_000
-    assert desktop.console_errors() == []
-    assert phone.console_errors() == []
