@@ -1,9 +1,22 @@
 // Type declarations for tokenrelay-client.js (protocol v1). See docs/client.md.
+// Checked against the JSDoc of the .js files by tests/web/test_js_package.py.
 
-export declare const PROTOCOL_VERSION: 1;
+import type {
+  ChatMessage,
+  GenerateParams,
+  StreamError,
+  StreamState,
+  Usage,
+} from "./tokenrelay-protocol.js";
+
+export {
+  backoffDelay,
+  PROTOCOL_VERSION,
+  RETRYABLE_CODES,
+} from "./tokenrelay-protocol.js";
+export type { ChatMessage, GenerateParams, StreamError, StreamState, Usage };
 
 export type ConnectionState = "idle" | "connecting" | "open" | "reconnecting" | "offline" | "closed";
-export type StreamState = "pending" | "streaming" | "done" | "error";
 export type FinishReason = "stop" | "length" | "cancelled" | "error" | "expired";
 export type ErrorCode =
   | "bad_request"
@@ -16,22 +29,6 @@ export type ErrorCode =
   | "unavailable"
   | "internal";
 
-export interface ChatMessage {
-  role: "system" | "user" | "assistant";
-  content: string;
-}
-
-export interface GenerateParams {
-  max_tokens?: number;
-  /** 0 = greedy */
-  temperature?: number;
-  top_p?: number;
-  top_k?: number;
-  seed?: number;
-  stop?: string[];
-  ignore_eos?: boolean;
-}
-
 export interface GenerateRequest {
   messages?: ChatMessage[];
   /** raw text instead of `messages` (skips the chat template) */
@@ -39,6 +36,11 @@ export interface GenerateRequest {
   params?: GenerateParams;
   /** defaults to a random id */
   requestId?: string;
+  /**
+   * Aborting it cancels the stream (nothing is sent at all if it had already aborted) and
+   * makes iterating the stream throw the signal's reason (an AbortError).
+   */
+  signal?: AbortSignal;
 }
 
 export interface ResumeRequest {
@@ -48,18 +50,27 @@ export interface ResumeRequest {
   after?: number;
   /** the text already held up to `after` */
   text?: string;
-}
-
-export interface Usage {
-  prompt_tokens: number;
-  completion_tokens: number;
+  /** aborting it cancels the stream */
+  signal?: AbortSignal;
 }
 
 export interface StreamResult {
   text: string;
   finishReason: FinishReason | string | null;
   usage: Usage | null;
-  error: { code: ErrorCode | string; message: string } | null;
+  error: StreamError | null;
+}
+
+export interface ClientStats {
+  connects: number;
+  reconnects: number;
+  resumes: number;
+  drops: number;
+  heartbeatTimeouts: number;
+  duplicates: number;
+  gaps: number;
+  /** generates and resumes sent again after a retryable error */
+  retries: number;
 }
 
 export interface ClientOptions {
@@ -72,7 +83,15 @@ export interface ClientOptions {
   backoffMax?: number;
   backoffFactor?: number;
   backoffJitter?: number;
+  /** failed connection attempts in a row before giving up (default Infinity) */
   maxRetries?: number;
+  /**
+   * Times a generate (or resume) refused with `unavailable`, `overloaded` or `rate_limited`
+   * is sent again, after `retry_after` plus the jittered backoff (default 8; 0: never).
+   */
+  retryLimit?: number;
+  /** ms: a `retry_after` longer than this fails the stream at once (default 30000) */
+  retryMaxDelay?: number;
   cancelTimeout?: number;
   autoConnect?: boolean;
   /**
@@ -103,17 +122,25 @@ export declare const DEFAULTS: Readonly<
       | "backoffFactor"
       | "backoffJitter"
       | "maxRetries"
+      | "retryLimit"
+      | "retryMaxDelay"
       | "cancelTimeout"
       | "autoConnect"
     >
   >
 >;
 
-export declare function backoffDelay(
-  attempt: number,
-  options?: Pick<ClientOptions, "backoffInitial" | "backoffMax" | "backoffFactor" | "backoffJitter">,
-  random?: () => number,
-): number;
+/**
+ * What iterating a stream throws when the stream fails: `code` is the protocol's error code,
+ * `retryAfter` the seconds the server asked to wait (rate_limited, overloaded) or null.
+ */
+export declare class TokenRelayError extends Error {
+  constructor(error: StreamError, where?: { streamId?: string | null; requestId?: string | null });
+  readonly code: ErrorCode | string;
+  readonly retryAfter: number | null;
+  readonly streamId: string | null;
+  readonly requestId: string | null;
+}
 
 /**
  * A `token` option: trades an API key for a short-lived WebSocket token
@@ -140,11 +167,19 @@ export interface StreamEventMap {
     local?: boolean;
     message?: string;
   }>;
-  error: CustomEvent<{ code: ErrorCode | string; message: string }>;
+  error: CustomEvent<{ code: ErrorCode | string; message: string; retryAfter?: number }>;
   "cancel-ack": CustomEvent<{ state: "cancelling" | "finished"; finishReason: string | null }>;
 }
 
-export declare class TokenRelayStream extends EventTarget {
+/**
+ * One response stream: an EventTarget (events in StreamEventMap) and an async iterable of the
+ * text of its tokens. `for await (const text of stream)` yields every chunk from the first,
+ * ends after `done`, throws a TokenRelayError after `error` and the signal's reason once the
+ * request's `signal` aborts; leaving the loop early (`break`) cancels the stream.
+ */
+export declare class TokenRelayStream extends EventTarget implements AsyncIterable<string> {
+  /** streams come from TokenRelayClient.generate() and resume() */
+  private constructor();
   readonly requestId: string | null;
   readonly streamId: string | null;
   readonly resumeToken: string | null;
@@ -156,7 +191,7 @@ export declare class TokenRelayStream extends EventTarget {
   readonly promptTokens: number | null;
   readonly finishReason: string | null;
   readonly usage: Usage | null;
-  readonly error: { code: string; message: string } | null;
+  readonly error: StreamError | null;
   readonly resumes: number;
   readonly cancelRequested: boolean;
   readonly closed: boolean;
@@ -164,6 +199,7 @@ export declare class TokenRelayStream extends EventTarget {
   readonly finished: Promise<StreamResult>;
   cancel(): void;
   toJSON(): { streamId: string | null; resumeToken: string | null; after: number; text: string };
+  [Symbol.asyncIterator](): AsyncIterableIterator<string>;
   addEventListener<K extends keyof StreamEventMap>(
     type: K,
     listener: (ev: StreamEventMap[K]) => void,
@@ -205,15 +241,7 @@ export declare class TokenRelayClient extends EventTarget {
   readonly hello: Record<string, unknown> | null;
   /** Whether an engine worker is ready to take a generate (from the gateway's hello/notices). */
   readonly workerReady: boolean;
-  readonly stats: {
-    connects: number;
-    reconnects: number;
-    resumes: number;
-    drops: number;
-    heartbeatTimeouts: number;
-    duplicates: number;
-    gaps: number;
-  };
+  readonly stats: ClientStats;
   connect(): void;
   close(): void;
   /** QA: drop the socket as a network failure would; reconnects and resumes */

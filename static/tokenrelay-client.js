@@ -2,26 +2,42 @@
 //
 // One TokenRelayClient keeps one WebSocket to `/v1/ws` and carries any number of streams
 // over it. It reconnects on its own (exponential backoff with jitter), notices a dead socket
-// with a ping/pong heartbeat, follows the browser's online/offline events, and re-attaches
-// every unfinished stream with a `resume` frame from the last seq it delivered, so the text a
-// stream hands out never has a doubled or missing character. No dependencies, no build step.
-// Reference: docs/client.md (API) and docs/protocol.md (the wire protocol).
+// with a ping/pong heartbeat, follows the browser's online/offline events, and moves to a new
+// socket as soon as a draining gateway says so. What goes over the socket is decided by the
+// sans-I/O state machine in tokenrelay-protocol.js (resume offsets, dedupe by seq, cancel,
+// retries of refused requests); this module is the socket, timer and event layer around it,
+// so the text a stream hands out never has a doubled or missing character.
+// No dependencies, no build step. Reference: docs/client.md (API), docs/protocol.md (wire).
 
-/** Protocol version this module speaks. */
-export const PROTOCOL_VERSION = 1;
+import {
+  backoffDelay,
+  ClientProtocol,
+  PROTOCOL_DEFAULTS,
+  PROTOCOL_VERSION,
+  RETRYABLE_CODES,
+} from "./tokenrelay-protocol.js";
+
+export { backoffDelay, PROTOCOL_VERSION, RETRYABLE_CODES };
 
 /**
+ * @typedef {import("./tokenrelay-protocol.js").ProtocolStream} ProtocolStream
+ * @typedef {import("./tokenrelay-protocol.js").Action} Action
+ * @typedef {import("./tokenrelay-protocol.js").StreamState} StreamState
+ * @typedef {import("./tokenrelay-protocol.js").ChatMessage} ChatMessage
+ * @typedef {import("./tokenrelay-protocol.js").GenerateParams} GenerateParams
+ * @typedef {import("./tokenrelay-protocol.js").Usage} Usage
+ * @typedef {import("./tokenrelay-protocol.js").StreamError} StreamError
  * @typedef {"idle"|"connecting"|"open"|"reconnecting"|"offline"|"closed"} ConnectionState
- * @typedef {"pending"|"streaming"|"done"|"error"} StreamState
- * @typedef {{role: "system"|"user"|"assistant", content: string}} ChatMessage
- * @typedef {{max_tokens?: number, temperature?: number, top_p?: number, top_k?: number,
- *   seed?: number, stop?: string[], ignore_eos?: boolean}} GenerateParams
  * @typedef {{messages?: ChatMessage[], prompt?: string, params?: GenerateParams,
- *   requestId?: string}} GenerateRequest
- * @typedef {{streamId: string, resumeToken: string, after?: number, text?: string}} ResumeRequest
- * @typedef {{prompt_tokens: number, completion_tokens: number}} Usage
+ *   requestId?: string, signal?: AbortSignal}} GenerateRequest
+ *   `signal`: aborting it cancels the stream (a `cancel` frame; nothing at all is sent when
+ *   it had already fired) and makes its iteration throw the signal's reason (an AbortError)
+ * @typedef {{streamId: string, resumeToken: string, after?: number, text?: string,
+ *   signal?: AbortSignal}} ResumeRequest
  * @typedef {{text: string, finishReason: string|null, usage: Usage|null,
- *   error: {code: string, message: string}|null}} StreamResult
+ *   error: StreamError|null}} StreamResult
+ * @typedef {{connects: number, reconnects: number, resumes: number, drops: number,
+ *   heartbeatTimeouts: number, duplicates: number, gaps: number, retries: number}} ClientStats
  */
 
 /**
@@ -33,11 +49,16 @@ export const PROTOCOL_VERSION = 1;
  * @property {number} [heartbeatTimeout=4000] ms without any frame after a ping before the
  *   socket is declared dead and replaced.
  * @property {number} [connectTimeout=8000] ms a socket may take to open.
- * @property {number} [backoffInitial=250] first reconnect delay (ms, before jitter).
- * @property {number} [backoffMax=10000] longest reconnect delay (ms).
+ * @property {number} [backoffInitial=250] first reconnect (and retry) delay (ms, before jitter).
+ * @property {number} [backoffMax=10000] longest reconnect (and retry) delay (ms).
  * @property {number} [backoffFactor=2] growth factor between attempts.
  * @property {number} [backoffJitter=0.5] 0..1: each delay is drawn from [d*(1-jitter), d].
- * @property {number} [maxRetries=Infinity] failed attempts in a row before giving up.
+ * @property {number} [maxRetries=Infinity] failed connection attempts in a row before giving up.
+ * @property {number} [retryLimit=8] times a generate (or resume) refused with `unavailable`,
+ *   `overloaded` or `rate_limited` is sent again, after `retry_after` plus the jittered
+ *   backoff, before the stream fails with that error (0: fail at once).
+ * @property {number} [retryMaxDelay=30000] ms: a `retry_after` longer than this fails the
+ *   stream at once (its error's `retryAfter` says when to try again) instead of waiting.
  * @property {number} [cancelTimeout=5000] ms to wait for the server's `done` after cancel()
  *   before ending the stream locally as cancelled.
  * @property {boolean} [autoConnect=true] connect on the first generate()/resume().
@@ -46,24 +67,27 @@ export const PROTOCOL_VERSION = 1;
  *   `?token=`, or a function called before every (re)connect that returns one, such as
  *   {@link wsTokenFetcher}. Never pass a long-lived API key here: URLs end up in logs.
  * @property {typeof WebSocket} [WebSocket] WebSocket constructor (default: the global one).
- * @property {{addEventListener: Function, removeEventListener: Function}|null} [window]
+ * @property {Pick<EventTarget, "addEventListener"|"removeEventListener">|null} [window]
  *   where `online`/`offline` events come from (default: `globalThis.window`; null: none).
  * @property {{onLine?: boolean}|null} [navigator] (default: `globalThis.navigator`).
  * @property {() => number} [random] for the jitter (default `Math.random`).
- * @property {{setTimeout: Function, clearTimeout: Function}} [timers] (default: global ones).
+ * @property {{setTimeout: (fn: () => void, ms: number) => unknown,
+ *   clearTimeout: (id: unknown) => void}} [timers] (default: the global ones).
  */
 
-/** @type {Required<Pick<ClientOptions, "heartbeatInterval"|"heartbeatTimeout"|"connectTimeout"|"backoffInitial"|"backoffMax"|"backoffFactor"|"backoffJitter"|"maxRetries"|"cancelTimeout"|"autoConnect">>} */
+/** @type {Readonly<Required<Pick<ClientOptions, "heartbeatInterval"|"heartbeatTimeout"|"connectTimeout"|"backoffInitial"|"backoffMax"|"backoffFactor"|"backoffJitter"|"maxRetries"|"retryLimit"|"retryMaxDelay"|"cancelTimeout"|"autoConnect">>>} */
 export const DEFAULTS = Object.freeze({
   heartbeatInterval: 5000,
   heartbeatTimeout: 4000,
   connectTimeout: 8000,
-  backoffInitial: 250,
-  backoffMax: 10000,
-  backoffFactor: 2,
-  backoffJitter: 0.5,
+  backoffInitial: PROTOCOL_DEFAULTS.backoffInitial,
+  backoffMax: PROTOCOL_DEFAULTS.backoffMax,
+  backoffFactor: PROTOCOL_DEFAULTS.backoffFactor,
+  backoffJitter: PROTOCOL_DEFAULTS.backoffJitter,
   maxRetries: Infinity,
-  cancelTimeout: 5000,
+  retryLimit: PROTOCOL_DEFAULTS.retryLimit,
+  retryMaxDelay: PROTOCOL_DEFAULTS.retryMaxDelay,
+  cancelTimeout: PROTOCOL_DEFAULTS.cancelTimeout,
   autoConnect: true,
 });
 
@@ -110,25 +134,6 @@ export function wsTokenFetcher(apiKey, options = {}) {
   };
 }
 
-/** Close codes after which reconnecting cannot help (policy violation). */
-const FATAL_CLOSE_CODES = new Set([1008]);
-
-/**
- * Delay before reconnect attempt `attempt` (0 = the first retry): exponential backoff capped
- * at `backoffMax`, minus a random share of up to `backoffJitter` of it.
- * @param {number} attempt
- * @param {{backoffInitial?: number, backoffMax?: number, backoffFactor?: number,
- *   backoffJitter?: number}} [options]
- * @param {() => number} [random]
- * @returns {number} milliseconds
- */
-export function backoffDelay(attempt, options = {}, random = Math.random) {
-  const o = { ...DEFAULTS, ...options };
-  const base = Math.min(o.backoffMax, o.backoffInitial * o.backoffFactor ** Math.max(0, attempt));
-  const jitter = Math.min(1, Math.max(0, o.backoffJitter));
-  return Math.round(base * (1 - jitter * random()));
-}
-
 /**
  * The WebSocket URL for an endpoint: http(s) becomes ws(s), relative URLs resolve against
  * `base` (default: the page's location), and `/v1/ws` is appended unless already there.
@@ -151,18 +156,43 @@ export function resolveEndpoint(endpoint, base) {
   return url.toString();
 }
 
-/** @param {string} prefix */
-function randomId(prefix) {
-  const bytes = new Uint8Array(9);
-  globalThis.crypto.getRandomValues(bytes);
-  let s = "";
-  for (const b of bytes) s += b.toString(16).padStart(2, "0");
-  return `${prefix}-${s}`;
-}
+/** Close codes after which reconnecting cannot help (policy violation). */
+const FATAL_CLOSE_CODES = new Set([1008]);
 
 /** @param {string} type @param {unknown} [detail] */
 function event(type, detail) {
   return new CustomEvent(type, { detail });
+}
+
+/** @param {unknown} reason @returns {unknown} what an aborted operation rejects with */
+function abortError(reason) {
+  if (reason !== undefined) return reason;
+  if (typeof DOMException === "function") {
+    return new DOMException("This operation was aborted", "AbortError");
+  }
+  const err = new Error("This operation was aborted");
+  err.name = "AbortError";
+  return err;
+}
+
+/**
+ * What iterating a stream throws when it ends with an error: `code` is the protocol's error
+ * code (`not_found`, `unavailable`, `unauthorized`...), `retryAfter` the seconds the server
+ * asked to wait (rate_limited, overloaded), or null.
+ */
+export class TokenRelayError extends Error {
+  /**
+   * @param {StreamError} error
+   * @param {{streamId?: string|null, requestId?: string|null}} [where]
+   */
+  constructor(error, where = {}) {
+    super(error.message);
+    this.name = "TokenRelayError";
+    /** @type {string} */ this.code = error.code;
+    /** @type {number|null} */ this.retryAfter = error.retryAfter ?? null;
+    /** @type {string|null} */ this.streamId = where.streamId ?? null;
+    /** @type {string|null} */ this.requestId = where.requestId ?? null;
+  }
 }
 
 /**
@@ -172,46 +202,108 @@ function event(type, detail) {
  * - `resumed` `{after}`: the stream was re-attached after a reconnect (or by resume())
  * - `done` `{finishReason, usage, text, seq}`: finish reason stop, length, cancelled, error,
  *   expired
- * - `error` `{code, message}`: the stream failed (e.g. `not_found` for an expired stream)
+ * - `error` `{code, message, retryAfter?}`: the stream failed (e.g. `not_found` for an
+ *   expired stream)
+ * - `cancel-ack` `{state, finishReason}`: the server's answer to cancel()
+ *
+ * Also an async iterable of the text of its tokens: `for await (const text of stream)` yields
+ * every chunk from the first (whenever the loop starts), ends after `done`, throws a
+ * {@link TokenRelayError} after `error` and the signal's reason (an AbortError) once the
+ * `signal` given to generate() aborts. Leaving the loop early (`break`) cancels the stream.
+ * @implements {AsyncIterable<string>}
  */
 export class TokenRelayStream extends EventTarget {
   /**
    * @param {TokenRelayClient} client
-   * @param {{requestId?: string|null, frame?: object|null, streamId?: string|null,
-   *   resumeToken?: string|null, lastSeq?: number, text?: string}} init
+   * @param {ProtocolStream} record the protocol's state of this stream
+   * @param {AbortSignal|null} [signal]
    */
-  constructor(client, init) {
+  constructor(client, record, signal = null) {
     super();
     /** @internal */ this._client = client;
-    /** @type {string|null} */ this.requestId = init.requestId ?? null;
-    /** @type {string|null} */ this.streamId = init.streamId ?? null;
-    /** @type {string|null} secret needed to resume or cancel from another socket */
-    this.resumeToken = init.resumeToken ?? null;
-    /** @type {number} seq of the last event delivered */ this.lastSeq = init.lastSeq ?? 0;
-    /** @type {string} all text delivered so far */ this.text = init.text ?? "";
-    /** @type {StreamState} */ this.state = this.streamId ? "streaming" : "pending";
-    /** @type {number|null} */ this.promptTokens = null;
-    /** @type {string|null} */ this.finishReason = null;
-    /** @type {Usage|null} */ this.usage = null;
-    /** @type {{code: string, message: string}|null} */ this.error = null;
-    /** @type {number} times this stream was re-attached with `resume` */ this.resumes = 0;
-    /** @type {boolean} */ this.cancelRequested = false;
-    /** @internal */ this._frame = init.frame ?? null;
-    /** @internal */ this._everSent = false;
-    /** @internal */ this._socketGen = -1;
-    /** @internal */ this._resyncing = false;
-    /** @internal */ this._retries = 0;
-    /** @internal */ this._cancelTimer = null;
+    /** @internal */ this._record = record;
+    /** @internal @type {number[]} where each chunk ends in `text`, for the iterators */
+    this._ends = record.text ? [record.text.length] : [];
+    /** @internal @type {Set<() => boolean>} iterators waiting for something to happen */
+    this._waiters = new Set();
+    /** @internal */ this._aborted = false;
+    /** @internal @type {unknown} */ this._abortReason = undefined;
+    /** @internal @type {AbortSignal|null} */ this._signal = signal;
+    /** @internal @type {(() => void)|null} */ this._onAbort = null;
     /** @internal @type {(result: StreamResult) => void} */ this._resolve = () => {};
     /** @type {Promise<StreamResult>} settles when the stream ends (never rejects) */
     this.finished = new Promise((resolve) => {
       this._resolve = resolve;
     });
+    if (signal && !signal.aborted && !record.closed) {
+      this._onAbort = () => this._abort();
+      signal.addEventListener("abort", this._onAbort, { once: true });
+    }
+  }
+
+  /** @returns {string|null} */
+  get requestId() {
+    return this._record.requestId;
+  }
+
+  /** @returns {string|null} */
+  get streamId() {
+    return this._record.streamId;
+  }
+
+  /** @returns {string|null} the secret needed to resume or cancel from another socket */
+  get resumeToken() {
+    return this._record.resumeToken;
+  }
+
+  /** @returns {number} seq of the last event delivered */
+  get lastSeq() {
+    return this._record.lastSeq;
+  }
+
+  /** @returns {string} all text delivered so far */
+  get text() {
+    return this._record.text;
+  }
+
+  /** @returns {StreamState} */
+  get state() {
+    return this._record.state;
+  }
+
+  /** @returns {number|null} */
+  get promptTokens() {
+    return this._record.promptTokens;
+  }
+
+  /** @returns {string|null} */
+  get finishReason() {
+    return this._record.finishReason;
+  }
+
+  /** @returns {Usage|null} */
+  get usage() {
+    return this._record.usage;
+  }
+
+  /** @returns {StreamError|null} */
+  get error() {
+    return this._record.error;
+  }
+
+  /** @returns {number} times this stream was re-attached with `resume` */
+  get resumes() {
+    return this._record.resumes;
+  }
+
+  /** @returns {boolean} whether cancel() was called (or the signal aborted) */
+  get cancelRequested() {
+    return this._record.cancelRequested;
   }
 
   /** @returns {boolean} whether the stream has ended (done or error) */
   get closed() {
-    return this.state === "done" || this.state === "error";
+    return this._record.closed;
   }
 
   /** Ask the server to stop this stream. The `done` event follows with `cancelled`. */
@@ -219,7 +311,10 @@ export class TokenRelayStream extends EventTarget {
     this._client._cancel(this);
   }
 
-  /** What to persist to resume this stream later with `client.resume(...)`. */
+  /**
+   * What to persist to resume this stream later with `client.resume(...)`.
+   * @returns {{streamId: string|null, resumeToken: string|null, after: number, text: string}}
+   */
   toJSON() {
     return {
       streamId: this.streamId,
@@ -228,6 +323,94 @@ export class TokenRelayStream extends EventTarget {
       text: this.text,
     };
   }
+
+  /** @returns {AsyncIterableIterator<string>} the text of each token, in order */
+  [Symbol.asyncIterator]() {
+    let index = 0;
+    let offset = 0;
+    let over = false;
+    /** @type {IteratorResult<string>} */
+    const end = { done: true, value: undefined };
+    /** @type {AsyncIterableIterator<string>} */
+    const iterator = {
+      next: () =>
+        new Promise((resolve, reject) => {
+          const step = () => {
+            const r = this._record;
+            if (over) resolve(end);
+            else if (this._aborted) {
+              over = true;
+              reject(abortError(this._abortReason));
+            } else if (index < this._ends.length) {
+              const stop = this._ends[index++];
+              const value = r.text.slice(offset, stop);
+              offset = stop;
+              resolve({ done: false, value });
+            } else if (r.state === "error" && r.error) {
+              over = true;
+              reject(new TokenRelayError(r.error, r));
+            } else if (r.closed) {
+              over = true;
+              resolve(end);
+            } else return false;
+            return true;
+          };
+          if (!step()) this._waiters.add(step);
+        }),
+      return: () => {
+        over = true;
+        if (!this.closed) this.cancel();
+        this._wake();
+        return Promise.resolve(end);
+      },
+      [Symbol.asyncIterator]() {
+        return iterator;
+      },
+    };
+    return iterator;
+  }
+
+  /** @internal @param {string} name @param {Record<string, any>} detail */
+  _emit(name, detail) {
+    if (name === "token") this._ends.push(detail.fullText.length);
+    this.dispatchEvent(event(name, detail));
+    if (name === "done" || name === "error") {
+      this._release();
+      const r = this._record;
+      this._resolve({
+        text: r.text,
+        finishReason: r.finishReason,
+        usage: r.usage,
+        error: r.error,
+      });
+    }
+    this._wake();
+  }
+
+  /** @internal the signal fired: iterators throw, the stream is cancelled */
+  _abort() {
+    if (this._aborted || this.closed) return;
+    this._aborted = true;
+    this._abortReason = this._signal?.reason;
+    this._release();
+    this._wake();
+    this.cancel();
+  }
+
+  /** @internal stop listening to the signal */
+  _release() {
+    if (this._signal && this._onAbort) {
+      this._signal.removeEventListener("abort", this._onAbort);
+    }
+    this._onAbort = null;
+  }
+
+  /** @internal let waiting iterators look again */
+  _wake() {
+    for (const step of [...this._waiters]) {
+      if (step()) this._waiters.delete(step);
+    }
+  }
 }
 
 /**
@@ -235,6 +418,7 @@ export class TokenRelayStream extends EventTarget {
  * - `state` `{state, previous, attempt, delay}`: connection state changes
  * - `open` `{hello}`: the server said hello on a new socket
  * - `readiness` `{ready}`: an engine worker became ready (after a hello that said none was)
+ * - `notice` `{code, message, drainS}`: information from the gateway (`shutting_down`...)
  * - `resumed` `{stream, after}`: a stream was re-attached
  * - `heartbeat-timeout` `{}`: the socket went silent and is being replaced
  * - `error` `{code, message, frame}`: an error frame not tied to a stream of ours
@@ -249,8 +433,8 @@ export class TokenRelayClient extends EventTarget {
     /** @readonly */ this.url = resolveEndpoint(options.endpoint);
     /** @private */ this._WebSocket = options.WebSocket ?? globalThis.WebSocket;
     /** @private */ this._timers = options.timers ?? {
-      setTimeout: (/** @type {Function} */ f, /** @type {number} */ ms) =>
-        globalThis.setTimeout(f, ms),
+      setTimeout: (/** @type {() => void} */ f, /** @type {number} */ ms) =>
+        /** @type {unknown} */ (globalThis.setTimeout(f, ms)),
       clearTimeout: (/** @type {any} */ t) => globalThis.clearTimeout(t),
     };
     /** @private */ this._random = options.random ?? Math.random;
@@ -259,25 +443,22 @@ export class TokenRelayClient extends EventTarget {
     /** @private */ this._navigator =
       options.navigator !== undefined ? options.navigator : (globalThis.navigator ?? null);
     /** @type {ConnectionState} @private */ this._state = "idle";
-    /** @type {WebSocket|null} @private */ this._ws = null;
+    /** @type {WebSocket|null} @private the socket new frames go to (connecting or open) */
+    this._ws = null;
+    /** @private the connection id of `_ws` (0: none) */ this._wsConn = 0;
+    /** @type {Map<number, {ws: WebSocket, timer: unknown}>} @private draining sockets */
+    this._draining = new Map();
     /** @private */ this._gen = 0;
     /** @private */ this._attempt = 0;
     /** @private */ this._everOpened = false;
     /** @private */ this._closedByUser = false;
     /** @private set by the browser's offline event, cleared by online */ this._offline = false;
-    /** @private */ this._retryTimer = null;
-    /** @private */ this._pingTimer = null;
-    /** @private */ this._pongTimer = null;
-    /** @private */ this._connectTimer = null;
+    /** @type {unknown} @private */ this._retryTimer = null;
+    /** @type {unknown} @private */ this._pingTimer = null;
+    /** @type {unknown} @private */ this._pongTimer = null;
+    /** @type {unknown} @private */ this._connectTimer = null;
     /** @private a token request in flight (its generation), else 0 */ this._tokenPending = 0;
-    /** @type {Set<TokenRelayStream>} @private */ this._streams = new Set();
-    /** @type {Map<string, TokenRelayStream>} @private */ this._byRequest = new Map();
-    /** @type {Map<string, TokenRelayStream>} @private */ this._byStream = new Map();
-    /** @type {object|null} the last `hello` frame */ this.hello = null;
-    /** Whether an engine worker is ready (`hello.worker_ready`, then a `worker_ready`
-     * notice); a generate sent before gets `unavailable`. */
-    this.workerReady = true;
-    /** Counters for dashboards and the debug panel. */
+    /** Counters for dashboards and the debug panel. @type {ClientStats} */
     this.stats = {
       connects: 0,
       reconnects: 0,
@@ -286,7 +467,24 @@ export class TokenRelayClient extends EventTarget {
       heartbeatTimeouts: 0,
       duplicates: 0,
       gaps: 0,
+      retries: 0,
     };
+    /** @private the sans-I/O protocol state machine */
+    this._proto = new ClientProtocol({
+      cancelTimeout: o.cancelTimeout,
+      retryLimit: o.retryLimit,
+      retryMaxDelay: o.retryMaxDelay,
+      backoffInitial: o.backoffInitial,
+      backoffMax: o.backoffMax,
+      backoffFactor: o.backoffFactor,
+      backoffJitter: o.backoffJitter,
+      random: this._random,
+      stats: this.stats,
+    });
+    /** @type {WeakMap<ProtocolStream, TokenRelayStream>} @private */
+    this._handles = new WeakMap();
+    /** @type {Map<string, unknown>} @private timers the protocol asked for */
+    this._protoTimers = new Map();
     /** @private */ this._onOnline = () => this._handleOnline();
     /** @private */ this._onOffline = () => this._handleOffline();
     /** @private */ this._listening = false;
@@ -299,14 +497,27 @@ export class TokenRelayClient extends EventTarget {
 
   /** @returns {TokenRelayStream[]} the streams not yet finished */
   get streams() {
-    return [...this._streams];
+    return this._proto.streams.map((r) => this._handle(r));
+  }
+
+  /** @returns {Record<string, unknown>|null} the last `hello` frame */
+  get hello() {
+    return this._proto.hello;
+  }
+
+  /**
+   * @returns {boolean} whether an engine worker is ready (`hello.worker_ready`, then a
+   *   `worker_ready` notice); a generate sent before gets `unavailable` (and is retried)
+   */
+  get workerReady() {
+    return this._proto.workerReady;
   }
 
   /** Open the connection (also done by generate()/resume()). Idempotent. */
   connect() {
     this._closedByUser = false;
     this._listen(true);
-    if (this._ws) return;
+    if (this._ws || this._tokenPending) return;
     this._clearRetry();
     this._open();
   }
@@ -317,10 +528,12 @@ export class TokenRelayClient extends EventTarget {
    */
   close() {
     this._closedByUser = true;
+    this._tokenPending = 0;
     this._listen(false);
     this._clearRetry();
-    this._dropSocket(1000, "client closed");
-    for (const s of this._streams) this._clearCancelTimer(s);
+    this._dropAll(1000, "client closed");
+    this._proto.pause();
+    this._pump();
     this._setState("closed");
   }
 
@@ -329,31 +542,28 @@ export class TokenRelayClient extends EventTarget {
    * its usual backoff and resumes every unfinished stream.
    */
   dropConnection() {
-    if (!this._ws) return;
+    if (!this._ws && !this._draining.size) return;
     this.stats.drops += 1;
-    this._dropSocket(4000, "dropped by the client (QA)");
+    this._dropAll(4000, "dropped by the client (QA)");
     this._scheduleReconnect();
   }
 
   /**
-   * Start a completion.
+   * Start a completion. With `signal`, aborting it cancels the stream (nothing is sent if it
+   * had already aborted) and makes iterating the stream throw.
    * @param {GenerateRequest} request
    * @returns {TokenRelayStream}
    */
   generate(request) {
-    if (!request || (request.messages == null && request.prompt == null)) {
-      throw new TypeError("tokenrelay: generate() needs messages or prompt");
+    const signal = request?.signal ?? null;
+    const record = this._proto.generate(request, { cancelled: signal?.aborted === true });
+    const stream = this._adopt(record, signal);
+    if (signal?.aborted) {
+      stream._aborted = true;
+      stream._abortReason = signal.reason;
     }
-    const requestId = request.requestId ?? randomId("r");
-    /** @type {Record<string, unknown>} */
-    const frame = { type: "generate", request_id: requestId };
-    if (request.messages != null) frame.messages = request.messages;
-    else frame.prompt = request.prompt;
-    if (request.params) frame.params = request.params;
-    const stream = new TokenRelayStream(this, { requestId, frame });
-    this._streams.add(stream);
-    this._byRequest.set(requestId, stream);
-    this._kick(stream);
+    this._pump();
+    if (!record.closed) this._kick();
     return stream;
   }
 
@@ -364,29 +574,100 @@ export class TokenRelayClient extends EventTarget {
    * @returns {TokenRelayStream}
    */
   resume(request) {
-    if (!request?.streamId || !request.resumeToken) {
-      throw new TypeError("tokenrelay: resume() needs streamId and resumeToken");
-    }
-    const existing = this._byStream.get(request.streamId);
-    if (existing) return existing;
-    const stream = new TokenRelayStream(this, {
-      streamId: request.streamId,
-      resumeToken: request.resumeToken,
-      lastSeq: request.after ?? 0,
-      text: request.text ?? "",
-    });
-    this._streams.add(stream);
-    this._byStream.set(request.streamId, stream);
-    this._kick(stream);
+    const signal = request?.signal ?? null;
+    const record = this._proto.resume(request);
+    const stream = this._handles.get(record) ?? this._adopt(record, signal);
+    this._pump();
+    if (signal?.aborted) stream._abort();
+    this._kick();
     return stream;
   }
 
   // --- internals -------------------------------------------------------------------------
 
-  /** @private @param {TokenRelayStream} stream */
-  _kick(stream) {
-    if (this._ws && this._ws.readyState === WS_OPEN) this._attach(stream);
-    else if (!this._ws && !this._retryTimer && this.options.autoConnect) this.connect();
+  /** @private @param {ProtocolStream} record @param {AbortSignal|null} signal */
+  _adopt(record, signal) {
+    const stream = new TokenRelayStream(this, record, signal);
+    this._handles.set(record, stream);
+    return stream;
+  }
+
+  /** @private @param {ProtocolStream} record @returns {TokenRelayStream} */
+  _handle(record) {
+    return this._handles.get(record) ?? this._adopt(record, null);
+  }
+
+  /** @internal @param {TokenRelayStream} stream */
+  _cancel(stream) {
+    this._proto.cancel(stream._record);
+    this._pump();
+  }
+
+  /** @private connect if nothing is connecting or waiting to */
+  _kick() {
+    if (this._ws || this._retryTimer || this._tokenPending) return;
+    if (this.options.autoConnect) this.connect();
+  }
+
+  /** Perform what the protocol asks, in order (re-entrant: a nested call carries on). @private */
+  _pump() {
+    for (let a = this._proto.nextAction(); a; a = this._proto.nextAction()) this._apply(a);
+  }
+
+  /** @private @param {Action} a */
+  _apply(a) {
+    switch (a.type) {
+      case "send":
+        this._sendOn(a.conn, a.frame);
+        return;
+      case "stream": {
+        const stream = this._handles.get(a.stream);
+        if (!stream) return;
+        stream._emit(a.name, a.detail);
+        if (a.name === "resumed") {
+          this.dispatchEvent(event("resumed", { stream, after: a.detail.after }));
+        }
+        return;
+      }
+      case "client":
+        if (a.name === "open") this._attempt = 0; // a hello: the backoff starts over
+        this.dispatchEvent(event(a.name, a.detail));
+        return;
+      case "timer": {
+        this._clearProtoTimer(a.key);
+        const handle = this._timers.setTimeout(() => {
+          if (this._protoTimers.get(a.key) !== handle) return;
+          this._protoTimers.delete(a.key);
+          this._proto.timer(a.key);
+          this._pump();
+        }, a.delay);
+        this._protoTimers.set(a.key, handle);
+        return;
+      }
+      case "clear-timer":
+        this._clearProtoTimer(a.key);
+        return;
+      case "drain":
+        this._drain(a.conn, a.drainS);
+        return;
+      default:
+        return;
+    }
+  }
+
+  /** @private @param {string} key */
+  _clearProtoTimer(key) {
+    if (!this._protoTimers.has(key)) return;
+    this._timers.clearTimeout(this._protoTimers.get(key));
+    this._protoTimers.delete(key);
+  }
+
+  /** @private @param {number} conn @param {Record<string, unknown>} frame @returns {boolean} */
+  _sendOn(conn, frame) {
+    const ws = conn === this._wsConn ? this._ws : (this._draining.get(conn)?.ws ?? null);
+    if (!ws || ws.readyState !== WS_OPEN) return false;
+    ws.send(JSON.stringify(frame));
+    return true;
   }
 
   /** @private @param {boolean} on */
@@ -440,7 +721,8 @@ export class TokenRelayClient extends EventTarget {
 
   /** @private @param {string|null} token */
   _openSocket(token) {
-    const gen = ++this._gen;
+    const conn = ++this._gen;
+    /** @type {WebSocket} */
     let ws;
     try {
       ws = new this._WebSocket(token ? withToken(this.url, token) : this.url);
@@ -449,6 +731,7 @@ export class TokenRelayClient extends EventTarget {
       return;
     }
     this._ws = ws;
+    this._wsConn = conn;
     if (this._state === "idle" || this._state === "closed") this._setState("connecting");
     this._connectTimer = this._timers.setTimeout(() => {
       if (this._ws === ws && ws.readyState !== WS_OPEN) {
@@ -466,25 +749,40 @@ export class TokenRelayClient extends EventTarget {
       this._offline = false;
       this._setState("open");
       this._scheduleHeartbeat();
-      for (const s of [...this._streams]) {
-        if (s._socketGen !== gen) this._attach(s);
-      }
+      this._proto.opened(conn);
+      this._pump();
     };
     ws.onmessage = (/** @type {MessageEvent} */ ev) => {
-      if (this._ws !== ws) return;
-      this._alive();
+      const primary = this._ws === ws;
+      if (!primary && this._draining.get(conn)?.ws !== ws) return;
+      if (primary) this._alive();
       let frame;
       try {
         frame = JSON.parse(typeof ev.data === "string" ? ev.data : String(ev.data));
       } catch {
         return;
       }
-      if (frame && typeof frame === "object") this._handle(frame);
+      if (!frame || typeof frame !== "object") return;
+      this.dispatchEvent(event("frame", { frame }));
+      this._proto.receive(conn, frame);
+      this._pump();
     };
     ws.onclose = (/** @type {CloseEvent} */ ev) => {
+      const drained = this._draining.get(conn);
+      if (drained?.ws === ws) {
+        // a draining gateway closed (1001): its streams resume on the new socket
+        this._timers.clearTimeout(drained.timer);
+        this._draining.delete(conn);
+        this._proto.closed(conn);
+        this._pump();
+        return;
+      }
       if (this._ws !== ws) return;
       this._ws = null;
+      this._wsConn = 0;
       this._stopTimers();
+      this._proto.closed(conn);
+      this._pump();
       if (this._closedByUser) {
         this._setState("closed");
       } else if (FATAL_CLOSE_CODES.has(ev.code)) {
@@ -498,12 +796,40 @@ export class TokenRelayClient extends EventTarget {
     };
   }
 
+  /**
+   * The gateway behind connection `conn` drains (`notice shutting_down`): keep that socket
+   * for the streams it carries, until it closes or the drain time is over, and open the next
+   * one at once for everything new.
+   * @private @param {number} conn @param {number|null} drainS
+   */
+  _drain(conn, drainS) {
+    const ws = this._ws;
+    if (!ws || conn !== this._wsConn) return;
+    this._ws = null;
+    this._wsConn = 0;
+    this._stopTimers(); // the heartbeat belongs to the primary socket
+    const grace = Math.max(0, drainS ?? 30) * 1000 + this.options.heartbeatTimeout;
+    const timer = this._timers.setTimeout(() => {
+      if (this._draining.get(conn)?.ws !== ws) return;
+      this._draining.delete(conn);
+      this._closeSocket(ws, 4004, "drain time over");
+      this._proto.closed(conn);
+      this._pump();
+    }, grace);
+    this._draining.set(conn, { ws, timer });
+    if (this._closedByUser) return;
+    this._clearRetry();
+    this._open();
+  }
+
   /** @private @param {string} code @param {string} message */
   _fatal(code, message) {
     this._closedByUser = true;
     this._clearRetry();
+    this._dropAll(1000, message);
     this._setState("closed", { code, message });
-    for (const s of [...this._streams]) this._fail(s, code, message);
+    this._proto.fail(code, message);
+    this._pump();
   }
 
   /** @private */
@@ -534,7 +860,7 @@ export class TokenRelayClient extends EventTarget {
     if (this._closedByUser) return;
     if (this._state === "offline" || this._state === "reconnecting") {
       this._clearRetry();
-      if (!this._ws) this._open();
+      if (!this._ws && !this._tokenPending) this._open();
     }
   }
 
@@ -542,9 +868,24 @@ export class TokenRelayClient extends EventTarget {
   _handleOffline() {
     this._offline = true;
     if (this._closedByUser) return;
-    this._dropSocket(4002, "browser went offline");
+    this._dropAll(4002, "browser went offline");
     this._clearRetry();
     this._scheduleReconnect(); // a slow retry (backoffMax) in case `online` never fires
+  }
+
+  /**
+   * Forget every socket, the draining ones too.
+   * @private @param {number} code @param {string} reason
+   */
+  _dropAll(code, reason) {
+    this._dropSocket(code, reason); // first, so that nothing moves over to it
+    for (const [conn, { ws, timer }] of [...this._draining]) {
+      this._timers.clearTimeout(timer);
+      this._draining.delete(conn);
+      this._closeSocket(ws, code, reason);
+      this._proto.closed(conn);
+    }
+    this._pump();
   }
 
   /**
@@ -553,9 +894,21 @@ export class TokenRelayClient extends EventTarget {
    */
   _dropSocket(code, reason) {
     const ws = this._ws;
+    const conn = this._wsConn;
     this._ws = null;
+    this._wsConn = 0;
     this._stopTimers();
     if (!ws) return;
+    this._closeSocket(ws, code, reason);
+    this._proto.closed(conn);
+    this._pump();
+  }
+
+  /**
+   * Close `ws` with no more callbacks.
+   * @private @param {WebSocket} ws @param {number} code @param {string} reason
+   */
+  _closeSocket(ws, code, reason) {
     ws.onmessage = null;
     ws.onerror = null;
     ws.onclose = null;
@@ -575,12 +928,12 @@ export class TokenRelayClient extends EventTarget {
 
   /** @private */
   _stopTimers() {
-    for (const name of ["_pingTimer", "_pongTimer", "_connectTimer"]) {
-      // @ts-ignore dynamic private field
-      if (this[name]) this._timers.clearTimeout(this[name]);
-      // @ts-ignore
-      this[name] = null;
-    }
+    if (this._pingTimer) this._timers.clearTimeout(this._pingTimer);
+    if (this._pongTimer) this._timers.clearTimeout(this._pongTimer);
+    if (this._connectTimer) this._timers.clearTimeout(this._connectTimer);
+    this._pingTimer = null;
+    this._pongTimer = null;
+    this._connectTimer = null;
   }
 
   /** @private */
@@ -596,7 +949,7 @@ export class TokenRelayClient extends EventTarget {
         );
       }
       this._scheduleHeartbeat();
-      this._send({ type: "ping" });
+      this._sendOn(this._wsConn, { type: "ping" });
     }, this.options.heartbeatInterval);
   }
 
@@ -614,243 +967,6 @@ export class TokenRelayClient extends EventTarget {
     this.dispatchEvent(event("heartbeat-timeout", {}));
     this._dropSocket(4003, "heartbeat timeout");
     this._scheduleReconnect();
-  }
-
-  /** @private @param {object} frame @returns {boolean} */
-  _send(frame) {
-    const ws = this._ws;
-    if (!ws || ws.readyState !== WS_OPEN) return false;
-    ws.send(JSON.stringify(frame));
-    return true;
-  }
-
-  /** Send what a stream needs on the current socket. @private @param {TokenRelayStream} s */
-  _attach(s) {
-    if (s.closed) return;
-    s._socketGen = this._gen;
-    if (s.streamId && s.resumeToken) {
-      s._resyncing = true;
-      this._send({
-        type: "resume",
-        stream_id: s.streamId,
-        resume_token: s.resumeToken,
-        after: s.lastSeq,
-      });
-      if (s.cancelRequested) this._sendCancel(s);
-    } else if (s._frame) {
-      if (s.cancelRequested && !s._everSent) {
-        this._finish(s, "cancelled", null, { local: true });
-        return;
-      }
-      // Never started as far as we know: (re)send the generate. A copy the old socket may
-      // have started is abandoned and aborted by the server after --detach-timeout.
-      s._everSent = true;
-      this._send(s._frame);
-    }
-  }
-
-  /** @private @param {TokenRelayStream} s */
-  _sendCancel(s) {
-    this._send({ type: "cancel", stream_id: s.streamId, resume_token: s.resumeToken });
-  }
-
-  /** @internal @param {TokenRelayStream} s */
-  _cancel(s) {
-    if (s.closed) return;
-    const first = !s.cancelRequested;
-    s.cancelRequested = true;
-    if (s.streamId) {
-      this._sendCancel(s); // when offline it goes out after the resume on reconnect
-    } else if (!s._everSent) {
-      this._finish(s, "cancelled", null, { local: true });
-      return;
-    } // else: sent when `started` arrives
-    if (first && this.options.cancelTimeout > 0) {
-      s._cancelTimer = this._timers.setTimeout(() => {
-        s._cancelTimer = null;
-        if (!s.closed) this._finish(s, "cancelled", s.usage, { local: true });
-      }, this.options.cancelTimeout);
-    }
-  }
-
-  /** @private @param {TokenRelayStream} s */
-  _clearCancelTimer(s) {
-    if (s._cancelTimer) this._timers.clearTimeout(s._cancelTimer);
-    s._cancelTimer = null;
-  }
-
-  /** @private @param {TokenRelayStream} s */
-  _resync(s) {
-    if (s._resyncing) return;
-    s._resyncing = true;
-    this._send({
-      type: "resume",
-      stream_id: s.streamId,
-      resume_token: s.resumeToken,
-      after: s.lastSeq,
-    });
-  }
-
-  /** @private @param {TokenRelayStream} s */
-  _retryResume(s) {
-    s._retries = (s._retries ?? 0) + 1;
-    if (s._retries > 8) {
-      this._fail(s, "unavailable", "the stream store stayed unreachable");
-      return;
-    }
-    this._timers.setTimeout(() => {
-      if (s.closed) return;
-      s._resyncing = false;
-      this._resync(s);
-    }, backoffDelay(s._retries, this.options, this._random));
-  }
-
-  /** @private @param {boolean} ready */
-  _setReady(ready) {
-    if (ready === this.workerReady) return;
-    this.workerReady = ready;
-    this.dispatchEvent(event("readiness", { ready }));
-  }
-
-  /** @private @param {any} f */
-  _handle(f) {
-    this.dispatchEvent(event("frame", { frame: f }));
-    switch (f.type) {
-      case "hello":
-        this.hello = f;
-        this._attempt = 0;
-        this._setReady(f.worker_ready !== false);
-        this.dispatchEvent(event("open", { hello: f }));
-        return;
-      case "pong":
-        return;
-      case "notice":
-        if (f.code === "worker_ready") this._setReady(true);
-        // e.g. {"code":"shutting_down","drain_s":30}: the gateway is draining; the socket
-        // closes with 1001 later and the client resumes its streams elsewhere on its own
-        this.dispatchEvent(
-          event("notice", { code: f.code, message: f.message ?? "", drainS: f.drain_s ?? null }),
-        );
-        return;
-      case "started": {
-        const s = this._byRequest.get(f.request_id);
-        if (!s || s.closed || s.streamId) return;
-        s.streamId = f.stream_id;
-        s.resumeToken = f.resume_token;
-        s.promptTokens = f.prompt_tokens ?? null;
-        s.state = "streaming";
-        this._byStream.set(s.streamId, s);
-        s.dispatchEvent(
-          event("started", {
-            streamId: s.streamId,
-            resumeToken: s.resumeToken,
-            promptTokens: s.promptTokens,
-          }),
-        );
-        if (s.cancelRequested) this._sendCancel(s);
-        return;
-      }
-      case "resumed": {
-        const s = this._byStream.get(f.stream_id);
-        if (!s || s.closed) return;
-        s._resyncing = false;
-        s._retries = 0;
-        s.resumes += 1;
-        this.stats.resumes += 1;
-        if (s.state === "pending") s.state = "streaming";
-        s.dispatchEvent(event("resumed", { after: f.after }));
-        this.dispatchEvent(event("resumed", { stream: s, after: f.after }));
-        return;
-      }
-      case "token": {
-        const s = this._byStream.get(f.stream_id);
-        if (!s || s.closed || typeof f.seq !== "number") return;
-        if (f.seq <= s.lastSeq) {
-          this.stats.duplicates += 1;
-          return;
-        }
-        if (f.seq !== s.lastSeq + 1) {
-          this.stats.gaps += 1;
-          this._resync(s);
-          return;
-        }
-        s.lastSeq = f.seq;
-        const text = typeof f.text === "string" ? f.text : "";
-        s.text += text;
-        s.dispatchEvent(event("token", { seq: f.seq, text, fullText: s.text }));
-        return;
-      }
-      case "done": {
-        const s = this._byStream.get(f.stream_id);
-        if (!s || s.closed) return;
-        if (typeof f.seq === "number" && f.seq > s.lastSeq + 1) {
-          this.stats.gaps += 1;
-          this._resync(s);
-          return;
-        }
-        if (typeof f.seq === "number") s.lastSeq = Math.max(s.lastSeq, f.seq);
-        this._finish(s, f.finish_reason ?? "stop", f.usage ?? null, {
-          message: f.message,
-        });
-        return;
-      }
-      case "cancelled": {
-        const s = this._byStream.get(f.stream_id);
-        if (s) s.dispatchEvent(event("cancel-ack", { state: f.state, finishReason: f.finish_reason }));
-        return;
-      }
-      case "error": {
-        const s =
-          (f.stream_id && this._byStream.get(f.stream_id)) ||
-          (f.request_id && this._byRequest.get(f.request_id)) ||
-          null;
-        if (s && !s.closed && f.code === "unavailable" && s.streamId) {
-          this._retryResume(s); // the gateway lost its store for a moment: try again
-        } else if (s && !s.closed) this._fail(s, f.code ?? "internal", f.message ?? "error");
-        else {
-          this.dispatchEvent(
-            event("error", { code: f.code, message: f.message, frame: f }),
-          );
-        }
-        return;
-      }
-      default:
-        return; // unknown frame types are ignored (forward compatible)
-    }
-  }
-
-  /** @private @param {TokenRelayStream} s */
-  _forget(s) {
-    this._clearCancelTimer(s);
-    this._streams.delete(s);
-    if (s.requestId) this._byRequest.delete(s.requestId);
-    if (s.streamId) this._byStream.delete(s.streamId);
-  }
-
-  /**
-   * @private @param {TokenRelayStream} s @param {string} finishReason
-   * @param {Usage|null} usage @param {{local?: boolean, message?: string}} [extra]
-   */
-  _finish(s, finishReason, usage, extra = {}) {
-    if (s.closed) return;
-    this._forget(s);
-    s.state = "done";
-    s.finishReason = finishReason;
-    s.usage = usage;
-    s.dispatchEvent(
-      event("done", { finishReason, usage, text: s.text, seq: s.lastSeq, ...extra }),
-    );
-    s._resolve({ text: s.text, finishReason, usage, error: null });
-  }
-
-  /** @private @param {TokenRelayStream} s @param {string} code @param {string} message */
-  _fail(s, code, message) {
-    if (s.closed) return;
-    this._forget(s);
-    s.state = "error";
-    s.error = { code, message };
-    s.dispatchEvent(event("error", { code, message }));
-    s._resolve({ text: s.text, finishReason: null, usage: null, error: s.error });
   }
 }
 

@@ -596,8 +596,8 @@ describe("transient store errors", () => {
     assert.equal(stream.text, server.fullText());
   });
 
-  test("unavailable for a generate (no worker) fails it", async () => {
-    const client = connected();
+  test("unavailable for a generate (no worker) fails it once no retry is left", async () => {
+    const client = connected({ retryLimit: 0 }); // retries: client-async.test.mjs
     const ws = FakeWebSocket.last();
     ws.server = null;
     const stream = client.generate({ ...ask, requestId: "r" });
