@@ -33,9 +33,14 @@ templates = Jinja2Templates(directory=str(TEMPLATES_DIR))
 
 
 def _assetversion() -> str:
-    """Cache-busting token for asset URLs: the package version plus the newest asset mtime."""
+    """Cache-busting token for asset URLs: the package version plus the newest asset mtime
+    (the modules in static/'s subfolders included; the pinned vendor files never change)."""
     try:
-        newest = max(int(p.stat().st_mtime) for p in STATIC_DIR.glob("*.js"))
+        newest = max(
+            int(p.stat().st_mtime)
+            for p in STATIC_DIR.rglob("*.js")
+            if "vendor" not in p.relative_to(STATIC_DIR).parts
+        )
     except ValueError:
         newest = 0
     return f"{version()}-{newest:x}"

@@ -43,10 +43,19 @@ from tests.root import ROOT  # noqa: E402
 READY_TIMEOUT_S = float(os.environ.get("TOKENRELAY_TEST_READY_TIMEOUT", "240"))
 
 
+# A test that uses one of these (directly or through another fixture, e.g. `desktop`) needs
+# Chromium or a running `tokenrelay serve`: it is marked `browser`, which `make test-fast`
+# deselects. The rest of tests/web (the JS client's node tests, the npm package, the layout
+# of static/) runs there too.
+BROWSER_FIXTURES = frozenset({"browser", "server", "keyed_gateway"})
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
     for item in items:
-        if here in Path(str(item.fspath)).parents:
+        if here not in Path(str(item.fspath)).parents:
+            continue
+        if BROWSER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.browser)
 
 

@@ -1,9 +1,11 @@
 """The JS client as an npm package (static/package.json): its manifest, its types, its tarball.
 
-- the manifest ships every module the client imports, the gateway serves them and the wheel
-  installs them (pyproject's data-files);
-- the JSDoc of static/tokenrelay-client.js and static/tokenrelay-protocol.js type-checks with
-  ``tsc --strict --checkJs``, and declarations can be generated from it;
+- the manifest ships every module the client imports (the two entry points and their internal
+  modules in static/client/), the gateway serves them and the wheel installs them
+  (pyproject's data-files);
+- the JSDoc of static/tokenrelay-client.js and static/tokenrelay-protocol.js (and of the
+  modules in static/client/ behind them) type-checks with ``tsc --strict --checkJs``, and
+  declarations can be generated from it;
 - the hand-written .d.ts files still describe the JS (tests/web/js/api-check.mjs: the same
   exports and public members, the JS types assignable to the declared ones);
 - ``npm pack`` gives a tarball that installs offline, and a TypeScript consumer
@@ -16,10 +18,8 @@ reason, without them.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
-import re
 import shutil
 import subprocess
 import tomllib
@@ -31,10 +31,11 @@ from starlette.testclient import TestClient
 
 from gateway.http.pages import page_routes
 from tests.root import ROOT
+from tests.web.static_files import STATIC, dynamic_imports, static_imports, wheel_installs
 
-STATIC = ROOT / "static"
 PACKAGE_JSON = STATIC / "package.json"
 MODULES = ("tokenrelay-protocol", "tokenrelay-client")
+INTERNAL = "client"  # static/client/: the modules behind the two entry points
 JS_TOOLS = ROOT / "tests" / "js" / "node_modules"
 TSC = JS_TOOLS / ".bin" / "tsc"
 TYPESCRIPT = JS_TOOLS / "typescript"
@@ -132,19 +133,30 @@ def test_manifest_describes_an_es_module_package() -> None:
 
 
 def test_every_imported_module_is_shipped_served_and_installed() -> None:
-    """The client's relative imports are in the package, behind /static and in the wheel."""
+    """The client's relative imports are in the package, behind /static and in the wheel;
+    the two entry points have their .d.ts, and the internal modules none (TypeScript users
+    see only the entry points' declarations, which import nothing but each other)."""
     shipped = set(_shipped())
     for name in shipped:
         assert (STATIC / name).is_file(), name
     for name in [n for n in shipped if n.endswith(".js")]:
-        source = (STATIC / name).read_text()
-        for imported in re.findall(r'from\s+"\./([^"]+)"', source):
-            assert imported in shipped, f"{name} imports ./{imported}, which is not shipped"
-            assert imported.removesuffix(".js") + ".d.ts" in shipped
-    data_files = _pyproject()["tool"]["setuptools"]["data-files"]  # type: ignore[index]
-    globs = data_files["share/tokenrelay/static"]
+        module = STATIC / name
+        assert not dynamic_imports(module), f"{name}: the package loads nothing dynamically"
+        for imported in static_imports(module):
+            rel = imported.relative_to(STATIC.resolve()).as_posix()
+            assert rel in shipped, f"{name} imports {rel}, which is not shipped"
+    for m in MODULES:
+        assert f"{m}.js" in shipped and f"{m}.d.ts" in shipped, m
+    internal = sorted(n for n in shipped if n.startswith(f"{INTERNAL}/"))
+    assert internal == sorted(
+        p.relative_to(STATIC).as_posix() for p in (STATIC / INTERNAL).glob("*.js")
+    ), "static/client/ holds the package's internal modules: ship each of them, and only them"
+    for name in [n for n in shipped if n.endswith(".d.ts")]:
+        for imported in static_imports(STATIC / name):
+            rel = imported.relative_to(STATIC.resolve()).as_posix()
+            assert rel.removesuffix(".js") + ".d.ts" in shipped, f"{name} imports {rel}"
     for name in shipped:
-        assert any(fnmatch.fnmatch(f"static/{name}", g) for g in globs), (
+        assert wheel_installs(STATIC / name), (
             f"static/{name} is not in pyproject's data-files: a wheel would not serve it"
         )
     client = TestClient(Starlette(routes=page_routes()))
@@ -164,6 +176,7 @@ def test_jsdoc_typechecks_strictly_and_declarations_generate(tmp_path: Path) -> 
     # the .js alone (no .d.ts beside it), so everything is typed by the JSDoc
     for m in MODULES:
         shutil.copy(STATIC / f"{m}.js", tmp_path / f"{m}.js")
+    shutil.copytree(STATIC / INTERNAL, tmp_path / INTERNAL)
     out = tmp_path / "types"
     _run(
         [
@@ -214,6 +227,7 @@ def test_handwritten_declarations_match_the_jsdoc(tmp_path: Path) -> None:
     for m in MODULES:
         shutil.copy(STATIC / f"{m}.js", impl / f"{m}.js")
         shutil.copy(STATIC / f"{m}.d.ts", decl / f"{m}.d.ts")
+    shutil.copytree(STATIC / INTERNAL, impl / INTERNAL)
     out = _run(
         [
             node,
@@ -258,7 +272,9 @@ def test_packed_tarball_installs_and_a_strict_typescript_consumer_compiles(
     )
     installed = app / "node_modules" / "tokenrelay-client"
     assert (installed / "tokenrelay-client.d.ts").is_file()
+    assert (installed / INTERNAL / "client.js").is_file()
     assert not (installed / "app.js").exists()
+    assert not (installed / "app").exists() and not (installed / "widget").exists()
 
     shutil.copy(ROOT / "tests" / "web" / "js" / "consumer" / "consumer.ts", app / "consumer.ts")
     for module, resolution in (("esnext", "bundler"), ("nodenext", "nodenext")):

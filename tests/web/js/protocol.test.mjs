@@ -63,13 +63,34 @@ const done = (seq, reason = "stop", stream = "S1") => ({
 });
 
 describe("the module is sans I/O", () => {
+  /** tokenrelay-protocol.js and every module it imports (static/client/...), by URL. */
+  const sources = () => {
+    const seen = new Map();
+    const visit = (url) => {
+      if (seen.has(url.href)) return;
+      const src = readFileSync(url, "utf8");
+      seen.set(url.href, src);
+      for (const [, spec] of src.matchAll(/^\s*(?:import|export)\s[^;]*?\sfrom\s*"(\.[^"]+)"/gm)) {
+        visit(new URL(spec, url));
+      }
+    };
+    visit(new URL("../../../static/tokenrelay-protocol.js", import.meta.url));
+    return seen;
+  };
+
   test("no socket, no timer, no global event in the source", () => {
-    const src = readFileSync(new URL("../../../static/tokenrelay-protocol.js", import.meta.url), "utf8")
-      .split("\n")
-      .filter((line) => !line.trim().startsWith("//") && !line.trim().startsWith("*"))
-      .join("\n");
-    for (const word of ["setTimeout", "setInterval", "WebSocket(", "addEventListener", "fetch(", "Date.now"]) {
-      assert.ok(!src.includes(word), `tokenrelay-protocol.js uses ${word}`);
+    const all = sources();
+    assert.ok(all.size >= 4, `the protocol's modules: ${[...all.keys()]}`);
+    for (const [url, text] of all) {
+      const src = text
+        .split("\n")
+        .filter((line) => !line.trim().startsWith("//") && !line.trim().startsWith("*"))
+        .join("\n");
+      const name = url.slice(url.indexOf("/static/") + 1);
+      for (const word of ["setTimeout", "setInterval", "WebSocket(", "addEventListener", "fetch(", "Date.now"]) {
+        assert.ok(!src.includes(word), `${name} uses ${word}`);
+      }
+      assert.ok(!/from\s*"\.\.?\/tokenrelay-client\.js"/.test(src), `${name} imports the client`);
     }
   });
 

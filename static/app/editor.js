@@ -1,0 +1,52 @@
+// The box that edits a user message in place (messages.js shows it): a form with the text,
+// "Save and answer" and "Cancel". Enter saves, Shift+Enter adds a line, Esc cancels; what
+// saving and cancelling do is the caller's.
+
+/**
+ * @param {string} draft the text to start from
+ * @param {{input: (text: string) => void, save: (text: string) => void, cancel: () => void}} on
+ * @returns {HTMLFormElement}
+ */
+export function editorForm(draft, on) {
+  const form = document.createElement("form");
+  form.className = "editor";
+  form.dataset.testid = "editor";
+  const box = document.createElement("textarea");
+  box.className = "editor-box";
+  box.dataset.testid = "edit-box";
+  box.rows = 3;
+  box.setAttribute("aria-label", "Edit your message");
+  box.value = draft;
+  box.addEventListener("input", () => on.input(box.value));
+  box.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing && !e.altKey && !e.ctrlKey && !e.metaKey) {
+      e.preventDefault();
+      form.requestSubmit();
+    } else if (e.key === "Escape" && !e.shiftKey) {
+      e.preventDefault();
+      e.stopPropagation();
+      on.cancel();
+    }
+  });
+  const bar = document.createElement("div");
+  bar.className = "editor-actions";
+  const save = document.createElement("button");
+  save.type = "submit";
+  save.className = "btn btn-primary btn-compact";
+  save.dataset.testid = "edit-save";
+  save.textContent = "Save and answer";
+  save.title = "Replace this message and answer it again (the messages after it are removed)";
+  const cancel = document.createElement("button");
+  cancel.type = "button";
+  cancel.className = "btn btn-compact";
+  cancel.dataset.testid = "edit-cancel";
+  cancel.textContent = "Cancel";
+  cancel.addEventListener("click", () => on.cancel());
+  bar.append(save, cancel);
+  form.append(box, bar);
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    on.save(box.value);
+  });
+  return form;
+}
