@@ -30,6 +30,8 @@ MAX_STREAMS_PER_KEY = 256
 MAX_STREAMS_PER_ADDRESS = 64  # without keys, per client address off this host
 RATE_LIMIT_PER_ADDRESS = 600.0  # requests per minute, the same
 REDIS_MAXMEMORY = "1gb"  # the embedded Redis' limit (core/redis/embedded.py)
+UPSTREAM_TIMEOUT = 60.0  # worker/upstream/config.py
+MAX_INFLIGHT = 64
 
 
 def env_name(flag: str) -> str:
@@ -127,6 +129,21 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     add(p, "--worker-id", default=None, help="consumer name in the request group")
 
 
+def add_upstream_options(p: argparse.ArgumentParser) -> None:
+    """A relay worker (worker/upstream/): no model, an OpenAI-compatible server instead."""
+    add(p, "--upstream", default=None,
+        help="relay to this OpenAI-compatible server (base URL, e.g. http://host:8000/v1) "
+        "instead of loading a model")  # fmt: skip
+    add(p, "--upstream-model", default=None,
+        help="model name sent upstream (default: the first one it lists)")  # fmt: skip
+    add(p, "--upstream-api-key", default=None,
+        help="bearer key for the upstream (prefer the env var: argv is visible in ps)")  # fmt: skip
+    add(p, "--upstream-timeout", default=UPSTREAM_TIMEOUT, type=float,
+        help="seconds without a byte from the upstream before a call fails")  # fmt: skip
+    add(p, "--max-inflight", default=MAX_INFLIGHT, type=int,
+        help="upstream calls at once (a relay worker takes no more requests)")  # fmt: skip
+
+
 def add_gateway_options(p: argparse.ArgumentParser) -> None:
     add_common_options(p)
     add_redis_url(p, required=True)
@@ -138,6 +155,7 @@ def add_worker_options(p: argparse.ArgumentParser) -> None:
     add_common_options(p)
     add_redis_url(p, required=True)
     add_engine_options(p)
+    add_upstream_options(p)
     add_stream_options(p)
     add_health_options(p)
 
@@ -154,6 +172,7 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
     add_redis_url(p, required=False)
     add_http_options(p)
     add_engine_options(p)
+    add_upstream_options(p)
     add_stream_options(p)
     add(p, "--data-dir", default=None, help="embedded Redis data folder (default: under the cache)")
     add(p, "--redis-maxmemory", default=REDIS_MAXMEMORY,

@@ -2,7 +2,9 @@
 
 Before it starts anything, ``serve`` checks the engine options and ``--model``
 (one clear line and exit status 2 when they are wrong) and binds its port (a port
-in use fails the same way); "serving" is logged once the port is bound.
+in use fails the same way); "serving" is logged once the port is bound. With
+``--upstream URL`` the worker is a relay to that OpenAI-compatible server
+(worker/upstream/): no model is checked or loaded, only the URL.
 
 Redis is an embedded redis-server unless ``--redis-url`` is given (its data
 lives under ``$TOKENRELAY_HOME/redis`` unless ``--data-dir`` says otherwise; its
@@ -77,14 +79,20 @@ WORKER_FLAGS = (
     "detach_timeout",
     "stream_ttl",
     "drain_timeout",
+    "upstream",
+    "upstream_model",
+    "upstream_timeout",
+    "max_inflight",
 )
+SECRET_FLAGS = ("--redis-url", "--upstream-api-key")  # passed in the environment, not argv
 
 
 def worker_command(args: argparse.Namespace) -> list[str]:
     """The command line of the worker child for these ``serve`` options.
 
-    The Redis URL (a password, maybe) is not on it: the child gets it in its
-    environment (:class:`WorkerProcess`), which other users cannot read from ``ps``.
+    The Redis URL (a password, maybe) and the upstream's key are not on it: the
+    child gets them in its environment (:func:`worker_env`), which other users
+    cannot read from ``ps``.
     """
     cmd = [sys.executable, "-m", "core.cli", "worker"]
     for name in WORKER_FLAGS:
@@ -95,6 +103,16 @@ def worker_command(args: argparse.Namespace) -> list[str]:
         elif value is not None:
             cmd += [flag, str(value)]
     return cmd
+
+
+def worker_env(args: argparse.Namespace) -> dict[str, str]:
+    """The worker child's secrets (:data:`SECRET_FLAGS`), as its ``TOKENRELAY_*`` variables."""
+    out = {}
+    for flag in SECRET_FLAGS:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"), None)
+        if value:
+            out[env_name(flag)] = str(value)
+    return out
 
 
 def describe_exit(code: int) -> str:
@@ -134,10 +152,15 @@ class WorkerProcess:
     """
 
     def __init__(
-        self, cmd: list[str], *, redis_url: str, on_exit: Callable[[], None], timeout: float
+        self,
+        cmd: list[str],
+        *,
+        env: dict[str, str],
+        on_exit: Callable[[], None],
+        timeout: float,
     ) -> None:
         self.cmd = cmd
-        self.redis_url = redis_url
+        self.env = env  # secrets (the Redis URL ...): see worker_command
         self.on_exit = on_exit
         self.timeout = timeout  # for a drain asked by serve, before SIGKILL
         self.failure: str | None = None
@@ -195,7 +218,7 @@ class WorkerProcess:
     def _spawn(self) -> tuple[subprocess.Popen[bytes], int]:
         read_fd, write_fd = os.pipe()
         env = dict(os.environ, **{PARENT_ENV: str(os.getpid()), STATUS_ENV: str(write_fd)})
-        env[env_name("--redis-url")] = self.redis_url  # not on the command line: see worker_command
+        env.update(self.env)  # not on the command line: see worker_command
         try:
             proc = subprocess.Popen(
                 self.cmd, env=env, stdin=subprocess.DEVNULL, pass_fds=(write_fd,)
@@ -260,7 +283,9 @@ def main(args: argparse.Namespace) -> int:
         maxmemory = parse_memory(args.redis_maxmemory)
     except ValueError as exc:
         raise ValueError(f"--redis-maxmemory: {exc}") from None
-    load(CHECK_ENTRY)(args)  # a bad --model: ValueError, one line, exit status 2
+    load(CHECK_ENTRY)(args)  # a bad --model (--upstream): ValueError, one line, exit status 2
+    if getattr(args, "upstream", None) and args.upstream_model and not args.model_name:
+        args.model_name = args.upstream_model  # clients name the model as they would upstream
     sock = listen(args.host, args.port)
     redis: EmbeddedRedis | None = None
     worker: WorkerProcess | None = None
@@ -280,7 +305,7 @@ def main(args: argparse.Namespace) -> int:
         run_gateway = load(GATEWAY_ENTRY)
         timeout = float(getattr(args, "drain_timeout", 30.0)) + 10.0
         worker = WorkerProcess(
-            worker_command(args), redis_url=url, on_exit=_stop_self, timeout=timeout
+            worker_command(args), env=worker_env(args), on_exit=_stop_self, timeout=timeout
         )
         worker.start()
         port = sock.getsockname()[1]  # the one bound (--port 0 picks a free one)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from core.wire.logprobs import Logprobs
 from core.wire.params import SamplingParams
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
@@ -22,6 +23,8 @@ class CompletionOutput:
     prompt_tokens: int
     request_id: str = ""
     prompt_token_ids: list[int] = field(default_factory=list)
+    # when the params asked (``logprobs``): one per generated token, EOS that ended it excepted
+    logprobs: list[Logprobs] | None = None
 
 
 class LLM:
@@ -102,6 +105,9 @@ class LLM:
                     res = results[out.request_id]
                     texts[out.request_id].append(out.new_text)
                     res.token_ids.extend(out.new_token_ids)
+                    if out.new_logprobs is not None:
+                        res.logprobs = res.logprobs if res.logprobs is not None else []
+                        res.logprobs.extend(out.new_logprobs)
                     if out.finished:
                         res.finish_reason = out.finish_reason
                         pending.discard(out.request_id)

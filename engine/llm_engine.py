@@ -15,13 +15,17 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from core.wire.logprobs import Logprobs, TokenLogprob
 from core.wire.params import SamplingParams
 from engine.config import EngineConfig
 from engine.scheduling.block_manager import BlockManager
 from engine.scheduling.scheduler import Scheduler
 from engine.scheduling.sequence import Sequence
+
+if TYPE_CHECKING:
+    from engine.runner.logprobs import SampleLogprobs
 
 log = logging.getLogger("tokenrelay.engine")
 
@@ -35,6 +39,8 @@ class RequestOutput:
     ``new_text`` is the text delta (a stop string and anything after it never
     appears); ``new_token_ids`` may hold a token that adds no text (EOS, a
     partial UTF-8 character, a held-back possible stop-string prefix).
+    ``new_logprobs`` (when the request's ``logprobs`` is set) has one entry per
+    id of ``new_token_ids``.
     """
 
     request_id: str
@@ -44,6 +50,7 @@ class RequestOutput:
     finish_reason: str | None  # "stop" | "length" | "abort" | None
     prompt_tokens: int
     completion_tokens: int
+    new_logprobs: list[Logprobs] | None = None
 
 
 class LLMEngine:
@@ -55,6 +62,7 @@ class LLMEngine:
         from engine.models.store import resolve_gguf, resolve_model
         from engine.runner.model_runner import ModelRunner, resolve_device, resolve_dtype
         from engine.text.detokenizer import IncrementalDetokenizer
+        from engine.text.token_text import TokenTexts
         from engine.text.tokenizer import load_tokenizer
 
         self.config = config
@@ -70,6 +78,7 @@ class LLMEngine:
             self.model_path = resolve_model(config.model)  # converts a GGUF file once
         self._detokenizer_cls = IncrementalDetokenizer
         self.tokenizer: Any = load_tokenizer(self.model_path)
+        self.token_texts = TokenTexts(self.tokenizer)  # a token's own text, for logprobs
         self.runner = ModelRunner(
             self.model_path,
             gguf=gguf,
@@ -131,6 +140,12 @@ class LLMEngine:
             params = SamplingParams()
         elif not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        for name, ids in (
+            ("logit_bias", params.logit_bias),
+            ("stop_token_ids", params.stop_token_ids),
+        ):
+            if any(t >= self.vocab_size for t in ids):
+                raise ValueError(f"{name}: token ids must be in [0, {self.vocab_size})")
         token_ids = self._prompt_ids(prompt)
         if len(token_ids) + 1 > self.max_model_len:
             raise ValueError(
@@ -225,11 +240,31 @@ class LLMEngine:
             self._detok.pop(seq.request_id, None)
         if plan.items:
             sampled = self.runner.execute(plan.items)
+            logprobs = {  # (none: no item asked)
+                item.request_id: lp
+                for item, lp in zip(plan.items, self.runner.last_logprobs, strict=False)
+                if lp is not None
+            }
             for seq, token in self.scheduler.update(plan, sampled):
-                outputs.append(self._on_token(seq, token))
+                output = self._on_token(seq, token)
+                lp = logprobs.get(seq.request_id)
+                # an EOS that ends the text is no part of it: OpenAI shows no logprob for it
+                if lp is not None and (token not in self.eos_token_ids or seq.params.ignore_eos):
+                    output.new_logprobs = [self._logprobs(lp)]
+                outputs.append(output)
             self.num_steps += 1
         self.step_seconds += time.perf_counter() - started
         return outputs
+
+    def _logprobs(self, lp: SampleLogprobs) -> Logprobs:
+        """A sampled token's logprobs with each token's own text and bytes."""
+
+        def one(token_id: int, logprob: float) -> TokenLogprob:
+            text, raw = self.token_texts(token_id)
+            return TokenLogprob(text, logprob, raw)
+
+        top = tuple(one(t, v) for t, v in zip(lp.top_ids, lp.top_logprobs, strict=True))
+        return Logprobs(one(lp.token_id, lp.logprob), top)
 
     def _on_token(self, seq: Sequence, token: int) -> RequestOutput:
         params = seq.params
@@ -238,6 +273,9 @@ class LLMEngine:
         reason: str | None = None
         if token in self.eos_token_ids and not params.ignore_eos:
             text, reason = detok.flush(), "stop"  # EOS ends the text, never part of it
+        elif token in params.stop_token_ids:  # vLLM: its text stays (none for a special one)
+            text = detok.add(token)
+            text, reason = text + detok.flush(), "stop"
         else:
             text = detok.add(token)
             if detok.stopped:
@@ -277,6 +315,7 @@ class LLMEngine:
             "num_steps": self.num_steps,
             "step_seconds": round(self.step_seconds, 6),
             "max_model_len": self.max_model_len,
+            "vocab_size": self.vocab_size,
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "max_num_seqs": sched.max_num_seqs,
         }

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from core import options
@@ -106,14 +106,18 @@ class Gateway:
             worker_ready=self.readiness.ready,
         )
 
-    def follow_context(self, context_tokens: int | None) -> None:
-        """Bound request sizes by the served model's context (``None``: keep the last bound).
+    def follow_context(self, context_tokens: int | None, vocab_size: int | None = None) -> None:
+        """Bound request sizes by the served model's context (``None``: keep the last bound),
+        and token ids (``logit_bias``, ``stop_token_ids``) by its vocabulary.
 
         Workers that come and go keep the last known bound: a gateway without a live
         worker refuses the too-long input rather than queueing it.
         """
+        if vocab_size is not None and vocab_size != self.limits.vocab_size:
+            self.limits = replace(self.limits, vocab_size=vocab_size)
         if context_tokens is not None and context_tokens != self.limits.context_tokens:
-            self.limits = self.base_limits.for_context(context_tokens)
+            vocab = self.limits.vocab_size
+            self.limits = replace(self.base_limits.for_context(context_tokens), vocab_size=vocab)
             log.info(
                 "request size follows the model's context",
                 extra={

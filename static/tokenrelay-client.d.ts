@@ -156,7 +156,18 @@ export declare function resolveEndpoint(endpoint: string | undefined | null, bas
 
 export interface StreamEventMap {
   started: CustomEvent<{ streamId: string; resumeToken: string; promptTokens: number | null }>;
-  token: CustomEvent<{ seq: number; text: string; fullText: string }>;
+  token: CustomEvent<{
+    seq: number;
+    text: string;
+    fullText: string;
+    /** the frame's `logprobs` (docs/protocol.md, `token`): only when `params.logprobs` was set */
+    logprobs?: {
+      token: string;
+      logprob: number;
+      bytes: number[];
+      top_logprobs: { token: string; logprob: number; bytes: number[] }[];
+    }[];
+  }>;
   resumed: CustomEvent<{ after: number }>;
   done: CustomEvent<{
     finishReason: FinishReason | string;

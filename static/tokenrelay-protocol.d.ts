@@ -23,6 +23,20 @@ export interface GenerateParams {
   /** up to 16 stop strings, or one */
   stop?: string | string[];
   ignore_eos?: boolean;
+  /** drop tokens less likely than `min_p` times the most likely one */
+  min_p?: number;
+  /** −2 to 2 (OpenAI's) */
+  presence_penalty?: number;
+  /** −2 to 2 (OpenAI's) */
+  frequency_penalty?: number;
+  /** > 0 (vLLM's) */
+  repetition_penalty?: number;
+  /** token id (decimal string) → −100 to 100, at most 300 entries */
+  logit_bias?: Record<string, number>;
+  /** at most 64 token ids that end the completion */
+  stop_token_ids?: number[];
+  /** 0–20: each `token` event carries `logprobs` with that many alternatives */
+  logprobs?: number | null;
 }
 
 export interface GenerateRequest {

@@ -43,7 +43,10 @@ export const PROTOCOL_VERSION = 1;
  * @typedef {"pending"|"streaming"|"done"|"error"} StreamState
  * @typedef {{role: "system"|"user"|"assistant", content: string}} ChatMessage
  * @typedef {{max_tokens?: number, temperature?: number, top_p?: number, top_k?: number,
- *   seed?: number, stop?: string|string[], ignore_eos?: boolean}} GenerateParams
+ *   seed?: number, stop?: string|string[], ignore_eos?: boolean, min_p?: number,
+ *   presence_penalty?: number, frequency_penalty?: number, repetition_penalty?: number,
+ *   logit_bias?: Record<string, number>, stop_token_ids?: number[],
+ *   logprobs?: number|null}} GenerateParams
  * @typedef {{messages?: ChatMessage[], prompt?: string, params?: GenerateParams,
  *   requestId?: string}} GenerateRequest
  * @typedef {{streamId: string, resumeToken: string, after?: number, text?: string}} ResumeRequest

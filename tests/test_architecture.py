@@ -33,7 +33,12 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "gateway.http.sse": ("asyncio", "socket", "starlette", "redis"),
     "gateway.http.openai_request": ("asyncio", "socket", "starlette", "redis"),
     "gateway.http.openai_render": ("asyncio", "socket", "starlette", "redis"),
+    "gateway.http.openai_fields": ("asyncio", "socket", "starlette", "redis"),
     "core.wire": ("asyncio", "socket", "redis"),
+    # the relay worker: no model, no torch (a relay machine need not have either)
+    "worker.upstream": ("engine", "torch", "transformers", "tokenizers", "numpy"),
+    "worker.upstream.openai": ("asyncio", "socket", "httpx", "redis"),
+    "worker.upstream.failures": ("asyncio", "socket", "httpx", "redis"),
 }
 
 
@@ -111,6 +116,23 @@ def test_dependencies_point_one_way(module: str) -> None:
         if _matches(dep, ban)
     )
     assert not bad, "\n".join(bad)
+
+
+def test_a_relay_worker_never_loads_torch() -> None:
+    """What ``tokenrelay worker --upstream`` imports, run for real in a fresh interpreter:
+    the worker loop, its upstream engine, and everything they import at module level."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, worker.main, worker.upstream.engine;"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('torch', 'transformers', 'engine', 'numpy'));"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_no_import_cycles() -> None:

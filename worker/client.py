@@ -3,24 +3,31 @@
 :class:`worker.main.Worker` drives any object with these methods, one step at a
 time, from one thread. :class:`engine.LLMEngine` is one (it matches the
 protocol as it is; :func:`local_engine` builds it from the worker's options).
-A relay to an upstream OpenAI-compatible server is meant to be a second
-implementation of the same protocol.
+A relay to an upstream OpenAI-compatible server (worker/upstream/) is the second
+implementation; it has no tokenizer, so it also has the :class:`TakesBody`
+capability: the worker hands it each request's body as is.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from core.wire.logprobs import Logprobs
 from core.wire.params import SamplingParams
+from worker.prepare import Prepared
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
 
 
 class StepOutput(Protocol):
-    """What one request produced in one engine step."""
+    """What one request produced in one engine step.
+
+    An output may also carry ``message: str``, why it failed, for a
+    ``finish_reason`` of ``"error"`` (the ``done`` event's message).
+    """
 
     request_id: str
     new_text: str  # the text delta (stop strings never appear)
@@ -29,6 +36,11 @@ class StepOutput(Protocol):
     finish_reason: str | None  # "stop" | "length" | "abort" | None
     prompt_tokens: int
     completion_tokens: int
+
+    @property
+    def new_logprobs(self) -> Sequence[Logprobs] | None:
+        """One per new token id, when the request asked for logprobs (else ``None``)."""
+        ...
 
 
 class EngineClient(Protocol):
@@ -71,6 +83,49 @@ class EngineClient(Protocol):
     def stats(self) -> Mapping[str, Any]:
         """Numbers for the worker's published stats (core/wire/stats.py)."""
         ...
+
+
+class EngineRefused(Exception):
+    """An engine will not run a request; ``code`` is the protocol error code clients get
+    (core/wire/errors.py: ``unavailable``, ``overloaded``, ``bad_request``, ...)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class Starter(Protocol):
+    """Where a request body goes before the engine runs it (worker/prepare.py's
+    :class:`~worker.prepare.Preparer` tokenizes it); results come back from :meth:`take`."""
+
+    def submit(self, stream_id: str, body: dict[str, Any]) -> None: ...
+
+    def take(self) -> list[Prepared]: ...
+
+    def forget(self, stream_id: str) -> None: ...
+
+    def pending(self) -> int: ...
+
+    def wait(self, timeout: float) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class TakesBody(Protocol):
+    """An engine that takes request bodies as they are (``messages`` or ``prompt``, and
+    ``params``) instead of token ids: a relay to an upstream server (worker/upstream/).
+
+    Its :meth:`starter` replaces the tokenizing :class:`~worker.prepare.Preparer`:
+    a submitted body starts the request, and comes back from ``take()`` once the
+    engine has it running (a ``Prepared`` without token ids: the worker then calls
+    ``add_request(request_id, [], params)``, which returns the prompt tokens when
+    known, else 0), or with the :class:`EngineRefused` that refuses the stream.
+    ``forget()`` stops a request that has not been added.
+    """
+
+    def starter(self) -> Starter: ...
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:

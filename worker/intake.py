@@ -14,6 +14,12 @@ consumer group it decides what the stream log says first:
   engine loop) and, once its token ids are back, added to the engine with an
   ``accepted`` event (seq 0). A stream cancelled meanwhile ends as one
   cancelled before it ran.
+
+An engine with no tokenizer (:class:`worker.client.TakesBody`: the upstream
+relay, worker/upstream/) takes the body as is through its own starter in place
+of the tokenizer; the request comes back once the engine has it running, or
+with the :class:`worker.client.EngineRefused` whose code the stream is
+``rejected`` with.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from typing import Any
 from core.wire.events import accepted_fields, done_fields, rejected_fields
 from core.wire.params import SamplingParams
 from core.wire.requests import Limits
-from worker.client import EngineClient
+from worker.client import EngineClient, EngineRefused, Starter, TakesBody
 from worker.outbox import Active
 from worker.prepare import Prepared, Preparer, input_chars
 from worker.store import Request, WorkerStore
@@ -55,7 +61,9 @@ class Intake:
         self.worker_id = wlog.worker_id
         self.detach_timeout = detach_timeout
         self.stream_ttl = stream_ttl
-        self.preparer = Preparer(self.encode)
+        self.preparer: Starter = (
+            engine.starter() if isinstance(engine, TakesBody) else Preparer(self.encode)
+        )
         # streams being tokenized: their params and request metadata
         self.preparing: dict[str, tuple[SamplingParams, dict[str, str]]] = {}
         context = engine.stats().get("max_model_len")
@@ -117,17 +125,23 @@ class Intake:
     def start_prepared(self) -> bool:
         """Hand the tokenized requests to the engine; whether any stream has news."""
         news = False
+        for sid in [s for s in self.preparing if self._cancelled(s)]:
+            self.forget(sid)  # cancelled while it was tokenized (or started upstream)
+            self._cancelled_before_start(self.active[sid])
+            news = True
         for prepared in self.preparer.take():
             a = self.active.get(prepared.stream_id)
             waiting = self.preparing.pop(prepared.stream_id, None)
             if a is None or a.final or a.silent or waiting is None:
+                self.preparer.forget(prepared.stream_id)  # a starter lets its request go
                 continue
             news = True
-            if a.abort_reason is not None:  # cancelled while it was tokenized
-                self._cancelled_before_start(a)
-                continue
             self._add(a, prepared, *waiting)
         return news
+
+    def _cancelled(self, stream_id: str) -> bool:
+        a = self.active.get(stream_id)
+        return a is not None and a.abort_reason is not None and not (a.final or a.silent)
 
     def pending(self) -> int:
         """Requests being tokenized."""
@@ -174,6 +188,9 @@ class Intake:
             if prepared.error is not None:
                 raise prepared.error
             n = self.engine.add_request(a.stream_id, prepared.token_ids or [], params)
+        except EngineRefused as exc:
+            self.reject(a, exc.code, exc.message)
+            return
         except (ValueError, TypeError) as exc:
             self.reject(a, "bad_request", str(exc))
             return

@@ -1,7 +1,8 @@
 """``tokenrelay worker``: the engine loop, fed from and streaming to Redis.
 
 One worker process drives one engine through :class:`worker.client.EngineClient`
-(our :class:`engine.LLMEngine`). Its loop:
+(our :class:`engine.LLMEngine`, or with ``--upstream`` a relay to an
+OpenAI-compatible server: worker/upstream/). Its loop:
 take requests from the consumer group (blocking briefly only when idle),
 apply cancels and detach timeouts, run one engine step, and append every
 stream's new events in one pipelined Redis round trip. Events are kept until
@@ -26,13 +27,14 @@ import time
 
 from core.redis.connection import Backoff, RedisHealth, is_outage
 from core.wire.events import done_fields, token_fields
+from core.wire.logprobs import encode_logprobs
 from core.wire.stats import COUNTERS, WorkerStats
 from worker.client import EngineClient, engine_config, local_engine
 from worker.health import start_health
 from worker.heartbeat import Heartbeat
 from worker.intake import Intake
 from worker.lifecycle import StatusPipe, die_with_serve, install_signals
-from worker.outbox import Outbox, hand_back
+from worker.outbox import Active, Outbox, hand_back
 from worker.store import WorkerStore
 from worker.telemetry import WorkerTelemetry
 
@@ -205,15 +207,32 @@ class Worker:
                 a.in_engine = False
             if a.silent or a.final:
                 continue
+            if out.new_logprobs:
+                a.pending_logprobs.extend(out.new_logprobs)
             if out.new_text:
-                a.events.append(token_fields(out.new_text))
+                a.events.append(token_fields(out.new_text, self._logprobs_of(a)))
+                a.text_chars += len(out.new_text)
             if out.finished:
                 reason = out.finish_reason or "stop"
                 if reason == "abort":
                     reason = a.abort_reason or "cancelled"
                 self.counters[reason] = self.counters.get(reason, 0) + 1
-                a.events.append(done_fields(reason, out.prompt_tokens, out.completion_tokens))
+                message = getattr(out, "message", None)  # why, for "error" (worker/client.py)
+                a.events.append(
+                    done_fields(reason, out.prompt_tokens, out.completion_tokens, message)
+                )
                 a.final = True
+
+    @staticmethod
+    def _logprobs_of(a: Active) -> str | None:
+        """The ``l`` field of ``a``'s next token event: the logprobs of the tokens whose
+        text it carries (none: the request did not ask). Tokens that never add text
+        (EOS, a stop string's) are left out, as OpenAI leaves them out."""
+        if not a.pending_logprobs:
+            return None
+        field = encode_logprobs(a.text_chars, a.pending_logprobs)
+        a.pending_logprobs = []
+        return field
 
     # --- requests --------------------------------------------------------------------
 
@@ -294,6 +313,11 @@ def check(args: argparse.Namespace) -> int:
     Raises ``ValueError`` with one clear line (``tokenrelay`` exits with status 2);
     loads and converts nothing.
     """
+    if getattr(args, "upstream", None):  # a relay: no model to check, and no torch
+        from worker.upstream.config import UpstreamConfig
+
+        UpstreamConfig.from_args(args)
+        return 0
     engine_config(args)
     return 0
 
@@ -315,8 +339,14 @@ def _run_worker(args: argparse.Namespace, status: StatusPipe) -> int:
     worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
     stop = threading.Event()
     health = start_health(args, worker_id)  # --health-port: 503 "loading" until attached
-    log.info("loading model", extra={"model": args.model, "worker": worker_id})
-    engine = local_engine(args)  # a signal while loading just ends the process
+    engine: EngineClient
+    if getattr(args, "upstream", None):  # a relay to an upstream server (worker/upstream/)
+        from worker.upstream.engine import upstream_engine
+
+        engine = upstream_engine(args)
+    else:
+        log.info("loading model", extra={"model": args.model, "worker": worker_id})
+        engine = local_engine(args)  # a signal while loading just ends the process
 
     prefix = getattr(args, "redis_prefix", "tr:")
     wlog = WorkerStore(args.redis_url, worker_id, prefix=prefix)
@@ -331,6 +361,9 @@ def _run_worker(args: argparse.Namespace, status: StatusPipe) -> int:
     log.info("worker ready", extra={"worker": worker_id, **engine.stats()})
     status.ready()
     worker.run()
+    close = getattr(engine, "close", None)  # a relay's calls and connections (worker/upstream/)
+    if callable(close):
+        close()
     log.info("worker stopped", extra={"worker": worker_id, "drained": worker.draining.is_set()})
     return 0
 

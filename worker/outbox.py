@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from core.wire.events import decode_event, entry_id
+from core.wire.logprobs import Logprobs
 from core.wire.scripts import AppendResult
 from worker.store import Batch, WorkerStore
 
@@ -42,6 +43,9 @@ class Active:
     silent: bool = False  # ended by someone else: write nothing more
     abort_reason: str | None = None
     detached_since: float | None = None
+    text_chars: int = 0  # characters of completion text in token events so far
+    # logprobs of tokens whose text has not come out yet (they go with the next text)
+    pending_logprobs: list[Logprobs] = field(default_factory=list)
 
     @property
     def completion_events(self) -> int:

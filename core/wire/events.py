@@ -3,6 +3,9 @@
 Each entry of ``P s:{stream_id}`` (core/wire/keys.py) is one event; its entry
 id *is* its offset (seq ``n`` has id ``n-1``). Field names are one letter so
 entries stay small. :data:`FINISH_REASONS` are the ``done`` event's reasons.
+
+Fields are only ever added, and optional: a reader ignores the fields it does
+not know (a token event's ``l``, its logprobs, core/wire/logprobs.py, is one).
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ class Event:
 
     ``kind`` is ``accepted`` (seq 0: a worker took the request), ``rejected``
     (seq 0: the worker refused it; ``code``/``message`` say why), ``token``
-    (``text``) or ``done`` (``finish_reason``, usage, ``message`` for errors).
+    (``text``; ``logprobs``, the stored ``l`` field, when the request asked for
+    them) or ``done`` (``finish_reason``, usage, ``message`` for errors).
     """
 
     seq: int
@@ -44,6 +48,7 @@ class Event:
     code: str | None = None
     message: str | None = None
     worker: str | None = None
+    logprobs: str | None = None  # as stored: core.wire.logprobs.decode_logprobs reads it
 
 
 _KIND_NAMES = {ACCEPTED: "accepted", TOKEN: "token", DONE: "done", REJECTED: "rejected"}
@@ -71,11 +76,15 @@ def event_from_fields(seq: int, f: dict[str, str]) -> Event:
         code=f.get("c"),
         message=f.get("m"),
         worker=f.get("w"),
+        logprobs=f.get("l"),
     )
 
 
-def token_fields(text: str) -> list[str]:
-    return ["k", TOKEN, "x", text]
+def token_fields(text: str, logprobs: str | None = None) -> list[str]:
+    """A token event; ``logprobs``: its ``l`` field (core.wire.logprobs.encode_logprobs)."""
+    if logprobs is None:
+        return ["k", TOKEN, "x", text]
+    return ["k", TOKEN, "x", text, "l", logprobs]
 
 
 def accepted_fields(prompt_tokens: int, worker: str) -> list[str]:

@@ -2,16 +2,49 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+MAX_TOP_LOGPROBS = 20  # the most alternatives a token's logprobs carry (OpenAI's top_logprobs)
+MAX_LOGIT_BIAS = 300  # entries of logit_bias (OpenAI's limit)
+MAX_BIAS = 100.0  # |bias| of one logit_bias entry
+MAX_PENALTY = 2.0  # |presence_penalty|, |frequency_penalty| (OpenAI's range)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _token_id(key: object, name: str) -> int:
+    """A token id given as an int or, as JSON object keys are, a decimal string."""
+    if isinstance(key, str) and key.isascii() and key.isdecimal():
+        key = int(key)
+    if isinstance(key, bool) or not isinstance(key, int) or key < 0:
+        raise ValueError(f"{name}: token ids must be non-negative integers, got {key!r}")
+    return key
 
 
 @dataclass
 class SamplingParams:
     """How to sample one completion.
 
-    ``temperature`` 0 means greedy. ``top_k`` 0 (or -1) disables top-k.
+    ``temperature`` 0 means greedy. ``top_k`` 0 (or -1) disables top-k; ``min_p``
+    keeps the tokens at least ``min_p`` times as likely as the most likely one.
     ``seed`` makes sampling reproducible whatever else shares the batch.
-    ``stop`` strings end the completion and never appear in its text.
+    ``stop`` strings end the completion and never appear in its text;
+    ``stop_token_ids`` end it too (their text stays, unless a special token's).
+
+    Penalties (vLLM's semantics, applied before temperature): ``logit_bias``
+    (token id -> bias added to its logit), then ``repetition_penalty`` (a logit
+    of a token seen in the prompt or the output is divided by it when positive,
+    multiplied when negative), then ``frequency_penalty`` times the token's count
+    in the output and ``presence_penalty`` once if it is there are subtracted.
+    They change greedy decoding too.
+
+    ``logprobs``: ``None`` for none, else each generated token's log-probability
+    (of the model's raw logits) with that many most likely alternatives (0-20).
     """
 
     max_tokens: int = 256
@@ -21,6 +54,13 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    stop_token_ids: list[int] = field(default_factory=list)
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
@@ -55,7 +95,61 @@ class SamplingParams:
         self.top_p = float(self.top_p)
         if self.top_k == -1:
             self.top_k = 0
+        self._check_penalties()
+        self.logit_bias = _logit_bias(self.logit_bias)
+        if not isinstance(self.stop_token_ids, list | tuple):
+            raise ValueError("stop_token_ids must be a list of integers")
+        self.stop_token_ids = [_token_id(t, "stop_token_ids") for t in self.stop_token_ids]
+        lp = self.logprobs
+        if lp is not None and (
+            isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= MAX_TOP_LOGPROBS
+        ):
+            raise ValueError(f"logprobs must be null or 0 to {MAX_TOP_LOGPROBS}, got {lp!r}")
+
+    def _check_penalties(self) -> None:
+        ranges: dict[str, tuple[float, float]] = {
+            "min_p": (0.0, 1.0),
+            "presence_penalty": (-MAX_PENALTY, MAX_PENALTY),
+            "frequency_penalty": (-MAX_PENALTY, MAX_PENALTY),
+        }
+        for name, (lo, hi) in ranges.items():
+            value = getattr(self, name)
+            if not _is_number(value) or not lo <= value <= hi:
+                raise ValueError(f"{name} must be a number in [{lo:g}, {hi:g}], got {value!r}")
+            setattr(self, name, float(value))
+        rp = self.repetition_penalty
+        if not _is_number(rp) or not 0 < rp < math.inf:
+            raise ValueError(f"repetition_penalty must be a number > 0, got {rp!r}")
+        self.repetition_penalty = float(rp)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def uses_history(self) -> bool:
+        """Whether sampling reads the tokens so far (a penalty is on)."""
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )
+
+    @property
+    def edits_logits(self) -> bool:
+        """Whether the logits change before sampling (a penalty or a logit bias)."""
+        return self.uses_history or bool(self.logit_bias)
+
+
+def _logit_bias(raw: Any) -> dict[int, float]:
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"logit_bias must be an object of token id -> bias, got {raw!r}")
+    if len(raw) > MAX_LOGIT_BIAS:
+        raise ValueError(f"logit_bias may hold at most {MAX_LOGIT_BIAS} entries, got {len(raw)}")
+    out: dict[int, float] = {}
+    for key, bias in raw.items():
+        token = _token_id(key, "logit_bias")
+        if not _is_number(bias) or not -MAX_BIAS <= bias <= MAX_BIAS:
+            raise ValueError(f"logit_bias: biases must be numbers in [-100, 100], got {bias!r}")
+        out[token] = float(bias)
+    return out

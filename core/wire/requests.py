@@ -27,7 +27,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from core.wire.params import SamplingParams
+from core.wire.params import (
+    MAX_BIAS,
+    MAX_LOGIT_BIAS,
+    MAX_PENALTY,
+    MAX_TOP_LOGPROBS,
+    SamplingParams,
+)
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -75,7 +81,9 @@ class Limits:
     max_stop: int = 16
     max_stop_chars: int = 200
     max_tokens: int = DEFAULT_MAX_TOKENS_LIMIT
+    max_stop_token_ids: int = 64
     context_tokens: int | None = None  # the served model's context, when known
+    vocab_size: int | None = None  # the served model's vocabulary, when known
 
     def for_context(self, context_tokens: int | None) -> Limits:
         """These limits for a model of ``context_tokens`` (``None``: unknown, no bound).
@@ -162,11 +170,12 @@ def validate_params(
     """``raw`` (SamplingParams field names -> values) as checked :class:`SamplingParams`.
 
     A field left out takes the SamplingParams default; ``None`` is a value (only
-    ``seed`` may be null). ``names`` renames fields in errors to the transport's own
-    names (``{"max_tokens": "max_completion_tokens"}``). Raises :class:`RequestError`:
-    ``bad_request`` for an unknown name, a wrong type or a value out of range,
-    ``too_large`` for stop strings over ``limits`` (a single string counts as a list
-    of one).
+    ``seed`` and ``logprobs`` may be null). ``names`` renames fields in errors to
+    the transport's own names (``{"max_tokens": "max_completion_tokens"}``).
+    Raises :class:`RequestError`: ``bad_request`` for an unknown name, a wrong
+    type or a value out of range (a token id outside ``limits.vocab_size`` when
+    known), ``too_large`` for stop strings or stop token ids over ``limits`` (a
+    single string counts as a list of one).
     """
     names = names or {}
     unknown = sorted(set(raw) - PARAM_NAMES)
@@ -212,10 +221,78 @@ def validate_params(
         if not isinstance(raw["ignore_eos"], bool):
             raise _bad(name, f"{name} must be a boolean, got {_got(raw['ignore_eos'])}")
         kw["ignore_eos"] = raw["ignore_eos"]
+    kw.update(_penalties(raw, limits, names))
     try:
         return SamplingParams(**kw)
     except ValueError as exc:  # defensive: everything was checked above
         raise RequestError("bad_request", str(exc)) from None
+
+
+_RANGES: dict[str, tuple[float, float]] = {  # closed ranges of the number params
+    "min_p": (0.0, 1.0),
+    "presence_penalty": (-MAX_PENALTY, MAX_PENALTY),
+    "frequency_penalty": (-MAX_PENALTY, MAX_PENALTY),
+}
+
+
+def _token(value: Any, name: str, limits: Limits) -> int:
+    """A token id: an integer (or, as JSON object keys are, a decimal string) in the vocabulary."""
+    if isinstance(value, str) and value.isascii() and value.isdecimal():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _bad(name, f"{name}: token ids must be non-negative integers, got {value!r:.40}")
+    if limits.vocab_size is not None and value >= limits.vocab_size:
+        message = f"{name}: token id {value} is outside the vocabulary [0, {limits.vocab_size})"
+        raise _bad(name, message)
+    return value
+
+
+def _penalties(raw: Mapping[str, Any], limits: Limits, names: Mapping[str, str]) -> dict[str, Any]:
+    """The checked penalty, logit bias, stop token and logprobs params of ``raw``."""
+    kw: dict[str, Any] = {}
+    for key, (lo, hi) in _RANGES.items():
+        if key in raw:
+            name = names.get(key, key)
+            number = _number(raw[key], name)
+            if not lo <= number <= hi:
+                raise _bad(name, f"{name} must be between {lo:g} and {hi:g}, got {number}")
+            kw[key] = number
+    if "repetition_penalty" in raw:
+        name = names.get("repetition_penalty", "repetition_penalty")
+        number = _number(raw["repetition_penalty"], name)
+        if not number > 0:
+            raise _bad(name, f"{name} must be > 0, got {number}")
+        kw["repetition_penalty"] = number
+    if "logit_bias" in raw:
+        name = names.get("logit_bias", "logit_bias")
+        bias = raw["logit_bias"]
+        if not isinstance(bias, Mapping):
+            raise _bad(name, f"{name} must be an object of token id -> bias, got {_got(bias)}")
+        if len(bias) > MAX_LOGIT_BIAS:
+            raise _bad(name, f"{name} may hold at most {MAX_LOGIT_BIAS} entries")
+        out: dict[int, float] = {}
+        for key, value in bias.items():
+            number = _number(value, name)
+            if not -MAX_BIAS <= number <= MAX_BIAS:
+                raise _bad(name, f"{name} biases must be between -100 and 100, got {number}")
+            out[_token(key, name, limits)] = number
+        kw["logit_bias"] = out
+    if "stop_token_ids" in raw:
+        name = names.get("stop_token_ids", "stop_token_ids")
+        ids = raw["stop_token_ids"]
+        if not isinstance(ids, list):
+            raise _bad(name, f"{name} must be a list of token ids, got {_got(ids)}")
+        if len(ids) > limits.max_stop_token_ids:
+            message = f"{name} may hold at most {limits.max_stop_token_ids} token ids"
+            raise RequestError("too_large", message, name)
+        kw["stop_token_ids"] = [_token(t, name, limits) for t in ids]
+    if raw.get("logprobs") is not None:
+        name = names.get("logprobs", "logprobs")
+        value = _integer(raw["logprobs"], name)
+        if not 0 <= value <= MAX_TOP_LOGPROBS:
+            raise _bad(name, f"{name} must be between 0 and {MAX_TOP_LOGPROBS}, got {value}")
+        kw["logprobs"] = value
+    return kw
 
 
 # --- ids ----------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from engine.models.config import ModelConfig
 from engine.models.weights import default_dtype, load_model
 from engine.runner.graphs import DecodeGraphs, DecodeRows, graph_buckets
 from engine.runner.kv_cache import KVCache, plan_num_blocks
+from engine.runner.logprobs import SampleLogprobs
 from engine.runner.sampler import Sampler
 from engine.scheduling.batch import BatchItem
 
@@ -156,6 +157,9 @@ class ModelRunner:
         )
         self.attention = registry.create(self.attention_backend, self.device, self.dtype)
         self.sampler = Sampler(seed)
+        # per item of the latest execute(): its sampled token's logprobs, if its params ask
+        # (empty when no item asked)
+        self.last_logprobs: list[SampleLogprobs | None] = []
         self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and self.attention.graph_safe and not enforce_eager:
             self.graphs = self.decode_graphs(graph_buckets(max_num_seqs), capture=True)
@@ -197,7 +201,12 @@ class ModelRunner:
             return self.model.compute_logits(hidden)
 
     def execute(self, items: list[BatchItem]) -> list[int | None]:
-        """Run one step; returns the sampled token per item (``None`` where ``sample`` is False)."""
+        """Run one step; returns the sampled token per item (``None`` where ``sample`` is False).
+
+        The sampled tokens' logprobs, for the items that ask, are in :attr:`last_logprobs`
+        (one entry per item, ``None`` where not asked; empty when no item asked).
+        """
+        self.last_logprobs = []
         if not items:
             return []
         self._validate(items)
@@ -249,16 +258,25 @@ class ModelRunner:
     def _sample(
         self, items: list[BatchItem], sampling: list[int], logits: torch.Tensor
     ) -> list[int | None]:
-        """One token per row of ``logits`` (fp32 ``[N, V]``) for ``items[sampling[i]]``."""
+        """One token per row of ``logits`` (fp32 ``[N, V]``) for ``items[sampling[i]]``.
+
+        The logprobs of the items whose params ask go to :attr:`last_logprobs`.
+        """
         with torch.inference_mode():
-            tokens = self.sampler(
+            result = self.sampler.sample(
                 logits,
                 [items[i].params for i in sampling],
                 [items[i].output_index for i in sampling],
-            ).tolist()
+                [items[i].past_token_ids for i in sampling],
+            )
+            tokens = result.tokens.tolist()
         out: list[int | None] = [None] * len(items)
         for i, tok in zip(sampling, tokens, strict=True):
             out[i] = tok
+        if result.logprobs is not None:
+            self.last_logprobs = [None] * len(items)
+            for i, lp in zip(sampling, result.logprobs, strict=True):
+                self.last_logprobs[i] = lp
         return out
 
     def _validate(self, items: list[BatchItem]) -> None:

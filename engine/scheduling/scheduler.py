@@ -224,6 +224,7 @@ class Scheduler:
                 out.num_decode_tokens += 1
             else:
                 out.num_prefill_tokens += n
+            sample = start + n == seq.num_tokens
             out.seqs.append(seq)
             out.items.append(
                 BatchItem(
@@ -231,9 +232,13 @@ class Scheduler:
                     token_ids=seq.token_ids[start : start + n],
                     start_pos=start,
                     block_table=list(seq.block_table),
-                    sample=start + n == seq.num_tokens,
+                    sample=sample,
                     params=seq.params,
                     output_index=seq.num_output_tokens,
+                    # penalties read every token so far (prompt, then output)
+                    past_token_ids=list(seq.token_ids)
+                    if sample and seq.params.uses_history
+                    else None,
                 )
             )
         self.prompt_tokens_computed += out.num_prefill_tokens

@@ -208,7 +208,7 @@ class OpenAIApi:
         if req.user:
             extra["user"] = req.user[:64]
         log.info("generate", extra=extra)
-        fmt = StreamFormat(kind, req.model, int(time.time()), req.include_usage)
+        fmt = StreamFormat(kind, req.model, int(time.time()), req.include_usage, req.logprobs)
         await save_format(self.gw.streams, sid, fmt, extra)
         pump: Pump[Event] = Pump(self.gw.streams.tail(sid, -1))
 

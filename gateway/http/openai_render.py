@@ -14,6 +14,11 @@ Event to chunk (chat): seq 0 ``accepted`` -> the role chunk
 chunk; ``done`` -> the chunk with ``finish_reason`` (``stop``, ``length``, or
 this server's ``cancelled``/``expired``), or for ``error`` an
 ``{"error": {...}}`` event, which the OpenAI SDKs raise as ``APIError``.
+
+When the request asked for logprobs, each content chunk (and the body) carries
+the logprobs of its tokens in OpenAI's shape: chat ``logprobs.content[]``,
+completions ``logprobs.tokens/token_logprobs/top_logprobs/text_offset``
+(core/wire/logprobs.py), read from the token events' stored ``l`` field.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.wire.events import Event
+from core.wire.logprobs import Logprobs, chat_content, completion_logprobs, decode_logprobs
 from gateway.http.openai_request import ApiError, error_body, error_for_code
 from gateway.http.sse import DONE, encode_event
 
@@ -52,6 +58,7 @@ class StreamFormat:
     model: str
     created: int
     include_usage: bool = False
+    logprobs: bool = False  # chunks and bodies carry the tokens' logprobs
 
     def response_id(self, stream_id: str) -> str:
         return ("chatcmpl-" if self.kind == "chat" else "cmpl-") + stream_id
@@ -61,7 +68,24 @@ class StreamFormat:
         return "chat.completion.chunk" if self.kind == "chat" else "text_completion"
 
     def encode(self) -> str:
-        return dumps({"k": self.kind, "m": self.model, "c": self.created, "u": self.include_usage})
+        out = {"k": self.kind, "m": self.model, "c": self.created, "u": self.include_usage}
+        if self.logprobs:
+            out["l"] = True
+        return dumps(out)
+
+    def render_logprobs(self, ev: Event) -> dict[str, Any] | None:
+        """The ``logprobs`` of a token event's chunk (``None`` when not asked for; a stream
+        started over the WebSocket with ``params.logprobs`` has them on its events)."""
+        if not self.logprobs and ev.logprobs is None:
+            return None
+        offset, entries = decode_logprobs(ev.logprobs)
+        return self.logprobs_body(offset, ev.text, entries)
+
+    def logprobs_body(self, offset: int, text: str, entries: list[Logprobs]) -> dict[str, Any]:
+        """OpenAI's ``logprobs`` object of ``entries``, whose text ``text`` starts at ``offset``."""
+        if self.kind == "chat":
+            return {"content": chat_content(entries), "refusal": None}
+        return completion_logprobs(offset, text, entries)
 
     @classmethod
     def decode(cls, raw: str | bytes | None, *, model: str, created: int) -> StreamFormat:
@@ -76,7 +100,7 @@ class StreamFormat:
         kind = k if k in ("chat", "completion") else "chat"
         name = m if isinstance(m, str) else model
         when = c if isinstance(c, int) and not isinstance(c, bool) else created
-        return cls(str(kind), name, when, obj.get("u") is True)
+        return cls(str(kind), name, when, obj.get("u") is True, obj.get("l") is True)
 
 
 def usage(ev: Event) -> dict[str, int]:
@@ -120,12 +144,18 @@ class ChunkEncoder:
             out["usage"] = None
         return out
 
-    def _choice(self, text: str | None, finish_reason: str | None, role: bool = False) -> Any:
+    def _choice(
+        self,
+        text: str | None,
+        finish_reason: str | None,
+        role: bool = False,
+        logprobs: dict[str, Any] | None = None,
+    ) -> Any:
         if self.fmt.kind == "completion":
             return {
                 "index": 0,
                 "text": text or "",
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": finish_reason,
             }
         delta: dict[str, Any] = {}
@@ -133,7 +163,7 @@ class ChunkEncoder:
             delta = {"role": "assistant", "content": ""}
         elif text is not None:
             delta = {"content": text}
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
     def _event(self, seq: int, obj: dict[str, Any]) -> bytes:
         return encode_event(dumps(obj), id=seq)
@@ -150,7 +180,8 @@ class ChunkEncoder:
             self._failed = True
             return self._event(ev.seq, stream_error(ev).body())
         if ev.kind == "token":
-            return self._event(ev.seq, self._chunk([self._choice(ev.text, None)]))
+            lp = self.fmt.render_logprobs(ev)
+            return self._event(ev.seq, self._chunk([self._choice(ev.text, None, logprobs=lp)]))
         if ev.kind == "done":
             return self.done(ev)
         return b""
@@ -197,6 +228,7 @@ class Collector:
         self.fmt = fmt
         self.stream_id = stream_id
         self.parts: list[str] = []
+        self.logprobs: dict[str, list[Any]] = {}  # each key's list, over the token events
         self.result: dict[str, Any] | None = None
 
     def add(self, ev: Event) -> bool:
@@ -208,6 +240,9 @@ class Collector:
             raise stream_error(ev)
         if ev.kind == "token":
             self.parts.append(ev.text)
+            for key, value in (self.fmt.render_logprobs(ev) or {}).items():
+                if isinstance(value, list):  # (chat's "refusal" is null)
+                    self.logprobs.setdefault(key, []).extend(value)
         elif ev.kind == "done":
             reason = ev.finish_reason or "error"
             if reason == "error":
@@ -218,16 +253,20 @@ class Collector:
 
     def body(self, reason: str, ev: Event) -> dict[str, Any]:
         text = "".join(self.parts)
-        if self.fmt.kind == "chat":
+        fmt = self.fmt
+        logprobs = None
+        if fmt.logprobs:  # every key, even for a completion without a token
+            logprobs = {**fmt.logprobs_body(0, "", []), **self.logprobs}
+        if fmt.kind == "chat":
             choice: dict[str, Any] = {
                 "index": 0,
                 "message": {"role": "assistant", "content": text, "refusal": None},
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": reason,
             }
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}
             obj = "text_completion"
         return {
             "id": self.fmt.response_id(self.stream_id),

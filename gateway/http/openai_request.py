@@ -4,11 +4,12 @@
 :class:`ApiRequest` (the engine worker's request body plus the streaming
 options), or raise :class:`ApiError`: the HTTP status and the OpenAI-style
 error body ``{"error": {"message", "type", "param", "code"}}`` the client
-gets. Unknown fields are ignored; known fields of the wrong type, or values
-this server cannot honour (``n`` > 1, ``logprobs``, ``echo``...), are 400s.
-Sampling fields and messages go through the validator every transport shares
-(:mod:`core.wire.requests`), so they are refused as on the WebSocket.
-docs/api.md ("HTTP API") lists the fields.
+gets. No field is silently ignored (gateway/http/openai_fields.py: unknown
+fields and features this server does not have are 400s naming the field);
+known fields of the wrong type, or values this server cannot honour (``n`` >
+1, ``echo``...), are 400s too. Sampling fields and messages go through the
+validator every transport shares (:mod:`core.wire.requests`), so they are
+refused as on the WebSocket. docs/api.md ("Request fields") lists the fields.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.wire.errors import lookup
+from core.wire.params import MAX_TOP_LOGPROBS
 from core.wire.requests import (
     Limits,
     RequestError,
@@ -29,6 +31,7 @@ from core.wire.requests import (
     validate_params,
     validate_request_id,
 )
+from gateway.http.openai_fields import EXTENSIONS, check_fields
 
 __all__ = [
     "ApiError",
@@ -42,8 +45,12 @@ __all__ = [
 ]
 
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-# the OpenAI fields that are SamplingParams fields of the same name (vLLM's top_k, ignore_eos too)
-SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
+# the OpenAI fields that are SamplingParams fields of the same name (and vLLM's extensions)
+SAMPLING_FIELDS = (
+    *("max_tokens", "temperature", "top_p", "seed", "stop"),
+    *("presence_penalty", "frequency_penalty", "logit_bias", *EXTENSIONS),
+)
+MAX_COMPLETION_LOGPROBS = 5  # /v1/completions' logprobs: 0 to 5 alternatives (OpenAI's range)
 
 
 class ApiError(Exception):
@@ -158,6 +165,7 @@ class ApiRequest:
     include_usage: bool = False
     user: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    logprobs: bool = False  # the answer carries logprobs
 
 
 # --- field checks ---------------------------------------------------------------
@@ -171,13 +179,6 @@ def _opt(obj: dict[str, Any], name: str, types: tuple[type, ...], what: str) -> 
         raise _bad(f"'{name}' must be {what}, got a boolean", name)
     if not isinstance(value, types):
         raise _bad(f"'{name}' must be {what}, got {type(value).__name__}", name)
-    return value
-
-
-def _number(obj: dict[str, Any], name: str, lo: float, hi: float) -> float | None:
-    value = _opt(obj, name, (int, float), "a number")
-    if value is not None and not lo <= value <= hi:
-        raise _bad(f"'{name}' must be between {lo:g} and {hi:g}, got {value}", name)
     return value
 
 
@@ -196,7 +197,29 @@ def _model(obj: dict[str, Any], served: str) -> str:
     return served
 
 
-def _params(obj: dict[str, Any], limits: Limits) -> dict[str, Any]:
+def _logprobs(obj: dict[str, Any], kind: str) -> tuple[int | None, str]:
+    """The SamplingParams ``logprobs`` (alternatives per token, None: off) and its field.
+
+    Chat: ``logprobs: true`` with ``top_logprobs`` 0-20 alternatives (which needs
+    ``logprobs``); completions: ``logprobs`` 0-5.
+    """
+    if kind == "completion":
+        value = _opt(obj, "logprobs", (int,), "an integer")
+        if value is not None and not 0 <= value <= MAX_COMPLETION_LOGPROBS:
+            message = f"'logprobs' must be between 0 and {MAX_COMPLETION_LOGPROBS}, got {value}"
+            raise _bad(message, "logprobs")
+        return value, "logprobs"
+    on = bool(_opt(obj, "logprobs", (bool,), "a boolean"))
+    top = _opt(obj, "top_logprobs", (int,), "an integer")
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        message = f"'top_logprobs' must be between 0 and {MAX_TOP_LOGPROBS}, got {top}"
+        raise _bad(message, "top_logprobs")
+    if top and not on:
+        raise _bad("'top_logprobs' needs 'logprobs' set to true.", "top_logprobs")
+    return (top or 0) if on else None, "top_logprobs"
+
+
+def _params(obj: dict[str, Any], limits: Limits, kind: str = "chat") -> dict[str, Any]:
     """Sampling fields -> SamplingParams (validated) as a dict for the worker."""
     n = _opt(obj, "n", (int,), "an integer")
     if n is not None and n != 1:
@@ -204,15 +227,12 @@ def _params(obj: dict[str, Any], limits: Limits) -> dict[str, Any]:
     best_of = _opt(obj, "best_of", (int,), "an integer")
     if best_of is not None and best_of != 1:
         raise _bad("Only best_of = 1 is supported.", "best_of")
-    for name in ("presence_penalty", "frequency_penalty"):
-        _number(obj, name, -2.0, 2.0)  # accepted, not applied
-    for name in ("logprobs", "top_logprobs"):
-        value = obj.get(name)
-        if value not in (None, False, 0):
-            raise _bad(f"'{name}' is not supported by this server.", name)
     # OpenAI names and shapes -> SamplingParams fields (null means "not given")
     raw = {k: obj[k] for k in SAMPLING_FIELDS if obj.get(k) is not None}
     names: dict[str, str] = {}
+    logprobs, names["logprobs"] = _logprobs(obj, kind)
+    if logprobs is not None:
+        raw["logprobs"] = logprobs
     if obj.get("max_completion_tokens") is not None:  # wins over max_tokens
         _opt(obj, "max_tokens", (int,), "an integer")
         raw["max_tokens"] = obj["max_completion_tokens"]
@@ -281,6 +301,7 @@ def _content(raw: Any, i: int, role: str) -> str:
 def parse_chat(obj: dict[str, Any], *, served_model: str, limits: Limits) -> ApiRequest:
     """Validate a ``/v1/chat/completions`` body."""
     model = _model(obj, served_model)
+    check_fields(obj, "chat", _bad)
     messages = obj.get("messages")
     if messages is None:
         raise _bad("Missing required parameter: 'messages'.", "messages")
@@ -288,11 +309,12 @@ def parse_chat(obj: dict[str, Any], *, served_model: str, limits: Limits) -> Api
         parsed = validate_messages(messages, limits, roles=CHAT_ROLES, content=_content)
     except RequestError as exc:
         raise request_error(exc) from None
-    params = _params(obj, limits)
+    params = _params(obj, limits, "chat")
     stream, include_usage, user = _common(obj)
     out = [{"role": m.role, "content": m.content} for m in parsed]
     body = {"params": params, "messages": out}
-    return ApiRequest("chat", model, body, stream, include_usage, user)
+    logprobs = params["logprobs"] is not None
+    return ApiRequest("chat", model, body, stream, include_usage, user, logprobs=logprobs)
 
 
 def _prompt(raw: Any) -> str | list[int]:
@@ -314,6 +336,7 @@ def _prompt(raw: Any) -> str | list[int]:
 def parse_completion(obj: dict[str, Any], *, served_model: str, limits: Limits) -> ApiRequest:
     """Validate a ``/v1/completions`` body."""
     model = _model(obj, served_model)
+    check_fields(obj, "completion", _bad)
     if obj.get("prompt") is None:
         raise _bad("Missing required parameter: 'prompt'.", "prompt")
     prompt = _prompt(obj["prompt"])
@@ -325,7 +348,8 @@ def parse_completion(obj: dict[str, Any], *, served_model: str, limits: Limits) 
         raise _bad("'echo' is not supported by this server.", "echo")
     if obj.get("suffix") not in (None, ""):
         raise _bad("'suffix' is not supported by this server.", "suffix")
-    params = _params(obj, limits)
+    params = _params(obj, limits, "completion")
     stream, include_usage, user = _common(obj)
     body = {"params": params, "prompt": prompt}
-    return ApiRequest("completion", model, body, stream, include_usage, user)
+    logprobs = params["logprobs"] is not None
+    return ApiRequest("completion", model, body, stream, include_usage, user, logprobs=logprobs)

@@ -12,7 +12,9 @@ before): readiness notices never interleave with the frames of running streams.
 
 The same look gives the served model's context (``max_model_len`` in the
 workers' stats), which bounds the characters a request may carry
-(:meth:`core.wire.requests.Limits.for_context`).
+(:meth:`core.wire.requests.Limits.for_context`), and its vocabulary
+(``vocab_size``), which bounds the token ids of ``logit_bias`` and
+``stop_token_ids``.
 """
 
 from __future__ import annotations
@@ -52,6 +54,12 @@ def context_tokens(workers: list[WorkerStats]) -> int | None:
     return max(sizes) if sizes else None
 
 
+def vocab_size(workers: list[WorkerStats]) -> int | None:
+    """The smallest vocabulary among ``workers`` (``None`` when none publishes one)."""
+    sizes = [int(n) for s in workers if (n := s.number("vocab_size"))]
+    return min(sizes) if sizes else None
+
+
 class ReadinessWatch:
     """Keeps ``ready`` current; tells the sockets waiting for a worker when one is."""
 
@@ -80,7 +88,7 @@ class ReadinessWatch:
         except RedisUnavailable:
             workers = []
         ready = bool(workers)
-        self.gw.follow_context(context_tokens(workers))
+        self.gw.follow_context(context_tokens(workers), vocab_size(workers))
         if ready != self.ready:
             self.ready = ready
             log.info("worker readiness", extra={"worker_ready": ready})

@@ -336,7 +336,7 @@ class Connection:
             async with contextlib.aclosing(tail) as events:
                 async for ev in events:
                     if ev.kind == "token":
-                        await self.send_encoded(p.encode_token(sid, ev.seq, ev.text))
+                        await self.send_encoded(p.encode_token(sid, ev.seq, ev.text, ev.logprobs))
                     elif ev.kind == "done":
                         await self.send(
                             p.done_frame(

@@ -20,6 +20,7 @@ from typing import Any
 from core.wire.errors import ERROR_CODES, ERRORS
 from core.wire.events import FINISH_REASONS as FINISH_REASONS  # re-exported: done reasons
 from core.wire.keys import STREAM_ID_RE
+from core.wire.logprobs import chat_content, decode_logprobs
 from core.wire.params import SamplingParams
 from core.wire.requests import Limits as Limits  # re-exported: parse_frame takes them
 from core.wire.requests import Message as Message
@@ -261,12 +262,23 @@ def started_frame(
     }
 
 
-def token_frame(stream_id: str, seq: int, text: str) -> dict[str, Any]:
-    return {"type": "token", "stream_id": stream_id, "seq": seq, "text": text}
+def token_frame(stream_id: str, seq: int, text: str, logprobs: str | None = None) -> dict[str, Any]:
+    """A ``token`` frame; ``logprobs``: the event's stored ``l`` field, when it has one."""
+    out: dict[str, Any] = {"type": "token", "stream_id": stream_id, "seq": seq, "text": text}
+    if logprobs is not None:
+        out["logprobs"] = chat_content(decode_logprobs(logprobs)[1])
+    return out
 
 
-def encode_token(stream_id: str, seq: int, text: str) -> str:
-    """``encode(token_frame(...))``, built directly: the one frame sent per token."""
+def encode_token(stream_id: str, seq: int, text: str, logprobs: str | None = None) -> str:
+    """``encode(token_frame(...))``, built directly: the one frame sent per token.
+
+    ``logprobs`` (a token event's stored ``l`` field) adds the optional
+    ``logprobs`` list: one ``{token, logprob, bytes, top_logprobs}`` per token of
+    ``text``, OpenAI's chat shape.
+    """
+    if logprobs is not None:
+        return encode(token_frame(stream_id, seq, text, logprobs))
     return (
         f'{{"type":"token","stream_id":{_json_str(stream_id)},'
         f'"seq":{int(seq)},"text":{_json_str(text)}}}'

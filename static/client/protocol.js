@@ -242,7 +242,10 @@ export class ClientProtocol extends ProtocolState {
         s.lastSeq = f.seq;
         const text = typeof f.text === "string" ? f.text : "";
         s.text += text;
-        this._emit(s, "token", { seq: f.seq, text, fullText: s.text });
+        /** @type {{seq: number, text: string, fullText: string, logprobs?: object[]}} */
+        const detail = { seq: f.seq, text, fullText: s.text };
+        if (Array.isArray(f.logprobs)) detail.logprobs = f.logprobs; // only when asked for
+        this._emit(s, "token", detail);
         return;
       }
       case "done": {

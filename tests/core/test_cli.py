@@ -85,3 +85,26 @@ def test_serve_hands_its_engine_flags_to_the_worker() -> None:
     assert worker_args.enforce_eager is True and worker_args.block_size == 32
     args = build_parser().parse_args(["serve"])
     assert "--enforce-eager" not in worker_command(args)
+
+
+def test_serve_hands_its_upstream_to_the_worker_and_the_key_only_in_its_environment() -> None:
+    from core.cli import build_parser
+    from core.serve import worker_command, worker_env
+
+    args = build_parser().parse_args(
+        ["serve", "--redis-url", "redis://:pw@h/0", "--upstream", "http://h:8000/v1",
+         "--upstream-model", "m", "--upstream-api-key", "sk-secret", "--max-inflight", "9"]
+    )  # fmt: skip
+    cmd = worker_command(args)
+    assert "sk-secret" not in " ".join(cmd) and "pw@" not in " ".join(cmd)
+    assert worker_env(args) == {"TOKENRELAY_REDIS_URL": "redis://:pw@h/0",
+                                "TOKENRELAY_UPSTREAM_API_KEY": "sk-secret"}  # fmt: skip
+    worker_args = build_parser().parse_args(cmd[cmd.index("worker") :])
+    assert worker_args.upstream == "http://h:8000/v1" and worker_args.upstream_model == "m"
+    assert worker_args.max_inflight == 9
+
+
+def test_serve_with_a_bad_upstream_url_is_one_line() -> None:
+    out = run_cli("serve", "--upstream", "localhost:11434", "--port", "0")
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.count("\n") == 1 and "--upstream" in out.stderr

@@ -53,11 +53,17 @@ def test_all_supported_fields() -> None:
         ignore_eos=True,
         presence_penalty=0.5,
         frequency_penalty=0,
-        logprobs=False,
-        tools=[{"type": "function"}],  # unknown to us: ignored
-        some_future_field={"x": 1},
+        repetition_penalty=1.1,
+        min_p=0.05,
+        logit_bias={"17": -100, "3": 2.5},
+        stop_token_ids=[2],
+        logprobs=True,
+        top_logprobs=4,
+        tool_choice="none",  # asks for nothing this server lacks
+        store=False,  # accepted hints
+        metadata={"k": "v"},
     )
-    assert req.stream and req.include_usage and req.user == "u-1"
+    assert req.stream and req.include_usage and req.user == "u-1" and req.logprobs
     p = req.body["params"]
     assert p == {
         "max_tokens": 7,
@@ -67,6 +73,13 @@ def test_all_supported_fields() -> None:
         "seed": 42,
         "stop": ["END"],
         "ignore_eos": True,
+        "min_p": 0.05,
+        "presence_penalty": 0.5,
+        "frequency_penalty": 0.0,
+        "repetition_penalty": 1.1,
+        "logit_bias": {17: -100.0, 3: 2.5},
+        "stop_token_ids": [2],
+        "logprobs": 4,
     }
 
 
@@ -149,9 +162,20 @@ BAD_CHAT: list[tuple[str, dict[str, Any], int, str | None]] = [
         "stream_options",
     ),
     ("user int", {"user": 7}, 400, "user"),
-    ("logprobs", {"logprobs": True}, 400, "logprobs"),
-    ("top_logprobs", {"top_logprobs": 3}, 400, "top_logprobs"),
+    ("logprobs int", {"logprobs": 3}, 400, "logprobs"),
+    ("top_logprobs without logprobs", {"top_logprobs": 3}, 400, "top_logprobs"),
+    ("top_logprobs > 20", {"logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
     ("penalty range", {"presence_penalty": 3}, 400, "presence_penalty"),
+    ("frequency_penalty < -2", {"frequency_penalty": -2.5}, 400, "frequency_penalty"),
+    ("repetition_penalty 0", {"repetition_penalty": 0}, 400, "repetition_penalty"),
+    ("min_p > 1", {"min_p": 1.5}, 400, "min_p"),
+    ("logit_bias list", {"logit_bias": [1]}, 400, "logit_bias"),
+    ("logit_bias key", {"logit_bias": {"x": 1}}, 400, "logit_bias"),
+    ("logit_bias range", {"logit_bias": {"1": 101}}, 400, "logit_bias"),
+    ("logit_bias size", {"logit_bias": {str(i): 1 for i in range(301)}}, 400, "logit_bias"),
+    ("stop_token_ids str", {"stop_token_ids": "2"}, 400, "stop_token_ids"),
+    ("stop_token_ids neg", {"stop_token_ids": [-1]}, 400, "stop_token_ids"),
+    ("stop_token_ids many", {"stop_token_ids": list(range(65))}, 413, "stop_token_ids"),
     ("ignore_eos str", {"ignore_eos": "no"}, 400, "ignore_eos"),
     ("too many messages", {"messages": MSG * 300}, 413, "messages"),
     ("too much input", {"messages": [{"role": "user", "content": "x" * 200_001}]}, 413, None),
@@ -189,6 +213,10 @@ BAD_COMPLETION: list[tuple[str, dict[str, Any], int]] = [
     ("echo", {"echo": True}, 400),
     ("suffix", {"suffix": "tail"}, 400),
     ("best_of", {"best_of": 3}, 400),
+    ("logprobs > 5", {"logprobs": 6}, 400),
+    ("logprobs bool", {"logprobs": True}, 400),
+    ("top_logprobs", {"top_logprobs": 2}, 400),  # a chat field
+    ("tools", {"tools": []}, 400),  # not a completions field at all
     ("too long", {"prompt": "x" * 200_001}, 413),
 ]
 

@@ -176,6 +176,17 @@ describe("tokens, dedupe by seq and gaps", () => {
     assert.deepEqual(p.streams, []);
   });
 
+  test("a token frame's logprobs reach its event, and only when present", () => {
+    const p = machine();
+    started(p);
+    const lp = [{ token: "Hi", logprob: -0.25, bytes: [72, 105], top_logprobs: [] }];
+    p.receive(1, { ...token(1, "Hi"), logprobs: lp });
+    p.receive(1, token(2, "!"));
+    const list = streamEvents(actions(p), "token");
+    assert.deepEqual(list[0].detail, { seq: 1, text: "Hi", fullText: "Hi", logprobs: lp });
+    assert.deepEqual(list[1].detail, { seq: 2, text: "!", fullText: "Hi!" });
+  });
+
   test("a repeated seq is dropped and counted", () => {
     const p = machine();
     const s = started(p);

@@ -1,0 +1,103 @@
+"""OpenAI's streaming shapes as the relay writes and reads them: bodies, events, chunks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from core.wire.params import SamplingParams
+from worker.upstream.failures import Refused, Retryable
+from worker.upstream.openai import (
+    SSEDecoder,
+    mentions_stream_options,
+    parse_chunk,
+    request_body,
+    status_error,
+    unrelayed,
+)
+
+
+def test_a_chat_body_goes_to_chat_completions_with_only_the_fields_set() -> None:
+    body = {"messages": [{"role": "user", "content": "Hi"}]}
+    path, out = request_body(body, SamplingParams(max_tokens=5, temperature=0), "m",
+                             include_usage=True)  # fmt: skip
+    assert path == "/chat/completions"
+    assert out == {"model": "m", "messages": body["messages"], "stream": True,
+                   "stream_options": {"include_usage": True}, "max_tokens": 5,
+                   "temperature": 0.0}  # fmt: skip
+
+
+def test_a_prompt_body_goes_to_completions_with_its_sampling_extensions() -> None:
+    params = SamplingParams(max_tokens=3, temperature=0.7, top_p=0.9, top_k=40, seed=1,
+                            stop=["\n"], min_p=0.1, logit_bias={7: -5.0},
+                            stop_token_ids=[2], ignore_eos=True)  # fmt: skip
+    path, out = request_body({"prompt": "x"}, params, None, include_usage=False)
+    assert path == "/completions" and "model" not in out and "stream_options" not in out
+    assert out["prompt"] == "x" and out["top_k"] == 40 and out["seed"] == 1
+    assert out["stop"] == ["\n"] and out["min_p"] == 0.1 and out["logit_bias"] == {"7": -5.0}
+    assert out["stop_token_ids"] == [2] and out["ignore_eos"] is True
+    assert "presence_penalty" not in out and "repetition_penalty" not in out
+
+
+def chunk(**choice: object) -> str:
+    return json.dumps({"choices": [{"index": 0, **choice}], "usage": None})
+
+
+def test_chunks_give_text_finish_usage_errors_and_done() -> None:
+    assert parse_chunk(chunk(delta={"role": "assistant", "content": ""})).text == ""
+    assert parse_chunk(chunk(delta={"content": "Hi"})).text == "Hi"
+    assert parse_chunk(chunk(text="lo", finish_reason=None)).text == "lo"
+    assert parse_chunk(chunk(delta={}, finish_reason="length")).finish_reason == "length"
+    assert parse_chunk(chunk(delta={}, finish_reason="eos_token")).finish_reason == "stop"
+    assert parse_chunk(chunk(delta={}, finish_reason="tool_calls")).finish_reason == "stop"
+    usage = {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+    assert parse_chunk(json.dumps({"choices": [], "usage": usage})).usage == (3, 4)
+    err = parse_chunk(json.dumps({"error": {"message": "boom", "type": "server_error"}}))
+    assert err.error == "boom"
+    assert parse_chunk("[DONE]").done
+    with pytest.raises(ValueError):
+        parse_chunk("not json")
+    with pytest.raises(ValueError):
+        parse_chunk("[1, 2]")
+
+
+def test_statuses_map_onto_retry_or_refuse_with_the_upstreams_words() -> None:
+    e = status_error(503, b'{"error": {"message": "no worker"}}', 2.0)
+    assert isinstance(e, Retryable) and e.code == "unavailable" and e.retry_after == 2.0
+    assert "HTTP 503: no worker" in e.message
+    e = status_error(429, b'{"error": "slow down"}', None)  # TGI's shape
+    assert isinstance(e, Retryable) and e.code == "overloaded" and "slow down" in e.message
+    e = status_error(400, b'{"detail": "bad stream_options"}', None)
+    assert isinstance(e, Refused) and e.code == "bad_request" and mentions_stream_options(e)
+    e = status_error(413, b"too big", None)
+    assert isinstance(e, Refused) and e.code == "too_large" and "too big" in e.message
+    e = status_error(401, b"", None)
+    assert isinstance(e, Refused) and e.code == "unavailable" and "--upstream-api-key" in e.message
+
+
+def test_a_field_the_relay_cannot_pass_on_is_named_not_dropped() -> None:
+    assert unrelayed(SamplingParams(max_tokens=3, top_k=5, seed=2, stop=["x"])) == []
+    assert unrelayed(SamplingParams(logprobs=0)) == ["logprobs"]
+
+
+def feed(lines: list[str]) -> list[str]:
+    d = SSEDecoder()
+    out = [data for line in lines if (data := d.feed(line)) is not None]
+    last = d.close()
+    return [*out, last] if last is not None else out
+
+
+def test_events_end_at_blank_lines_and_comments_ids_and_names_are_read_past() -> None:
+    lines = [": keep-alive", "", "id: 1", "event: message", 'data: {"a":1}', "",
+             "retry: 10", "data:[DONE]", ""]  # fmt: skip
+    assert feed(lines) == ['{"a":1}', "[DONE]"]
+
+
+def test_multi_line_data_is_joined_with_newlines_and_one_leading_space_is_dropped() -> None:
+    assert feed(["data: a", "data:  b", "data:c", ""]) == ["a\n b\nc"]
+
+
+def test_an_event_the_stream_ends_without_a_blank_line_is_still_delivered() -> None:
+    assert feed(["data: x", "", "data: [DONE]"]) == ["x", "[DONE]"]
+    assert feed([]) == []

@@ -1,0 +1,17 @@
+"""A worker with no model of its own: a relay to an upstream OpenAI-compatible server.
+
+``tokenrelay worker --upstream URL`` runs the same worker loop (worker/main.py,
+worker/intake.py, worker/outbox.py) over :class:`worker.upstream.engine.UpstreamEngine`,
+an :class:`worker.client.EngineClient` whose requests are streaming HTTP calls to
+vLLM, TGI, llama.cpp's server, Ollama or another tokenrelay. One concept per module:
+
+- ``config``: the upstream's URL, model, key and limits, from the command line;
+- ``openai``: request bodies, server-sent events and chunks in OpenAI's shapes (sans I/O);
+- ``failures``: what went wrong, typed (retry, refuse, or end mid-stream), and the
+  backoff between attempts, ``Retry-After`` honoured (sans I/O);
+- ``inbox``: what the calls produced, handed from the HTTP thread to the worker loop;
+- ``call``: one request's HTTP exchange, with its retries;
+- ``engine``: the engine the worker drives, and the thread its calls run on.
+
+Nothing here imports torch or the engine package (tests/test_architecture.py).
+"""

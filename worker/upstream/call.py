@@ -1,0 +1,270 @@
+"""One request's streaming HTTP exchange with the upstream, retries included.
+
+:class:`Call` posts the request (worker/upstream/openai.py), reads its server-sent
+events and puts each text delta and the finish into the
+inbox (worker/upstream/inbox.py) as they arrive. Failures follow
+worker/upstream/failures.py: before the first token, transient ones are tried again
+and then refuse the stream; after it, the stream ends
+with ``error`` and says why. Nothing waits forever: connecting, each read and the
+pool have the ``--upstream-timeout`` (connect at most 10 s).
+
+Cancelling the call's task (an abort: a client's Stop, a detach timeout, a drain)
+closes its response, and with it the connection: vLLM and TGI stop generating
+when their client goes. A tokenrelay upstream only detaches then (its client may
+resume), so a call that has the upstream's ``X-Stream-Id`` and ``X-Resume-Token``
+also asks it to cancel that stream, as does a call that gives up on an answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from core.wire.params import SamplingParams
+from worker.upstream.config import UpstreamConfig
+from worker.upstream.failures import (
+    Broken,
+    Refused,
+    Retryable,
+    RetryPolicy,
+    UpstreamError,
+    parse_retry_after,
+)
+from worker.upstream.inbox import Inbox
+from worker.upstream.openai import (
+    Chunk,
+    SSEDecoder,
+    mentions_stream_options,
+    parse_chunk,
+    request_body,
+    status_error,
+    unrelayed,
+)
+
+log = logging.getLogger("tokenrelay.upstream")
+
+MAX_ERROR_BODY = 16_384  # bytes of an error answer read for its message
+CANCEL_TIMEOUT = 5.0
+
+
+@dataclass
+class Upstream:
+    """What every call shares: the client, the settings, what was learnt of the server."""
+
+    http: httpx.AsyncClient
+    cfg: UpstreamConfig
+    inbox: Inbox
+    model: str | None = None
+    model_known: bool = False  # ``model`` is settled (given, listed, or none to send)
+    include_usage: bool = True  # off once the upstream refuses stream_options
+    counters: dict[str, int] = field(default_factory=dict)
+    background: set[asyncio.Task[None]] = field(default_factory=set)
+    _model_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.counters[name] = self.counters.get(name, 0) + n
+
+    async def model_name(self) -> str | None:
+        """``--upstream-model``, else the first model the upstream lists (asked once)."""
+        if self.model_known:
+            return self.model
+        async with self._model_lock:
+            if not self.model_known:
+                await self._list_models()
+        return self.model
+
+    async def _list_models(self) -> None:
+        try:
+            resp = await self.http.get(f"{self.cfg.url}/models", headers=self.cfg.auth_headers())
+        except httpx.TransportError as exc:
+            raise Retryable("unavailable", f"upstream unreachable: {describe(exc)}") from None
+        if resp.status_code >= 500:
+            raise status_error(resp.status_code, resp.content, None)
+        try:
+            self.model = str(resp.json()["data"][0]["id"]) if resp.status_code == 200 else None
+        except (ValueError, KeyError, IndexError, TypeError):
+            self.model = None
+        self.model_known = True
+        log.info("upstream model", extra={"model": self.model, "status": resp.status_code})
+
+
+def describe(exc: BaseException) -> str:
+    """A transport error in a few words: its class, and its message when it has one."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class Call:
+    """One stream's upstream request; :meth:`run` is its task."""
+
+    def __init__(self, up: Upstream, stream_id: str, body: dict[str, Any]) -> None:
+        self.up = up
+        self.stream_id = stream_id
+        self.body = body
+        self.extra = {"stream_id": stream_id}
+        self.started = False  # the first token is in: no more attempts
+        self.chunks = 0
+        self.finish_reason: str | None = None
+        self.usage: tuple[int, int] | None = None
+        self.remote: tuple[str, str] | None = None  # a tokenrelay upstream's stream id, token
+
+    async def run(self) -> None:
+        """Make the call until it opens and ends, or fails; the inbox hears either way."""
+        policy = RetryPolicy()
+        try:
+            params = SamplingParams(**(self.body.get("params") or {}))
+            if names := unrelayed(params):
+                said = ", ".join(names)
+                raise Refused("bad_request", f"not relayed to an upstream server: {said}")
+            while True:
+                try:
+                    await self._attempt(params)
+                    return
+                except Retryable as exc:
+                    self._cancel_remote()  # an answer abandoned before its first token
+                    delay = policy.next_delay(exc.retry_after)
+                    self.up.count("upstream_retries")
+                    if delay is None:
+                        said = f"{exc.message} ({policy.attempts} attempts)"
+                        raise Retryable(exc.code, said) from None
+                    extra = {**self.extra, "code": exc.code, "delay_s": round(delay, 3)}
+                    log.info("upstream attempt failed: %s", exc.message, extra=extra)
+                    await asyncio.sleep(delay)
+                except Refused as exc:
+                    if not (mentions_stream_options(exc) and self.up.include_usage):
+                        raise
+                    self.up.include_usage = False  # counted by chunks from now on
+                    log.warning("the upstream refuses stream_options; usage is counted by chunks")
+        except asyncio.CancelledError:
+            self._cancel_remote()
+            raise
+        except Broken as exc:
+            self._cancel_remote()
+            self.up.count("upstream_broken")
+            log.warning("upstream stream broken: %s", exc.message, extra=self.extra)
+            self.up.inbox.finish(self.stream_id, "error", exc.message, self._usage())
+        except UpstreamError as exc:
+            self._cancel_remote()
+            self.up.count("upstream_refused")
+            log.info("upstream refused: %s", exc.message, extra={**self.extra, "code": exc.code})
+            self.up.inbox.refuse(self.stream_id, exc.code, exc.message)
+        except Exception as exc:  # never leave a stream waiting on a call that is gone
+            log.exception("upstream call failed", extra=self.extra)
+            message = f"upstream relay error: {type(exc).__name__}"
+            if self.started:
+                self.up.inbox.finish(self.stream_id, "error", message, self._usage())
+            else:
+                self.up.inbox.refuse(self.stream_id, "internal", message)
+
+    async def _attempt(self, params: SamplingParams) -> None:
+        up = self.up
+        self.finish_reason, self.usage = None, None  # (an attempt that failed saw no text)
+        model = await up.model_name()
+        path, payload = request_body(self.body, params, model, include_usage=up.include_usage)
+        headers = {"Accept": "text/event-stream", **up.cfg.auth_headers()}
+        up.count("upstream_requests")
+        try:
+            url = up.cfg.url + path
+            async with up.http.stream("POST", url, json=payload, headers=headers) as r:
+                if r.status_code != 200:
+                    raw = await _read_some(r)
+                    retry_after = parse_retry_after(r.headers.get("retry-after"))
+                    raise status_error(r.status_code, raw, retry_after)
+                sid, token = r.headers.get("x-stream-id"), r.headers.get("x-resume-token")
+                if sid and token:
+                    self.remote = (sid, token)
+                await self._read(r)
+        except httpx.ReadTimeout:
+            silence = f"upstream sent nothing for {up.cfg.timeout:g} s"
+            if self.started:
+                raise Broken(f"{silence}; the answer is cut short") from None
+            raise Refused("unavailable", silence) from None
+        except httpx.TransportError as exc:
+            if self.started:
+                raise Broken(f"upstream connection lost: {describe(exc)}") from None
+            raise Retryable("unavailable", f"upstream unreachable: {describe(exc)}") from None
+
+    async def _read(self, resp: httpx.Response) -> None:
+        decoder = SSEDecoder()
+        async for line in resp.aiter_lines():
+            data = decoder.feed(line)
+            if data is not None and self._on_event(data):
+                return
+        data = decoder.close()
+        if data is not None and self._on_event(data):
+            return
+        if self.finish_reason is not None:  # finished, but no [DONE]
+            self._finish()
+        elif self.started:
+            raise Broken("upstream closed the stream before it finished")
+        else:
+            raise Retryable("unavailable", "upstream closed the stream before any text")
+
+    def _on_event(self, data: str) -> bool:
+        """Take one event; True when the stream is over."""
+        try:
+            chunk = parse_chunk(data)
+        except ValueError:
+            said = f"upstream sent a malformed event: {data[:80]!r}"
+            raise (Broken(said) if self.started else Refused("unavailable", said)) from None
+        if chunk.error is not None:
+            said = f"upstream error: {chunk.error}"
+            raise Broken(said) if self.started else Retryable("unavailable", said)
+        return self._take(chunk)
+
+    def _take(self, chunk: Chunk) -> bool:
+        if chunk.usage is not None:
+            self.usage = chunk.usage
+        if chunk.text:
+            self.started = True
+            self.chunks += 1
+            self.up.inbox.text(self.stream_id, chunk.text)
+        if chunk.finish_reason is not None:
+            self.finish_reason = chunk.finish_reason  # the usage chunk may follow
+        if chunk.done:
+            if self.finish_reason is None:
+                raise Broken("upstream ended the stream without a finish reason")
+            self._finish()
+            return True
+        return False
+
+    def _finish(self) -> None:
+        self.up.count("upstream_chunks", self.chunks)
+        reason = self.finish_reason or "stop"
+        self.up.inbox.finish(self.stream_id, reason, None, self._usage())
+
+    def _usage(self) -> tuple[int, int]:
+        return self.usage if self.usage is not None else (0, self.chunks)
+
+    def _cancel_remote(self) -> None:
+        """Ask a tokenrelay upstream to cancel its stream (a closed connection only detaches)."""
+        if self.remote is None:
+            return
+        remote, self.remote = self.remote, None
+        task = asyncio.get_running_loop().create_task(self._post_cancel(*remote))
+        self.up.background.add(task)
+        task.add_done_callback(self.up.background.discard)
+
+    async def _post_cancel(self, sid: str, token: str) -> None:
+        url = f"{self.up.cfg.url}/streams/{sid}/cancel"
+        headers = {"X-Resume-Token": token, **self.up.cfg.auth_headers()}
+        try:
+            resp = await self.up.http.post(url, headers=headers, timeout=CANCEL_TIMEOUT)
+            extra = {**self.extra, "upstream_stream_id": sid, "status": resp.status_code}
+            log.info("upstream stream cancelled", extra=extra)
+        except httpx.HTTPError as exc:
+            log.info("upstream cancel failed: %s", describe(exc), extra=self.extra)
+
+
+async def _read_some(resp: httpx.Response) -> bytes:
+    """Up to :data:`MAX_ERROR_BODY` bytes of an error answer (its message)."""
+    out = b""
+    async for part in resp.aiter_bytes():
+        out += part
+        if len(out) >= MAX_ERROR_BODY:
+            break
+    return out[:MAX_ERROR_BODY]

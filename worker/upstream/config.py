@@ -1,0 +1,82 @@
+"""The upstream server a relay worker calls, from ``--upstream`` and its companions.
+
+``--upstream`` is the server's OpenAI base URL, as an OpenAI SDK's ``base_url``
+(``http://127.0.0.1:8000/v1``); a URL with no path gets ``/v1``. The requests go
+to ``{base}/chat/completions`` (a request with ``messages``) or
+``{base}/completions`` (one with a ``prompt``), the model list to ``{base}/models``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+
+from core.options import MAX_INFLIGHT as DEFAULT_MAX_INFLIGHT
+from core.options import UPSTREAM_TIMEOUT as DEFAULT_TIMEOUT
+
+CONNECT_TIMEOUT = 10.0  # at most, for the TCP (and TLS) handshake
+
+
+def base_url(raw: str) -> str:
+    """``raw`` checked and normalised: http(s), a host, no query; ``/v1`` when no path.
+
+    Raises ``ValueError`` with one line naming the flag.
+    """
+    parts = urlsplit(raw.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        example = "http://host:8000/v1"
+        raise ValueError(f"--upstream must be an http(s) URL such as {example}, got {raw!r}")
+    if parts.query or parts.fragment:
+        raise ValueError(f"--upstream takes a base URL without a query or fragment, got {raw!r}")
+    try:
+        parts.port  # noqa: B018 - validates the port
+    except ValueError:
+        raise ValueError(f"--upstream has a bad port: {raw!r}") from None
+    path = parts.path.rstrip("/") or "/v1"
+    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+
+def redact(url: str) -> str:
+    """``url`` without a password, for logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+@dataclass(frozen=True)
+class UpstreamConfig:
+    """How to reach the upstream and how far to trust it."""
+
+    url: str  # the base URL, normalised (base_url)
+    model: str | None = None  # the model name sent upstream; None: its first listed model
+    api_key: str | None = None  # sent as ``Authorization: Bearer``
+    timeout: float = DEFAULT_TIMEOUT  # no byte for this long: the call fails
+    max_inflight: int = DEFAULT_MAX_INFLIGHT  # calls at once (the worker takes no more)
+
+    def __post_init__(self) -> None:
+        if not self.timeout > 0:
+            raise ValueError(f"--upstream-timeout must be > 0 seconds, got {self.timeout}")
+        if self.max_inflight < 1:
+            raise ValueError(f"--max-inflight must be at least 1, got {self.max_inflight}")
+
+    @property
+    def connect_timeout(self) -> float:
+        return min(CONNECT_TIMEOUT, self.timeout)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> UpstreamConfig:
+        """The upstream of ``tokenrelay worker``/``serve``'s options; ``ValueError`` if bad."""
+        return cls(
+            url=base_url(args.upstream),
+            model=getattr(args, "upstream_model", None) or None,
+            api_key=getattr(args, "upstream_api_key", None) or None,
+            timeout=float(getattr(args, "upstream_timeout", DEFAULT_TIMEOUT)),
+            max_inflight=int(getattr(args, "max_inflight", DEFAULT_MAX_INFLIGHT)),
+        )
+
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
