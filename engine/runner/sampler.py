@@ -184,6 +184,9 @@ def _sample_filtered(
     vals = vals.masked_fill(ranks >= top_k[:, None], 0.0)
     cum = vals.cumsum(dim=-1)
     before = cum - vals  # mass of the more likely tokens
-    nucleus_done = (before >= top_p[:, None] * cum[:, -1:]) & (top_p[:, None] < 1)
+    # top-p is of the top-k mass where a row has top-k, else of the whole row's mass
+    # (more than its candidates hold when the nucleus fits inside them)
+    mass = torch.where(top_k[:, None] > vals.shape[1], probs.sum(-1, keepdim=True), cum[:, -1:])
+    nucleus_done = (before >= top_p[:, None] * mass) & (top_p[:, None] < 1)
     vals = vals.masked_fill(nucleus_done, 0.0)  # the first token always stays
     return idx.gather(1, _inverse_cdf(vals, u)[:, None]).squeeze(1)

@@ -128,6 +128,19 @@ def test_wide_nucleus_falls_back_to_a_full_sort() -> None:
     assert len(set(out.tolist())) > 100
 
 
+def test_a_nucleus_inside_the_candidates_is_of_the_whole_mass() -> None:
+    """Top-p alone keeps the tokens needed to reach ``top_p`` of the whole row, even when
+    the candidates it looks at hold less than all of it (a long tail)."""
+    vocab = 4 * TOP_P_CANDIDATES
+    probs = torch.full((vocab,), 0.5 / (vocab - 10))
+    probs[:10] = torch.linspace(0.10, 0.0, 10)[:10] + 0.005  # 10 likely tokens: half the mass
+    probs[:10] *= 0.5 / probs[:10].sum()
+    before = torch.cat([torch.zeros(1), probs[:9].cumsum(0)])
+    nucleus = {i for i in range(10) if before[i] < 0.45}  # exact: mass before < top_p
+    out = Sampler(0)(probs.log().repeat(3000, 1), [SamplingParams(top_p=0.45)] * 3000, [0] * 3000)
+    assert set(out.tolist()) == nucleus, (sorted(set(out.tolist())), sorted(nucleus))
+
+
 def test_rejects_mismatched_rows() -> None:
     with pytest.raises(ValueError, match="logits"):
         Sampler()(logits(2), [SamplingParams()], [0])
