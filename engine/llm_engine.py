@@ -25,6 +25,8 @@ from engine.scheduling.scheduler import Scheduler
 from engine.scheduling.sequence import Sequence
 
 if TYPE_CHECKING:
+    from engine.guided.compiler import GrammarCompiler
+    from engine.guided.matcher import GuidedMatcher
     from engine.runner.logprobs import SampleLogprobs
 
 log = logging.getLogger("tokenrelay.engine")
@@ -114,6 +116,8 @@ class LLMEngine:
             self.block_manager, config.max_num_seqs, self.max_num_batched_tokens
         )
         self._detok: dict[str, Any] = {}
+        self._grammars: GrammarCompiler | None = None  # built by the first guided request
+        self._matchers: dict[str, GuidedMatcher] = {}  # request id -> its grammar's state
         self._arrivals = 0
         self.num_steps = 0
         self.num_generated_tokens = 0
@@ -152,12 +156,31 @@ class LLMEngine:
                 f"prompt: {len(token_ids)} tokens leave no room to generate within the "
                 f"context of {self.max_model_len} tokens"
             )
+        matcher = self._matcher(params)
         detok = self._detokenizer_cls(self.tokenizer, list(params.stop))
         seq = Sequence(request_id, token_ids, params, self._arrivals)
         self._arrivals += 1
         self.scheduler.add(seq)
         self._detok[request_id] = detok
+        if matcher is not None:
+            self._matchers[request_id] = matcher
         return len(token_ids)
+
+    def _matcher(self, params: SamplingParams) -> GuidedMatcher | None:
+        """A guided request's grammar state (the compiler built on first use, ~1 s).
+
+        Raises ``ValueError`` (naming ``response_format``) for a grammar refused here.
+        """
+        fmt = params.guided
+        if fmt is None:
+            return None
+        if params.ignore_eos:
+            raise ValueError("ignore_eos: cannot be combined with a response_format")
+        if self._grammars is None:
+            from engine.guided.compiler import GrammarCompiler
+
+            self._grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        return self._grammars.matcher(fmt)
 
     def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -238,8 +261,9 @@ class LLMEngine:
         ]
         for seq in plan.aborted:
             self._detok.pop(seq.request_id, None)
+            self._matchers.pop(seq.request_id, None)
         if plan.items:
-            sampled = self.runner.execute(plan.items)
+            sampled = self.runner.execute(plan.items, self._matchers or None)
             logprobs = {  # (none: no item asked)
                 item.request_id: lp
                 for item, lp in zip(plan.items, self.runner.last_logprobs, strict=False)
@@ -278,14 +302,18 @@ class LLMEngine:
             text, reason = text + detok.flush(), "stop"
         else:
             text = detok.add(token)
+            matcher = self._matchers.get(seq.request_id)
             if detok.stopped:
                 reason = "stop"
+            elif matcher is not None and self._complete(matcher, token):
+                text, reason = text + detok.flush(), "stop"  # no EOS step once the JSON is whole
             elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
                 text += detok.flush()
                 reason = "length"
         if reason is not None:
             self.scheduler.finish(seq, reason)
             del self._detok[seq.request_id]
+            self._matchers.pop(seq.request_id, None)
         return RequestOutput(
             seq.request_id,
             text,
@@ -295,6 +323,13 @@ class LLMEngine:
             seq.num_prompt_tokens,
             seq.num_output_tokens,
         )
+
+    @staticmethod
+    def _complete(matcher: GuidedMatcher, token: int) -> bool:
+        """Advance ``matcher`` by ``token``; True when nothing but EOS may follow."""
+        if not matcher.accept(token):  # the mask prevents this; end rather than go on
+            log.warning("guided decoding: token %d refused: %s", token, matcher.error)
+        return matcher.stopped
 
     def reset_prefix_cache(self) -> int:
         """Forget the cached-free prefix blocks (for benchmarks and tests)."""

@@ -37,6 +37,20 @@ export interface GenerateParams {
   stop_token_ids?: number[];
   /** 0–20: each `token` event carries `logprobs` with that many alternatives */
   logprobs?: number | null;
+  /** structured outputs (docs/api.md): `{type: "json_object"}` or
+   * `{type: "json_schema", json_schema: {name, schema}}`; not with `ignore_eos` */
+  response_format?:
+    | { type: "text" | "json_object" }
+    | {
+        type: "json_schema";
+        json_schema: {
+          name?: string;
+          schema: Record<string, unknown>;
+          strict?: boolean | null;
+          description?: string;
+        };
+      }
+    | null;
 }
 
 export interface GenerateRequest {

@@ -46,7 +46,9 @@ export const PROTOCOL_VERSION = 1;
  *   seed?: number, stop?: string|string[], ignore_eos?: boolean, min_p?: number,
  *   presence_penalty?: number, frequency_penalty?: number, repetition_penalty?: number,
  *   logit_bias?: Record<string, number>, stop_token_ids?: number[],
- *   logprobs?: number|null}} GenerateParams
+ *   logprobs?: number|null, response_format?: {type: "text"|"json_object"}
+ *   | {type: "json_schema", json_schema: {name?: string, schema: Record<string, unknown>,
+ *   strict?: boolean|null, description?: string}} | null}} GenerateParams
  * @typedef {{messages?: ChatMessage[], prompt?: string, params?: GenerateParams,
  *   requestId?: string}} GenerateRequest
  * @typedef {{streamId: string, resumeToken: string, after?: number, text?: string}} ResumeRequest

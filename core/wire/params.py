@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.wire.response_format import ResponseFormat, parse_response_format
+
 MAX_TOP_LOGPROBS = 20  # the most alternatives a token's logprobs carry (OpenAI's top_logprobs)
 MAX_LOGIT_BIAS = 300  # entries of logit_bias (OpenAI's limit)
 MAX_BIAS = 100.0  # |bias| of one logit_bias entry
@@ -45,6 +47,11 @@ class SamplingParams:
 
     ``logprobs``: ``None`` for none, else each generated token's log-probability
     (of the model's raw logits) with that many most likely alternatives (0-20).
+
+    ``response_format``: the OpenAI shape (``{"type": "json_object"}``,
+    ``{"type": "json_schema", "json_schema": {...}}``; ``{"type": "text"}`` or
+    ``None`` for free text), checked and kept normalised; :attr:`guided` is the
+    parsed :class:`~core.wire.response_format.ResponseFormat` the engine compiles.
     """
 
     max_tokens: int = 256
@@ -61,6 +68,7 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     stop_token_ids: list[int] = field(default_factory=list)
     logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
@@ -105,6 +113,11 @@ class SamplingParams:
             isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= MAX_TOP_LOGPROBS
         ):
             raise ValueError(f"logprobs must be null or 0 to {MAX_TOP_LOGPROBS}, got {lp!r}")
+        fmt = parse_response_format(self.response_format)  # ResponseFormatError: a ValueError
+        self.response_format = None if fmt is None else fmt.to_dict()
+        self.__dict__["_guided"] = fmt  # not a field: PARAM_NAMES and asdict leave it out
+        if fmt is not None and self.ignore_eos:
+            raise ValueError("ignore_eos: cannot be combined with a response_format")
 
     def _check_penalties(self) -> None:
         ranges: dict[str, tuple[float, float]] = {
@@ -121,6 +134,12 @@ class SamplingParams:
         if not _is_number(rp) or not 0 < rp < math.inf:
             raise ValueError(f"repetition_penalty must be a number > 0, got {rp!r}")
         self.repetition_penalty = float(rp)
+
+    @property
+    def guided(self) -> ResponseFormat | None:
+        """The parsed ``response_format`` (None: free text)."""
+        fmt: ResponseFormat | None = self.__dict__.get("_guided")
+        return fmt
 
     @property
     def greedy(self) -> bool:

@@ -34,6 +34,7 @@ from core.wire.params import (
     MAX_TOP_LOGPROBS,
     SamplingParams,
 )
+from core.wire.response_format import ResponseFormatError, parse_response_format
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -222,6 +223,15 @@ def validate_params(
             raise _bad(name, f"{name} must be a boolean, got {_got(raw['ignore_eos'])}")
         kw["ignore_eos"] = raw["ignore_eos"]
     kw.update(_penalties(raw, limits, names))
+    if raw.get("response_format") is not None:
+        name = names.get("response_format", "response_format")
+        try:
+            parse_response_format(raw["response_format"], name)
+        except ResponseFormatError as exc:
+            raise RequestError(exc.code, str(exc), exc.field) from None
+        if kw.get("ignore_eos"):
+            raise _bad(name, f"{name} cannot be combined with ignore_eos")
+        kw["response_format"] = raw["response_format"]
     try:
         return SamplingParams(**kw)
     except ValueError as exc:  # defensive: everything was checked above

@@ -13,8 +13,10 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Mapping
 from itertools import chain
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -31,6 +33,9 @@ from engine.runner.kv_cache import KVCache, plan_num_blocks
 from engine.runner.logprobs import SampleLogprobs
 from engine.runner.sampler import Sampler
 from engine.scheduling.batch import BatchItem
+
+if TYPE_CHECKING:
+    from engine.guided.matcher import GuidedMatcher
 
 log = logging.getLogger("tokenrelay.engine")
 
@@ -200,8 +205,13 @@ class ModelRunner:
             hidden = self.model(input_ids, meta.positions, meta, self.kv_cache)
             return self.model.compute_logits(hidden)
 
-    def execute(self, items: list[BatchItem]) -> list[int | None]:
+    def execute(
+        self, items: list[BatchItem], matchers: Mapping[str, GuidedMatcher] | None = None
+    ) -> list[int | None]:
         """Run one step; returns the sampled token per item (``None`` where ``sample`` is False).
+
+        ``matchers``: request id -> grammar of the guided requests (their tokens are
+        masked to what the grammar allows; the caller advances the matchers).
 
         The sampled tokens' logprobs, for the items that ask, are in :attr:`last_logprobs`
         (one entry per item, ``None`` where not asked; empty when no item asked).
@@ -221,7 +231,7 @@ class ModelRunner:
                 [it.start_pos for it in items],
                 [it.block_table for it in items],
             )
-            return self._sample(items, list(range(len(items))), graphs.run(decode))
+            return self._sample(items, list(range(len(items))), graphs.run(decode), matchers)
         meta = build_metadata(
             [len(it.token_ids) for it in items],
             [it.start_pos for it in items],
@@ -253,10 +263,14 @@ class ModelRunner:
                     rows = last if len(sampling) == len(items) else last[sampling]
                     last_hidden = hidden.index_select(0, rows)
                 logits = self.model.compute_logits(last_hidden)  # [N, V] fp32
-        return self._sample(items, sampling, logits)
+        return self._sample(items, sampling, logits, matchers)
 
     def _sample(
-        self, items: list[BatchItem], sampling: list[int], logits: torch.Tensor
+        self,
+        items: list[BatchItem],
+        sampling: list[int],
+        logits: torch.Tensor,
+        matchers: Mapping[str, GuidedMatcher] | None = None,
     ) -> list[int | None]:
         """One token per row of ``logits`` (fp32 ``[N, V]``) for ``items[sampling[i]]``.
 
@@ -268,6 +282,7 @@ class ModelRunner:
                 [items[i].params for i in sampling],
                 [items[i].output_index for i in sampling],
                 [items[i].past_token_ids for i in sampling],
+                [matchers.get(items[i].request_id) for i in sampling] if matchers else None,
             )
             tokens = result.tokens.tolist()
         out: list[int | None] = [None] * len(items)

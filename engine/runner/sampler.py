@@ -29,6 +29,8 @@ import numpy as np
 import torch
 
 from core.wire.params import SamplingParams
+from engine.guided.bitmask import allocate_bitmask, apply_bitmask
+from engine.guided.matcher import GuidedMatcher, fill_bitmask
 from engine.runner.logprobs import SampleLogprobs, gather, raw_logprobs
 from engine.runner.penalties import edit_logits
 
@@ -54,6 +56,7 @@ class Sampler:
 
     def __init__(self, seed: int | None = None) -> None:
         self._rng = random.Random(seed)  # unseeded requests (None: seeded from os.urandom)
+        self._bitmask: torch.Tensor | None = None  # host buffer, grown to the batch
 
     def __call__(
         self,
@@ -71,13 +74,15 @@ class Sampler:
         params: Sequence[SamplingParams],
         output_indices: Sequence[int],
         histories: Sequence[Sequence[int] | None] | None = None,
+        matchers: Sequence[GuidedMatcher | None] | None = None,
     ) -> SamplerOutput:
         """Sample one token per row, with the logprobs of the rows whose params ask.
 
         ``output_indices[i]``: how many tokens row ``i`` has generated so far;
         ``histories[i]``: its prompt and those tokens (needed only where a penalty
-        is on). Rows with a logit bias or a penalty have their ``logits`` edited in
-        place.
+        is on); ``matchers[i]``: row ``i``'s grammar (None: free text; ``matchers``
+        None: no row is guided). Rows with a logit bias, a penalty or a grammar have
+        their ``logits`` edited in place.
         """
         if logits.dim() != 2 or not logits.shape[0] == len(params) == len(output_indices):
             raise ValueError("logits: expected [N, V] with one SamplingParams per row")
@@ -97,6 +102,8 @@ class Sampler:
         if edited:
             past = histories if histories is not None else [None] * len(params)
             edit_logits(logits, edited, params, past, output_indices)
+        if matchers is not None:
+            self._mask(logits, matchers)
         tokens = self._tokens(logits, params, output_indices)
         if raw is None:
             return SamplerOutput(tokens)
@@ -106,6 +113,19 @@ class Sampler:
         for i, got in zip(asked, gather(raw, tokens.index_select(0, index), top), strict=True):
             logprobs[i] = got
         return SamplerOutput(tokens, logprobs)
+
+    def _mask(self, logits: torch.Tensor, matchers: Sequence[GuidedMatcher | None]) -> None:
+        """Ban what each guided row's grammar forbids next (``-inf``), in one batched pass."""
+        rows = [i for i, m in enumerate(matchers) if m is not None]
+        if not rows:
+            return
+        guided = [m for m in matchers if m is not None]
+        vocab = guided[0].vocab_size
+        buf = self._bitmask
+        if buf is None or buf.shape[0] < len(rows) or buf.shape[1] != (vocab + 31) // 32:
+            buf = self._bitmask = allocate_bitmask(max(len(rows), 8), vocab)
+        fill_bitmask(guided, buf)
+        apply_bitmask(logits, buf[: len(rows)], None if len(rows) == logits.shape[0] else rows)
 
     def _tokens(
         self, logits: torch.Tensor, params: Sequence[SamplingParams], output_indices: Sequence[int]

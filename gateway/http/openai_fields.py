@@ -9,8 +9,7 @@ people). Each name of a request body is one of:
   otherwise ignored, as documented;
 - *refused*: a feature this server does not have; a 400
   ``invalid_request_error`` naming the field unless its value asks for nothing
-  (null, ``false``, ``modalities: ["text"]``, ``response_format: {"type":
-  "text"}``, ``tool_choice: "none"``...);
+  (null, ``false``, ``modalities: ["text"]``, ``tool_choice: "none"``...);
 - anything else: a 400 ``Unrecognized request argument supplied``, as OpenAI
   answers it.
 
@@ -29,6 +28,7 @@ EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_
 COMMON = (
     *("model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "n"),
     *("stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs"),
+    "response_format",  # structured outputs (vLLM takes it on completions too)
     *EXTENSIONS,
 )
 CHAT_SUPPORTED = frozenset((*COMMON, "messages", "max_completion_tokens", "top_logprobs"))
@@ -69,10 +69,6 @@ def _nothing(*values: Any) -> Callable[[Any], bool]:
 
 # refused unless the value asks for nothing: name -> (asks for nothing?, what is missing)
 REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "response_format": (
-        _nothing(None, {"type": "text"}),
-        "structured outputs are not supported by this server yet",
-    ),
     "audio": (_nothing(None), "audio output is not supported by this server"),
     "modalities": (_nothing(None, ["text"]), "only the 'text' modality is supported"),
     "prediction": (_nothing(None), "predicted outputs are not supported by this server"),

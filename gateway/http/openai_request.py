@@ -48,7 +48,7 @@ CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assist
 # the OpenAI fields that are SamplingParams fields of the same name (and vLLM's extensions)
 SAMPLING_FIELDS = (
     *("max_tokens", "temperature", "top_p", "seed", "stop"),
-    *("presence_penalty", "frequency_penalty", "logit_bias", *EXTENSIONS),
+    *("presence_penalty", "frequency_penalty", "logit_bias", "response_format", *EXTENSIONS),
 )
 MAX_COMPLETION_LOGPROBS = 5  # /v1/completions' logprobs: 0 to 5 alternatives (OpenAI's range)
 

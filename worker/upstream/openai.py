@@ -48,7 +48,7 @@ MAX_ERROR_CHARS = 300
 RELAYED = frozenset(
     ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "presence_penalty",
      "frequency_penalty", "min_p", "repetition_penalty", "logit_bias", "stop_token_ids",
-     "ignore_eos")
+     "ignore_eos", "response_format")
 )  # fmt: skip
 
 
@@ -137,6 +137,8 @@ def sampling_fields(p: SamplingParams) -> dict[str, Any]:
         out["stop_token_ids"] = list(p.stop_token_ids)
     if p.ignore_eos:
         out["ignore_eos"] = True
+    if p.response_format is not None:  # OpenAI's shape, normalised; vLLM takes it too
+        out["response_format"] = p.response_format
     return out
 
 

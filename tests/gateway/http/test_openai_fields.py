@@ -49,7 +49,6 @@ UNSUPPORTED_CHAT: list[tuple[str, Any]] = [
     ("parallel_tool_calls", False),
     ("functions", [{"name": "f"}]),
     ("function_call", "auto"),
-    ("response_format", {"type": "json_object"}),
     ("service_tier", "flex"),
     ("some_future_field", 1),
     ("guided_json", {}),  # a vLLM extension this server does not have
@@ -97,7 +96,7 @@ def test_accepted_hints_are_type_checked(name: str, value: Any) -> None:
 
 @pytest.mark.parametrize(
     ("name", "value"),
-    [("tools", []), ("top_logprobs", 1), ("store", False), ("response_format", None)],
+    [("tools", []), ("top_logprobs", 1), ("store", False)],
 )
 def test_chat_only_fields_are_unknown_to_completions(name: str, value: Any) -> None:
     assert refusal(completion, **{name: value}).param == name
@@ -155,3 +154,33 @@ def test_docs_list_every_field() -> None:
     names = f.CHAT_SUPPORTED | f.COMPLETION_SUPPORTED | set(f.ACCEPTED) | set(f.REFUSED)
     missing = sorted(n for n in names if f"`{n}`" not in text)
     assert missing == []
+
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+@pytest.mark.parametrize("parse", [chat, completion])
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"type": "text"},
+        {"type": "json_object"},
+        {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA, "strict": True}},
+    ],
+)
+def test_response_format_is_supported_on_both_endpoints(parse: Any, value: Any) -> None:
+    parse(response_format=value)
+
+
+@pytest.mark.parametrize("parse", [chat, completion])
+@pytest.mark.parametrize(
+    ("value", "param"),
+    [
+        ({"type": "regex"}, "response_format.type"),
+        ({"type": "json_schema", "json_schema": {"schema": {"not": {}}}}, "response_format"),
+        ({"type": "json_schema"}, "response_format.json_schema"),
+    ],
+)
+def test_bad_response_format_is_a_400_naming_the_param(parse: Any, value: Any, param: str) -> None:
+    err = refusal(parse, response_format=value)
+    assert err.status == 400 and err.param is not None and err.param.startswith(param)

@@ -80,6 +80,7 @@ def test_all_supported_fields() -> None:
         "logit_bias": {17: -100.0, 3: 2.5},
         "stop_token_ids": [2],
         "logprobs": 4,
+        "response_format": None,
     }
 
 

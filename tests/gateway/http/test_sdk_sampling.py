@@ -158,7 +158,6 @@ def test_penalties_change_the_output(api_stack: ApiStack) -> None:
         ("prediction", {"type": "content", "content": "x"}),
         ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
         ("tool_choice", "required"),
-        ("response_format", {"type": "json_object"}),
         ("web_search_options", {}),
         ("parallel_tool_calls", True),
         ("functions", [{"name": "f"}]),

@@ -13,6 +13,7 @@ from worker.upstream.openai import (
     mentions_stream_options,
     parse_chunk,
     request_body,
+    sampling_fields,
     status_error,
     unrelayed,
 )
@@ -79,6 +80,9 @@ def test_statuses_map_onto_retry_or_refuse_with_the_upstreams_words() -> None:
 def test_a_field_the_relay_cannot_pass_on_is_named_not_dropped() -> None:
     assert unrelayed(SamplingParams(max_tokens=3, top_k=5, seed=2, stop=["x"])) == []
     assert unrelayed(SamplingParams(logprobs=0)) == ["logprobs"]
+    fmt = {"type": "json_object"}
+    assert unrelayed(SamplingParams(response_format=fmt)) == []
+    assert sampling_fields(SamplingParams(response_format=fmt))["response_format"] == fmt
 
 
 def feed(lines: list[str]) -> list[str]:
