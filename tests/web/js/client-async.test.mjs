@@ -6,37 +6,17 @@ import { beforeEach, describe, test } from "node:test";
 import {
   DEFAULTS,
   RETRYABLE_CODES,
-  TokenRelayClient,
   TokenRelayError,
   TokenRelayStream,
 } from "../../../static/tokenrelay-client.js";
 import { retryDelay } from "../../../static/tokenrelay-protocol.js";
-import { FakeClock, FakeServer, FakeWebSocket, fakeWindow } from "./helpers.mjs";
+import { FakeClock, FakeServer, FakeWebSocket, ask, clientFactory, fakeWindow } from "./helpers.mjs";
 
 let clock;
 let server;
 let win;
 
-function makeClient(extra = {}) {
-  return new TokenRelayClient({
-    endpoint: "http://gateway.test:8000/",
-    WebSocket: FakeWebSocket,
-    timers: clock,
-    window: win,
-    navigator: { onLine: true },
-    random: () => 0.5,
-    ...extra,
-  });
-}
-
-function connected(extra = {}) {
-  const client = makeClient(extra);
-  client.connect();
-  server.connect(FakeWebSocket.last());
-  return client;
-}
-
-const ask = { messages: [{ role: "user", content: "Hi" }], params: { temperature: 0 } };
+const { makeClient, connected } = clientFactory(() => ({ clock, server, win }));
 const flush = () => new Promise((resolve) => setImmediate(resolve));
 
 /** Make the fake server refuse the next `n` generates with `code` (and `retry_after`). */

@@ -6,36 +6,15 @@ import {
   backoffDelay,
   DEFAULTS,
   resolveEndpoint,
-  TokenRelayClient,
   wsTokenFetcher,
 } from "../../../static/tokenrelay-client.js";
-import { FakeClock, FakeServer, FakeWebSocket, fakeWindow, record } from "./helpers.mjs";
+import { FakeClock, FakeServer, FakeWebSocket, ask, clientFactory, fakeWindow, record } from "./helpers.mjs";
 
 let clock;
 let server;
 let win;
 
-function makeClient(extra = {}) {
-  return new TokenRelayClient({
-    endpoint: "http://gateway.test:8000/",
-    WebSocket: FakeWebSocket,
-    timers: clock,
-    window: win,
-    navigator: { onLine: true },
-    random: () => 0.5,
-    ...extra,
-  });
-}
-
-/** A client whose first socket is open (hello received). */
-function connected(extra = {}) {
-  const client = makeClient(extra);
-  client.connect();
-  server.connect(FakeWebSocket.last());
-  return client;
-}
-
-const ask = { messages: [{ role: "user", content: "Hi" }], params: { temperature: 0 } };
+const { makeClient, connected } = clientFactory(() => ({ clock, server, win }));
 
 beforeEach(() => {
   FakeWebSocket.reset();

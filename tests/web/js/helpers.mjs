@@ -1,6 +1,38 @@
 // Test doubles for static/tokenrelay-client.js: a manual clock, a fake WebSocket and a fake
 // protocol v1 server that keeps each stream's events by seq (like the Redis stream log).
 
+import { TokenRelayClient } from "../../../static/tokenrelay-client.js";
+
+/** A chat request for the tests. */
+export const ask = { messages: [{ role: "user", content: "Hi" }], params: { temperature: 0 } };
+
+/**
+ * `makeClient` (a client on the fake socket, clock and window) and `connected` (one whose
+ * first socket is open: hello received), over what `env()` returns when they are called:
+ * a test file's current `{clock, server, win}`, renewed before each test.
+ */
+export function clientFactory(env) {
+  function makeClient(extra = {}) {
+    const { clock, win } = env();
+    return new TokenRelayClient({
+      endpoint: "http://gateway.test:8000/",
+      WebSocket: FakeWebSocket,
+      timers: clock,
+      window: win,
+      navigator: { onLine: true },
+      random: () => 0.5,
+      ...extra,
+    });
+  }
+  function connected(extra = {}) {
+    const client = makeClient(extra);
+    client.connect();
+    env().server.connect(FakeWebSocket.last());
+    return client;
+  }
+  return { makeClient, connected };
+}
+
 /** A deterministic clock: timers run only when the test calls tick(). */
 export class FakeClock {
   constructor() {
