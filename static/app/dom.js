@@ -15,6 +15,24 @@ const announcer = $("announcer");
  * live regions themselves: streaming text would be read token by token.
  * @param {string} text
  */
+/**
+ * A button: `type` "button" unless given, its class, test id, text and, where set, its
+ * aria-label, title and click handler.
+ * @param {{className: string, testid: string, text: string, label?: string, title?: string,
+ *   type?: "button"|"submit", onClick?: (e: MouseEvent) => unknown}} spec
+ */
+export function button({ className, testid, text, label, title, type = "button", onClick }) {
+  const b = document.createElement("button");
+  b.type = type;
+  b.className = className;
+  b.dataset.testid = testid;
+  b.textContent = text;
+  if (label) b.setAttribute("aria-label", label);
+  if (title) b.title = title;
+  if (onClick) b.addEventListener("click", onClick);
+  return b;
+}
+
 export function announce(text) {
   announcer.textContent = "";
   setTimeout(() => {

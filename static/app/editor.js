@@ -2,6 +2,8 @@
 // "Save and answer" and "Cancel". Enter saves, Shift+Enter adds a line, Esc cancels; what
 // saving and cancelling do is the caller's.
 
+import { button } from "./dom.js";
+
 /**
  * @param {string} draft the text to start from
  * @param {{input: (text: string) => void, save: (text: string) => void, cancel: () => void}} on
@@ -30,18 +32,19 @@ export function editorForm(draft, on) {
   });
   const bar = document.createElement("div");
   bar.className = "editor-actions";
-  const save = document.createElement("button");
-  save.type = "submit";
-  save.className = "btn btn-primary btn-compact";
-  save.dataset.testid = "edit-save";
-  save.textContent = "Save and answer";
-  save.title = "Replace this message and answer it again (the messages after it are removed)";
-  const cancel = document.createElement("button");
-  cancel.type = "button";
-  cancel.className = "btn btn-compact";
-  cancel.dataset.testid = "edit-cancel";
-  cancel.textContent = "Cancel";
-  cancel.addEventListener("click", () => on.cancel());
+  const save = button({
+    type: "submit",
+    className: "btn btn-primary btn-compact",
+    testid: "edit-save",
+    text: "Save and answer",
+    title: "Replace this message and answer it again (the messages after it are removed)",
+  });
+  const cancel = button({
+    className: "btn btn-compact",
+    testid: "edit-cancel",
+    text: "Cancel",
+    onClick: () => on.cancel(),
+  });
   bar.append(save, cancel);
   form.append(box, bar);
   form.addEventListener("submit", (e) => {

@@ -5,7 +5,7 @@
 
 import { highlightCode } from "../highlight.js";
 import { copyText, decorateCodeBlocks, renderMarkdown } from "../markdown.js";
-import { $, announce, messagesEl, nearBottom, scrollToBottom } from "./dom.js";
+import { $, announce, button, messagesEl, nearBottom, scrollToBottom } from "./dom.js";
 import { editorForm } from "./editor.js";
 import { current, findMessage, state } from "./state.js";
 
@@ -79,22 +79,22 @@ function messageElement(msg, conv) {
   bubble.append(content);
   el.append(label, bubble);
   if (msg.role === "user") {
-    const edit = document.createElement("button");
-    edit.type = "button";
-    edit.className = "btn btn-small";
-    edit.dataset.testid = "edit";
-    edit.textContent = "Edit";
-    edit.setAttribute("aria-label", "Edit this message and answer it again");
-    edit.addEventListener("click", () => startEditing(conv.id, msg.id));
+    const edit = button({
+      className: "btn btn-small",
+      testid: "edit",
+      text: "Edit",
+      label: "Edit this message and answer it again",
+      onClick: () => startEditing(conv.id, msg.id),
+    });
     buttons.append(edit);
     el.append(buttons);
   } else {
-    const copy = document.createElement("button");
-    copy.type = "button";
-    copy.className = "btn btn-small";
-    copy.dataset.testid = "copy";
-    copy.textContent = "Copy";
-    copy.setAttribute("aria-label", "Copy this answer");
+    const copy = button({
+      className: "btn btn-small",
+      testid: "copy",
+      text: "Copy",
+      label: "Copy this answer",
+    });
     copy.addEventListener("click", async () => {
       const m = findMessage(conv.id, msg.id);
       const ok = await copyText(m?.content ?? "");
@@ -104,14 +104,14 @@ function messageElement(msg, conv) {
         copy.textContent = "Copy";
       }, 1500);
     });
-    const regen = document.createElement("button");
-    regen.type = "button";
-    regen.className = "btn btn-small";
-    regen.dataset.testid = "regenerate";
-    regen.textContent = "Regenerate";
-    regen.setAttribute("aria-label", "Regenerate this answer");
-    regen.title = "Answer again from here (the messages after this answer are removed)";
-    regen.addEventListener("click", () => actions.regenerate(conv.id, msg.id));
+    const regen = button({
+      className: "btn btn-small",
+      testid: "regenerate",
+      text: "Regenerate",
+      label: "Regenerate this answer",
+      title: "Answer again from here (the messages after this answer are removed)",
+      onClick: () => actions.regenerate(conv.id, msg.id),
+    });
     buttons.append(copy, regen);
     bubble.append(meta, buttons);
   }

@@ -1,7 +1,7 @@
 // The chat page's conversation list: New chat, open or delete a conversation, and on a phone
 // the drawer it lives in (opened by the menu button, closed by the scrim or Esc).
 
-import { $, composer } from "./dom.js";
+import { $, button, composer } from "./dom.js";
 import { renderMessages } from "./messages.js";
 import {
   current,
@@ -36,13 +36,13 @@ export function renderConversationList() {
       closeSidebar();
       composer.focus();
     });
-    const del = document.createElement("button");
-    del.type = "button";
-    del.className = "icon-btn conversation-delete";
-    del.dataset.testid = "delete-conversation";
-    del.setAttribute("aria-label", `Delete conversation: ${c.title || "New chat"}`);
-    del.textContent = "\u00d7";
-    del.addEventListener("click", () => deleteConversation(id));
+    const del = button({
+      className: "icon-btn conversation-delete",
+      testid: "delete-conversation",
+      text: "\u00d7",
+      label: `Delete conversation: ${c.title || "New chat"}`,
+      onClick: () => deleteConversation(id),
+    });
     li.append(open, del);
     list.append(li);
   }
