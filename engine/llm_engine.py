@@ -19,10 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 from core.wire.logprobs import Logprobs, TokenLogprob
 from core.wire.params import SamplingParams
+from core.wire.tools import Tool
 from engine.config import EngineConfig
 from engine.scheduling.block_manager import BlockManager
 from engine.scheduling.scheduler import Scheduler
 from engine.scheduling.sequence import Sequence
+from engine.text.chat import render_chat
 
 if TYPE_CHECKING:
     from engine.guided.compiler import GrammarCompiler
@@ -30,8 +32,6 @@ if TYPE_CHECKING:
     from engine.runner.logprobs import SampleLogprobs
 
 log = logging.getLogger("tokenrelay.engine")
-
-CHAT_ROLES = ("system", "user", "assistant", "tool")
 
 
 @dataclass
@@ -210,23 +210,13 @@ class LLMEngine:
         """
         return list(self.tokenizer(text)["input_ids"])
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
-        """Token ids of ``messages`` rendered by the model's chat template,
-        ending with the assistant's generation prompt. Thread-safe (see :meth:`encode`)."""
-        if not isinstance(messages, list) or not messages:
-            raise ValueError("messages must be a non-empty list")
-        for i, msg in enumerate(messages):
-            if not isinstance(msg, dict):
-                raise ValueError(f"messages[{i}] must be an object with role and content")
-            if msg.get("role") not in CHAT_ROLES:
-                raise ValueError(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}")
-            if not isinstance(msg.get("content"), str):
-                raise ValueError(f"messages[{i}].content must be a string")
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError("messages: this model has no chat template; send a prompt instead")
-        text = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False
-        )
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], tools: tuple[Tool, ...] = ()
+    ) -> list[int]:
+        """Token ids of ``messages`` rendered by the model's chat template (engine/text/chat.py),
+        ``tools`` offered, ending with the assistant's generation prompt. Thread-safe (see
+        :meth:`encode`)."""
+        text = render_chat(self.tokenizer, messages, tools)
         # The template already holds any BOS; don't let the tokenizer add another.
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from core.wire.logprobs import Logprobs
 from core.wire.params import SamplingParams
+from core.wire.tools import Tool
 from worker.prepare import Prepared
 
 if TYPE_CHECKING:
@@ -54,8 +55,11 @@ class EngineClient(Protocol):
         """Token ids of a prompt string, as ``add_request`` would tokenize it. Thread-safe."""
         ...
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
-        """Token ids of a chat; ``ValueError`` naming the field for a bad message. Thread-safe."""
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], tools: tuple[Tool, ...] = ()
+    ) -> list[int]:
+        """Token ids of a chat offering ``tools``; ``ValueError`` naming the field for a bad
+        message. Thread-safe."""
         ...
 
     def add_request(

@@ -111,12 +111,14 @@ class Intake:
             self.reject(a, "too_large", message)
             return
         self.preparing[a.stream_id] = (params, meta)
+        if params.offered_tools:  # the template shows them (a key no client body has)
+            body = {**body, "_tools": params.offered_tools}
         self.preparer.submit(a.stream_id, body)
 
     def encode(self, body: dict[str, Any]) -> list[int]:
         """A request body's prompt token ids (on the preparer's thread for long ones)."""
         if "messages" in body:
-            return self.engine.apply_chat_template(body["messages"])
+            return self.engine.apply_chat_template(body["messages"], body.get("_tools", ()))
         prompt: Any = body.get("prompt")
         if isinstance(prompt, str) and prompt:
             return self.engine.encode(prompt)
@@ -199,6 +201,7 @@ class Intake:
             self.reject(a, "internal", f"could not start: {exc.__class__.__name__}")
             return
         a.in_engine = True
+        a.tools = params.offered_tools
         self.telemetry.admitted(a.stream_id, meta)
         a.events.append(accepted_fields(n, self.worker_id))
         a.meta.update({"st": "running", "w": self.worker_id, "pt": str(n)})

@@ -26,7 +26,7 @@ import threading
 import time
 
 from core.redis.connection import Backoff, RedisHealth, is_outage
-from core.wire.events import done_fields, token_fields
+from core.wire.events import token_fields
 from core.wire.logprobs import encode_logprobs
 from core.wire.stats import COUNTERS, WorkerStats
 from worker.client import EngineClient, engine_config, local_engine
@@ -212,6 +212,8 @@ class Worker:
             if out.new_text:
                 a.events.append(token_fields(out.new_text, self._logprobs_of(a)))
                 a.text_chars += len(out.new_text)
+                if a.tools:
+                    a.text.append(out.new_text)
             if out.finished:
                 reason = out.finish_reason or "stop"
                 if reason == "abort":
@@ -219,7 +221,7 @@ class Worker:
                 self.counters[reason] = self.counters.get(reason, 0) + 1
                 message = getattr(out, "message", None)  # why, for "error" (worker/client.py)
                 a.events.append(
-                    done_fields(reason, out.prompt_tokens, out.completion_tokens, message)
+                    a.done_event(reason, out.prompt_tokens, out.completion_tokens, message)
                 )
                 a.final = True
 

@@ -18,9 +18,10 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from core.wire.events import decode_event, entry_id
+from core.wire.events import decode_event, done_fields, entry_id
 from core.wire.logprobs import Logprobs
 from core.wire.scripts import AppendResult
+from core.wire.tools import Tool, encode_calls, parse_tool_calls
 from worker.store import Batch, WorkerStore
 
 log = logging.getLogger("tokenrelay.worker")
@@ -46,6 +47,21 @@ class Active:
     text_chars: int = 0  # characters of completion text in token events so far
     # logprobs of tokens whose text has not come out yet (they go with the next text)
     pending_logprobs: list[Logprobs] = field(default_factory=list)
+    tools: tuple[Tool, ...] = ()  # offered tools: the finished text's calls are parsed
+    text: list[str] = field(default_factory=list)  # the completion text, kept with tools
+
+    def done_event(
+        self, reason: str, prompt_tokens: int, completion_tokens: int, message: str | None
+    ) -> list[str]:
+        """The ``done`` event, with the calls the text made when tools were offered
+        (then a ``stop`` is ``tool_calls``, core/wire/tools.py)."""
+        calls = None
+        if self.tools:
+            _, parsed = parse_tool_calls("".join(self.text), self.tools, self.stream_id)
+            if parsed:
+                calls = encode_calls(parsed)
+                reason = "tool_calls" if reason == "stop" else reason
+        return done_fields(reason, prompt_tokens, completion_tokens, message, calls)
 
     @property
     def completion_events(self) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-FINISH_REASONS = ("stop", "length", "cancelled", "error", "expired")
+FINISH_REASONS = ("stop", "length", "tool_calls", "cancelled", "error", "expired")
 
 
 def entry_id(seq: int) -> str:
@@ -36,7 +36,8 @@ class Event:
     ``kind`` is ``accepted`` (seq 0: a worker took the request), ``rejected``
     (seq 0: the worker refused it; ``code``/``message`` say why), ``token``
     (``text``; ``logprobs``, the stored ``l`` field, when the request asked for
-    them) or ``done`` (``finish_reason``, usage, ``message`` for errors).
+    them) or ``done`` (``finish_reason``, usage, ``message`` for errors, the
+    ``tool_calls`` made when the request offered tools).
     """
 
     seq: int
@@ -49,6 +50,7 @@ class Event:
     message: str | None = None
     worker: str | None = None
     logprobs: str | None = None  # as stored: core.wire.logprobs.decode_logprobs reads it
+    tool_calls: str | None = None  # a done event's calls as stored (core.wire.tools.decode_calls)
 
 
 _KIND_NAMES = {ACCEPTED: "accepted", TOKEN: "token", DONE: "done", REJECTED: "rejected"}
@@ -77,6 +79,7 @@ def event_from_fields(seq: int, f: dict[str, str]) -> Event:
         message=f.get("m"),
         worker=f.get("w"),
         logprobs=f.get("l"),
+        tool_calls=f.get("tc"),
     )
 
 
@@ -96,11 +99,18 @@ def rejected_fields(code: str, message: str) -> list[str]:
 
 
 def done_fields(
-    reason: str, prompt_tokens: int, completion_tokens: int, message: str | None = None
+    reason: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    message: str | None = None,
+    tool_calls: str | None = None,
 ) -> list[str]:
+    """A done event; ``tool_calls``: its ``tc`` field (core.wire.tools.encode_calls)."""
     out = ["k", DONE, "r", reason, "pt", str(prompt_tokens), "n", str(completion_tokens)]
     if message:
         out += ["m", message]
+    if tool_calls:
+        out += ["tc", tool_calls]
     return out
 
 

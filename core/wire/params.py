@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.wire.response_format import ResponseFormat, parse_response_format
+from core.wire.tools import Tool, ToolChoice, call_grammar, parse_tool_choice, parse_tools
 
 MAX_TOP_LOGPROBS = 20  # the most alternatives a token's logprobs carry (OpenAI's top_logprobs)
 MAX_LOGIT_BIAS = 300  # entries of logit_bias (OpenAI's limit)
@@ -52,6 +53,11 @@ class SamplingParams:
     ``{"type": "json_schema", "json_schema": {...}}``; ``{"type": "text"}`` or
     ``None`` for free text), checked and kept normalised; :attr:`guided` is the
     parsed :class:`~core.wire.response_format.ResponseFormat` the engine compiles.
+
+    ``tools``, ``tool_choice`` and ``parallel_tool_calls``: OpenAI's tool calls
+    (core/wire/tools.py): the chat template shows the tools, ``required`` or a named
+    function constrain the output to calls (then :attr:`guided` is their grammar),
+    and the finished text's calls are parsed. Not with a ``response_format``.
     """
 
     max_tokens: int = 256
@@ -69,6 +75,9 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     logprobs: int | None = None
     response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
@@ -118,6 +127,24 @@ class SamplingParams:
         self.__dict__["_guided"] = fmt  # not a field: PARAM_NAMES and asdict leave it out
         if fmt is not None and self.ignore_eos:
             raise ValueError("ignore_eos: cannot be combined with a response_format")
+        self._check_tools(fmt)
+
+    def _check_tools(self, fmt: ResponseFormat | None) -> None:
+        tools = parse_tools(self.tools)  # ToolError: a ValueError
+        choice = parse_tool_choice(self.tool_choice, tools)
+        if not isinstance(self.parallel_tool_calls, bool):
+            raise ValueError("parallel_tool_calls must be a boolean")
+        self.tools = [t.to_dict() for t in tools] or None
+        self.tool_choice = choice.to_value() if tools else None
+        self.__dict__["_tools"] = (tools, choice)
+        if not choice.constrained:
+            return
+        if fmt is not None:
+            raise ValueError("response_format: cannot be combined with tools")
+        if self.ignore_eos:
+            raise ValueError("ignore_eos: cannot be combined with a required tool call")
+        grammar = call_grammar(tools, choice, self.parallel_tool_calls)
+        self.__dict__["_guided"] = ResponseFormat("tool_calls", grammar)
 
     def _check_penalties(self) -> None:
         ranges: dict[str, tuple[float, float]] = {
@@ -137,9 +164,16 @@ class SamplingParams:
 
     @property
     def guided(self) -> ResponseFormat | None:
-        """The parsed ``response_format`` (None: free text)."""
+        """The grammar: the parsed ``response_format``, or a ``tool_calls`` one whose
+        ``schema`` is the Lark text of the calls ``tool_choice`` requires (None: free)."""
         fmt: ResponseFormat | None = self.__dict__.get("_guided")
         return fmt
+
+    @property
+    def offered_tools(self) -> tuple[Tool, ...]:
+        """The tools shown to the model and parsed from its text (none for ``none``)."""
+        tools, choice = self.__dict__.get("_tools") or ((), ToolChoice("none"))
+        return () if choice.mode == "none" else tuple(tools)
 
     @property
     def greedy(self) -> bool:

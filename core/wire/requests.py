@@ -34,7 +34,8 @@ from core.wire.params import (
     MAX_TOP_LOGPROBS,
     SamplingParams,
 )
-from core.wire.response_format import ResponseFormatError, parse_response_format
+from core.wire.response_format import ResponseFormatError
+from core.wire.structured import message_tool_fields, structured_params
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -69,7 +70,7 @@ REQUEST_ID_CHARS = "A-Z, a-z, 0-9, '.', '_', ':', '-'"  # as error messages spel
 _REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:-]+")
 _RESUME_TOKEN_RE = re.compile(r"[A-Za-z0-9_-]+")  # URL-safe base64, as new_resume_token makes
 PARAM_NAMES = frozenset(f.name for f in dataclasses.fields(SamplingParams))
-ROLES: Mapping[str, str] = {"system": "system", "user": "user", "assistant": "assistant"}
+ROLES: Mapping[str, str] = {r: r for r in ("system", "user", "assistant", "tool")}
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,7 @@ class Message:
 
     role: str
     content: str
+    tools: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 # --- sampling parameters --------------------------------------------------------
@@ -223,15 +225,10 @@ def validate_params(
             raise _bad(name, f"{name} must be a boolean, got {_got(raw['ignore_eos'])}")
         kw["ignore_eos"] = raw["ignore_eos"]
     kw.update(_penalties(raw, limits, names))
-    if raw.get("response_format") is not None:
-        name = names.get("response_format", "response_format")
-        try:
-            parse_response_format(raw["response_format"], name)
-        except ResponseFormatError as exc:
-            raise RequestError(exc.code, str(exc), exc.field) from None
-        if kw.get("ignore_eos"):
-            raise _bad(name, f"{name} cannot be combined with ignore_eos")
-        kw["response_format"] = raw["response_format"]
+    try:  # response_format, tools, tool_choice, parallel_tool_calls
+        kw.update(structured_params(raw, names, bool(kw.get("ignore_eos"))))
+    except ResponseFormatError as exc:
+        raise RequestError(exc.code, str(exc), exc.field) from None
     try:
         return SamplingParams(**kw)
     except ValueError as exc:  # defensive: everything was checked above
@@ -352,10 +349,9 @@ def validate_resume_token(value: Any, name: str = "resume_token") -> str:
 
 
 def _text(value: Any, index: int, role: str) -> str:
-    if not isinstance(value, str):
-        field = f"messages[{index}].content"
-        raise _bad(field, f"{field} must be a string")
-    return value
+    if isinstance(value, str) or (value is None and role == "assistant"):  # only tool calls
+        return value or ""
+    raise _bad(f"messages[{index}].content", f"messages[{index}].content must be a string")
 
 
 def validate_messages(
@@ -365,12 +361,12 @@ def validate_messages(
     roles: Mapping[str, str] = ROLES,
     content: Callable[[Any, int, str], str] = _text,
 ) -> tuple[Message, ...]:
-    """A chat's ``messages`` (a list of ``{"role", "content"}``) as :class:`Message` s.
+    """A chat's ``messages`` (``{"role", "content"}`` and tool fields) as :class:`Message` s.
 
     ``roles`` maps the role names the transport accepts to one of :data:`ROLES`;
-    ``content(value, index, role)`` turns a message's content into text (the
-    default wants a string) or raises :class:`RequestError`. The contents
-    together must respect :func:`check_input_size`.
+    ``content(value, index, role)`` turns a message's content into text (the default
+    wants a string) or raises :class:`RequestError`. The contents together must
+    respect :func:`check_input_size`; core/wire/structured.py checks the tool fields.
     """
     if not isinstance(raw, list):
         raise _bad("messages", "messages must be a list")
@@ -386,7 +382,11 @@ def validate_messages(
         if not isinstance(role, str) or role not in roles:
             field = f"messages[{i}].role"
             raise _bad(field, f"{field} must be one of {', '.join(roles)}")
-        out.append(Message(roles[role], content(m.get("content"), i, role)))
+        text = content(m.get("content"), i, role)
+        try:  # an assistant's tool_calls, a tool message's tool_call_id
+            out.append(Message(roles[role], text, message_tool_fields(m, i, roles[role])))
+        except ResponseFormatError as exc:
+            raise RequestError(exc.code, str(exc), exc.field) from None
     check_input_size(sum(len(m.content) for m in out), limits)
     return tuple(out)
 

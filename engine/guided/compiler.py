@@ -17,7 +17,8 @@ batch-64 mask 2-4x sooner but let raw control characters into strings with
 The JSON it allows is compact, on one line, with ``", "`` and ``": "`` as separators
 (``GRAMMAR_OPTIONS`` of core/wire/response_format.py): no run of whitespace a small
 model could get lost in. Object properties come in the schema's order. ``json_object``
-is the schema ``{"type": "object"}``.
+is the schema ``{"type": "object"}``. A ``tool_calls`` format (a required or named tool
+call, core/wire/tools.py) carries its grammar as Lark text, each call's JSON as above.
 """
 
 from __future__ import annotations
@@ -108,20 +109,22 @@ class GrammarCompiler:
         return grammar
 
     def _build(self, fmt: ResponseFormat) -> str:
-        if fmt.type == "json_object":
-            schema = JSON_OBJECT_SCHEMA
-        elif fmt.type == "json_schema" and fmt.schema is not None:
-            schema = fmt.schema
-        else:
-            raise ValueError(f"response_format: cannot compile type {fmt.type!r}")
         matcher_cls = self._llg.LLMatcher
+        what = "tools" if fmt.type == "tool_calls" else "response_format"
         try:
-            text = matcher_cls.grammar_from_json_schema(schema, overrides=GRAMMAR_OPTIONS)
+            if fmt.type == "tool_calls" and fmt.schema is not None:  # Lark (core/wire/tools.py)
+                text = matcher_cls.grammar_from_lark(fmt.schema)
+            elif fmt.type in ("json_object", "json_schema"):
+                schema = fmt.schema if fmt.type == "json_schema" else None
+                schema = schema or JSON_OBJECT_SCHEMA
+                text = matcher_cls.grammar_from_json_schema(schema, overrides=GRAMMAR_OPTIONS)
+            else:
+                raise ValueError(f"cannot compile type {fmt.type!r}")
         except ValueError as exc:
-            raise ValueError(f"response_format: {exc}") from exc
+            raise ValueError(f"{what}: {exc}") from exc
         error = matcher_cls.validate_grammar(text, self.tokenizer)
         if error:
-            raise ValueError(f"response_format: {_first_line(error)}")
+            raise ValueError(f"{what}: {_first_line(error)}")
         return str(text)
 
     def matcher(self, fmt: ResponseFormat) -> GuidedMatcher:

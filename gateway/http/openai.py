@@ -208,7 +208,9 @@ class OpenAIApi:
         if req.user:
             extra["user"] = req.user[:64]
         log.info("generate", extra=extra)
-        fmt = StreamFormat(kind, req.model, int(time.time()), req.include_usage, req.logprobs)
+        fmt = StreamFormat(
+            kind, req.model, int(time.time()), req.include_usage, req.logprobs, req.tools
+        )
         await save_format(self.gw.streams, sid, fmt, extra)
         pump: Pump[Event] = Pump(self.gw.streams.tail(sid, -1))
 

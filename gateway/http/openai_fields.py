@@ -9,7 +9,7 @@ people). Each name of a request body is one of:
   otherwise ignored, as documented;
 - *refused*: a feature this server does not have; a 400
   ``invalid_request_error`` naming the field unless its value asks for nothing
-  (null, ``false``, ``modalities: ["text"]``, ``tool_choice: "none"``...);
+  (null, ``false``, ``modalities: ["text"]``, ``function_call: "none"``...);
 - anything else: a 400 ``Unrecognized request argument supplied``, as OpenAI
   answers it.
 
@@ -21,17 +21,27 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["ACCEPTED", "CHAT_SUPPORTED", "COMPLETION_SUPPORTED", "REFUSED", "check_fields"]
+__all__ = [
+    "ACCEPTED",
+    "CHAT_SUPPORTED",
+    "COMPLETION_SUPPORTED",
+    "REFUSED",
+    "TOOL_FIELDS",
+    "check_fields",
+]
 
 # vLLM's sampling extensions this server honours on both endpoints
 EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids")
+TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")  # chat only (core/wire/tools.py)
 COMMON = (
     *("model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "n"),
     *("stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs"),
     "response_format",  # structured outputs (vLLM takes it on completions too)
     *EXTENSIONS,
 )
-CHAT_SUPPORTED = frozenset((*COMMON, "messages", "max_completion_tokens", "top_logprobs"))
+CHAT_SUPPORTED = frozenset(
+    (*COMMON, "messages", "max_completion_tokens", "top_logprobs", *TOOL_FIELDS)
+)
 COMPLETION_SUPPORTED = frozenset((*COMMON, "prompt", "best_of", "echo", "suffix"))
 
 
@@ -77,9 +87,6 @@ REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "verbosity": (_nothing(None), "'verbosity' is not supported with this model"),
     "moderation": (_nothing(None), "moderation is not supported by this server"),
     "prompt_cache_options": (_nothing(None), "'prompt_cache_options' is not supported"),
-    "tools": (_nothing(None), "tool calls are not supported by this server yet"),
-    "tool_choice": (_nothing(None, "none"), "tool calls are not supported by this server yet"),
-    "parallel_tool_calls": (_nothing(None), "'parallel_tool_calls' needs 'tools'"),
     "functions": (_nothing(None), "function calls are not supported by this server"),
     "function_call": (_nothing(None, "none"), "function calls are not supported by this server"),
 }

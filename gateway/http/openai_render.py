@@ -11,9 +11,14 @@ not) is stored with the stream so a resumed stream renders the same chunks.
 
 Event to chunk (chat): seq 0 ``accepted`` -> the role chunk
 (``delta: {"role": "assistant", "content": ""}``); each ``token`` -> a content
-chunk; ``done`` -> the chunk with ``finish_reason`` (``stop``, ``length``, or
-this server's ``cancelled``/``expired``), or for ``error`` an
+chunk; ``done`` -> the chunk with ``finish_reason`` (``stop``, ``length``,
+``tool_calls``, or this server's ``cancelled``/``expired``), or for ``error`` an
 ``{"error": {...}}`` event, which the OpenAI SDKs raise as ``APIError``.
+
+When the request offered tools, content stops at the first ``<tool_call>``: the rest
+is held back until ``done``, which carries the calls the worker parsed
+(core/wire/tools.py): each goes out as a ``delta.tool_calls`` chunk (and as
+``message.tool_calls`` in a body); text that made no call goes out as content then.
 
 When the request asked for logprobs, each content chunk (and the body) carries
 the logprobs of its tokens in OpenAI's shape: chat ``logprobs.content[]``,
@@ -29,6 +34,7 @@ from typing import Any
 
 from core.wire.events import Event
 from core.wire.logprobs import Logprobs, chat_content, completion_logprobs, decode_logprobs
+from core.wire.tools import CallTextFilter, content_before_calls, decode_calls
 from gateway.http.openai_request import ApiError, error_body, error_for_code
 from gateway.http.sse import DONE, encode_event
 
@@ -59,6 +65,7 @@ class StreamFormat:
     created: int
     include_usage: bool = False
     logprobs: bool = False  # chunks and bodies carry the tokens' logprobs
+    tools: bool = False  # tools were offered: text from a <tool_call> on may be calls
 
     def response_id(self, stream_id: str) -> str:
         return ("chatcmpl-" if self.kind == "chat" else "cmpl-") + stream_id
@@ -71,6 +78,8 @@ class StreamFormat:
         out = {"k": self.kind, "m": self.model, "c": self.created, "u": self.include_usage}
         if self.logprobs:
             out["l"] = True
+        if self.tools:
+            out["t"] = True
         return dumps(out)
 
     def render_logprobs(self, ev: Event) -> dict[str, Any] | None:
@@ -100,7 +109,8 @@ class StreamFormat:
         kind = k if k in ("chat", "completion") else "chat"
         name = m if isinstance(m, str) else model
         when = c if isinstance(c, int) and not isinstance(c, bool) else created
-        return cls(str(kind), name, when, obj.get("u") is True, obj.get("l") is True)
+        flags = obj.get("u") is True, obj.get("l") is True, obj.get("t") is True
+        return cls(str(kind), name, when, *flags)
 
 
 def usage(ev: Event) -> dict[str, int]:
@@ -125,12 +135,21 @@ def stream_error(ev: Event) -> ApiError:
 class ChunkEncoder:
     """Renders one stream's events as SSE bytes, in seq order."""
 
-    def __init__(self, fmt: StreamFormat, stream_id: str) -> None:
+    def __init__(self, fmt: StreamFormat, stream_id: str, *, quiet_through: int = -1) -> None:
+        """``quiet_through``: events up to this seq only bring the tool-call filter up to
+        date (a resume of a stream with tools replays from the start, see needs_history)."""
         self.fmt = fmt
         self.stream_id = stream_id
         self.id = fmt.response_id(stream_id)
         self.finished = False
         self._failed = False
+        self._calls = CallTextFilter() if fmt.tools else None
+        self._quiet_through = quiet_through
+
+    @property
+    def needs_history(self) -> bool:
+        """Whether a resume must replay from the start (with ``quiet_through``)."""
+        return self._calls is not None
 
     def _chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -172,6 +191,10 @@ class ChunkEncoder:
         """The SSE bytes for ``ev`` (empty when it shows as nothing)."""
         if self.finished:
             return b""
+        if ev.seq <= self._quiet_through and ev.kind != "done":
+            if ev.kind == "token" and self._calls is not None:
+                self._calls.feed(ev.text)
+            return b""
         if ev.kind == "accepted" or (ev.kind == "rejected" and ev.code == "cancelled"):
             if self.fmt.kind == "chat":
                 return self._event(ev.seq, self._chunk([self._choice(None, None, role=True)]))
@@ -181,7 +204,10 @@ class ChunkEncoder:
             return self._event(ev.seq, stream_error(ev).body())
         if ev.kind == "token":
             lp = self.fmt.render_logprobs(ev)
-            return self._event(ev.seq, self._chunk([self._choice(ev.text, None, logprobs=lp)]))
+            text = ev.text if self._calls is None else self._calls.feed(ev.text)
+            if not text and self._calls is not None:
+                return b""  # held back: maybe a call (its logprobs are left out)
+            return self._event(ev.seq, self._chunk([self._choice(text, None, logprobs=lp)]))
         if ev.kind == "done":
             return self.done(ev)
         return b""
@@ -195,12 +221,27 @@ class ChunkEncoder:
             if not self._failed:
                 out += self._event(ev.seq, stream_error(ev).body())
         else:
+            out += self._calls_end(ev)
             out += self._event(ev.seq, self._chunk([self._choice(None, reason)]))
         if self.fmt.include_usage:
             last = self._chunk([])
             last["usage"] = usage(ev)
             out += self._event(ev.seq, last)
         return out + DONE
+
+    def _calls_end(self, ev: Event) -> bytes:
+        """The held-back text as content when it made no call; else the calls, one
+        ``delta.tool_calls`` chunk each (name and whole arguments at once)."""
+        if self._calls is None:
+            return b""
+        calls = decode_calls(ev.tool_calls)
+        rest = self._calls.end(bool(calls))
+        out = self._event(ev.seq, self._chunk([self._choice(rest, None)])) if rest else b""
+        for i, call in enumerate(calls):
+            delta = {"tool_calls": [call.to_openai(i)]}
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+            out += self._event(ev.seq, self._chunk([choice]))
+        return out
 
     def error(self, exc: ApiError, *, final: bool = True) -> bytes:
         """An ``{"error": ...}`` event (no id); then ``[DONE]`` when ``final``.
@@ -248,6 +289,11 @@ class Collector:
             if reason == "error":
                 raise stream_error(ev)
             self.result = self.body(reason, ev)
+            calls = decode_calls(ev.tool_calls) if self.fmt.kind == "chat" else ()
+            if calls:
+                message = self.result["choices"][0]["message"]
+                message["content"] = content_before_calls(message["content"]) or None
+                message["tool_calls"] = [c.to_openai() for c in calls]
             return True
         return False
 

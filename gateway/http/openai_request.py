@@ -31,7 +31,7 @@ from core.wire.requests import (
     validate_params,
     validate_request_id,
 )
-from gateway.http.openai_fields import EXTENSIONS, check_fields
+from gateway.http.openai_fields import EXTENSIONS, TOOL_FIELDS, check_fields
 
 __all__ = [
     "ApiError",
@@ -44,11 +44,12 @@ __all__ = [
     "request_id_header",
 ]
 
-CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+CHAT_ROLES = {"developer": "system", **{r: r for r in ("system", "user", "assistant", "tool")}}
 # the OpenAI fields that are SamplingParams fields of the same name (and vLLM's extensions)
 SAMPLING_FIELDS = (
     *("max_tokens", "temperature", "top_p", "seed", "stop"),
     *("presence_penalty", "frequency_penalty", "logit_bias", "response_format", *EXTENSIONS),
+    *TOOL_FIELDS,  # only chat takes them (openai_fields.check_fields)
 )
 MAX_COMPLETION_LOGPROBS = 5  # /v1/completions' logprobs: 0 to 5 alternatives (OpenAI's range)
 
@@ -166,6 +167,7 @@ class ApiRequest:
     user: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     logprobs: bool = False  # the answer carries logprobs
+    tools: bool = False  # tools were offered: calls are parsed from the text
 
 
 # --- field checks ---------------------------------------------------------------
@@ -311,10 +313,13 @@ def parse_chat(obj: dict[str, Any], *, served_model: str, limits: Limits) -> Api
         raise request_error(exc) from None
     params = _params(obj, limits, "chat")
     stream, include_usage, user = _common(obj)
-    out = [{"role": m.role, "content": m.content} for m in parsed]
+    out = [{"role": m.role, "content": m.content, **m.tools} for m in parsed]
     body = {"params": params, "messages": out}
     logprobs = params["logprobs"] is not None
-    return ApiRequest("chat", model, body, stream, include_usage, user, logprobs=logprobs)
+    tools = bool(params["tools"]) and params["tool_choice"] != "none"
+    return ApiRequest(
+        "chat", model, body, stream, include_usage, user, logprobs=logprobs, tools=tools
+    )
 
 
 def _prompt(raw: Any) -> str | list[int]:

@@ -15,6 +15,7 @@ Mounted by gateway/app.py's route list. docs/api.md is the reference.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -148,10 +149,12 @@ class StreamsApi:
         slog = self.gw.streams
         usage = request.query_params.get("include_usage")
         if usage is not None:
-            fmt = StreamFormat(fmt.kind, fmt.model, fmt.created, usage.lower() in ("1", "true"))
+            fmt = dataclasses.replace(fmt, include_usage=usage.lower() in ("1", "true"))
         extra = {"request_id": rid, "stream_id": sid, "after": after}
         log.info("resume", extra=extra)
-        pump: Pump[Event] = Pump(slog.tail(sid, after, resumed=True))
+        encoder = ChunkEncoder(fmt, sid, quiet_through=after)
+        start = -1 if encoder.needs_history else after
+        pump: Pump[Event] = Pump(slog.tail(sid, start, resumed=True))
         cleaned = False
 
         async def cleanup() -> None:  # once: the frames' finally and the response's on_close
@@ -161,7 +164,7 @@ class StreamsApi:
                 await pump.aclose()
                 await slog.detach(sid, attach_id)
 
-        frames = event_frames(ChunkEncoder(fmt, sid), pump, [], extra, cleanup)
+        frames = event_frames(encoder, pump, [], extra, cleanup)
         headers = {"X-Stream-Id": sid, "Access-Control-Expose-Headers": EXPOSE_HEADERS}
         if is_request_id(rid):  # (a stream stored before request ids were checked: left out)
             headers["X-Request-Id"] = str(rid)

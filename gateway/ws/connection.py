@@ -346,6 +346,7 @@ class Connection:
                                 ev.prompt_tokens,
                                 ev.completion_tokens,
                                 ev.message,
+                                ev.tool_calls,
                             )
                         )
                         return

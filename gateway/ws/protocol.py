@@ -32,6 +32,7 @@ from core.wire.requests import (
     validate_request_id,
     validate_resume_token,
 )
+from core.wire.tools import decode_calls
 
 PROTOCOL_VERSION = 1
 
@@ -292,7 +293,9 @@ def done_frame(
     prompt_tokens: int,
     completion_tokens: int,
     message: str | None = None,
+    tool_calls: str | None = None,
 ) -> dict[str, Any]:
+    """A ``done`` frame; ``tool_calls``: the done event's stored calls (OpenAI's shape)."""
     out: dict[str, Any] = {
         "type": "done",
         "stream_id": stream_id,
@@ -302,6 +305,9 @@ def done_frame(
     }
     if message:
         out["message"] = message
+    calls = decode_calls(tool_calls)
+    if calls:
+        out["tool_calls"] = [c.to_openai() for c in calls]
     return out
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from core.redis.embedded import EmbeddedRedis
 from core.wire.params import SamplingParams
+from core.wire.tools import Tool
 from worker.main import STATS_MAX_AGE, Heartbeat, Worker
 from worker.store import WorkerStore
 
@@ -24,7 +25,9 @@ class IdleEngine:
     def __init__(self) -> None:
         self.calls = 0
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], tools: tuple[Tool, ...] = ()
+    ) -> list[int]:
         raise ValueError("not used")
 
     def add_request(

@@ -38,6 +38,7 @@ from typing import Any
 import httpx
 
 from core.wire.params import SamplingParams
+from core.wire.tools import Tool
 from worker.client import Starter
 from worker.prepare import Prepared
 from worker.upstream.call import Call, Upstream
@@ -113,7 +114,9 @@ class UpstreamEngine:
     def encode(self, text: str) -> list[int]:
         raise ValueError(NO_TOKENIZER)
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], tools: tuple[Tool, ...] = ()
+    ) -> list[int]:
         raise ValueError(NO_TOKENIZER)
 
     def add_request(

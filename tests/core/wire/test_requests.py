@@ -193,7 +193,7 @@ BAD_MESSAGES: list[tuple[Any, str, str | None, str]] = [
         [{"role": "god", "content": "x"}],
         "bad_request",
         "messages[0].role",
-        "messages[0].role must be one of system, user, assistant",
+        "messages[0].role must be one of system, user, assistant, tool",
     ),
     (
         [{"role": "user", "content": 1}],

@@ -43,10 +43,6 @@ UNSUPPORTED_CHAT: list[tuple[str, Any]] = [
     ("verbosity", "low"),
     ("moderation", {"model": "omni"}),
     ("prompt_cache_options", {"mode": "explicit"}),
-    ("tools", [{"type": "function", "function": {"name": "f"}}]),
-    ("tool_choice", "auto"),
-    ("parallel_tool_calls", True),
-    ("parallel_tool_calls", False),
     ("functions", [{"name": "f"}]),
     ("function_call", "auto"),
     ("service_tier", "flex"),
@@ -100,6 +96,21 @@ def test_accepted_hints_are_type_checked(name: str, value: Any) -> None:
 )
 def test_chat_only_fields_are_unknown_to_completions(name: str, value: Any) -> None:
     assert refusal(completion, **{name: value}).param == name
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "x"},
+         "tool_choice"),
+        ({"tool_choice": "auto"}, "tool_choice"),  # auto needs tools
+        ({"tools": [{"type": "function"}]}, "tools[0].function"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}], "parallel_tool_calls": 1},
+         "parallel_tool_calls"),
+    ],
+)  # fmt: skip
+def test_tool_fields_are_checked(fields: dict[str, Any], param: str) -> None:
+    assert refusal(chat, **fields).param == param
 
 
 def test_unknown_stream_option() -> None:

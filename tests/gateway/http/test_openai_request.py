@@ -81,6 +81,9 @@ def test_all_supported_fields() -> None:
         "stop_token_ids": [2],
         "logprobs": 4,
         "response_format": None,
+        "tools": None,
+        "tool_choice": None,
+        "parallel_tool_calls": True,
     }
 
 
@@ -123,7 +126,12 @@ BAD_CHAT: list[tuple[str, dict[str, Any], int, str | None]] = [
     ("empty messages", {"messages": []}, 400, "messages"),
     ("message not object", {"messages": ["hi"]}, 400, "messages"),
     ("bad role", {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role"),
-    ("tool role", {"messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0].role"),
+    (
+        "tool role without call id",
+        {"messages": [{"role": "tool", "content": "x"}]},
+        400,
+        "messages[0].tool_call_id",
+    ),
     ("content int", {"messages": [{"role": "user", "content": 3}]}, 400, "messages[0].content"),
     (
         "image part",
