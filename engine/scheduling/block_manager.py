@@ -103,6 +103,18 @@ class BlockManager:
             hit.append(block)
         return hit
 
+    def will_cache_more(self, seq: Sequence, other: Sequence, hit: int) -> bool:
+        """Whether ``other``, still computing, will cache the block of ``seq`` after its
+        ``hit`` cached ones (a fork of the same prompt waits for it: no prefill twice)."""
+        bs = self.block_size
+        if not self.enable_prefix_caching or other.num_computed_tokens >= (hit + 1) * bs:
+            return False  # computed blocks are already in the cache (or never will be)
+        if (seq.num_tokens - 1) // bs <= hit or other.num_tokens // bs <= hit:
+            return False
+        self._ensure_hashes(seq, hit + 1)
+        self._ensure_hashes(other, hit + 1)
+        return seq.block_hashes[hit] == other.block_hashes[hit]  # a chain: all before match
+
     def num_free_blocks_after(self, hit: Iterable[int]) -> int:
         """Free blocks left for fresh allocations once ``hit`` is taken."""
         return self.num_free_blocks - sum(1 for b in hit if self._ref[b] == 0)

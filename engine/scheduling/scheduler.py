@@ -9,7 +9,10 @@ sequences (``max_num_seqs``). A step is filled in this order:
    long prompt takes at most what is left of the budget, so running streams
    stall at most one budget of tokens);
 3. waiting sequences, first come first served, reusing their longest cached
-   prefix; the last of them may get a partial chunk.
+   prefix; the last of them may get a partial chunk. A waiting sequence whose next
+   uncached prompt block a running sequence is still computing (``n`` choices of
+   one prompt, or the same prompt twice) waits for it and then takes it from the
+   prefix cache: a fork of the prompt's KV blocks, not a second prefill.
 
 When a running sequence needs a block and none is free, the *newest* running
 sequence not yet scheduled this step is preempted (recompute: its blocks are
@@ -196,10 +199,15 @@ class Scheduler:
                 scheduled.add(seq.request_id)
                 budget -= n
 
-        # 3. admit waiting sequences, first come first served (no skipping ahead).
+        # 3. admit waiting sequences, first come first served (no skipping ahead), except
+        #    that one whose prompt a running prefill is computing waits for its blocks.
+        forks: list[Sequence] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             hit = bm.match_prefix(seq)
+            if any(bm.will_cache_more(seq, r, len(hit)) for r in self.running):
+                forks.append(self.waiting.popleft())
+                continue
             cached = len(hit) * bm.block_size
             free_after = bm.num_free_blocks_after(hit)
             if self.running:
@@ -216,6 +224,7 @@ class Scheduler:
             plan.append((seq, n))
             scheduled.add(seq.request_id)
             budget -= n
+        self.waiting.extendleft(reversed(forks))  # back in front, in their order
 
         for seq, n in plan:
             start = seq.num_computed_tokens

@@ -193,3 +193,29 @@ def test_prefix_hit_skips_the_cached_tokens() -> None:
     add(sched, "r2", shared, max_tokens=1)
     run_all(sched, runner)
     assert sched.get("r2") is None
+
+
+def test_forks_of_one_prompt_wait_for_its_prefill_and_share_its_blocks() -> None:
+    sched, runner = make(block_size=4, budget=12)  # the prompt takes three steps
+    prompt = list(range(1, 31))  # 7 full blocks and 2 tokens
+    forks = [add(sched, f"r{i}", prompt, max_tokens=4) for i in range(3)]
+    other = add(sched, "r3", [400, 401, 402], max_tokens=2)  # not a fork: not held up
+    outs = [step(sched, runner) for _ in range(3)]
+    assert [[i.request_id for i in o.items] for o in outs] == [["r0"], ["r0"], ["r0", "r3"]]
+    assert [s.request_id for s in sched.waiting] == ["r1", "r2"]  # in order, in front
+    outs += run_all(sched, runner)
+    computed = sum(len(i.token_ids) for o in outs for i in o.items if i.request_id != "r3")
+    # r0 prefills 30 tokens; r1 and r2 only recompute the 2-token tail past 7 cached blocks
+    assert computed == 30 + 2 + 2 + 3 * 3  # and 3 decode steps each after the first token
+    assert sched.block_manager.prefix_cache_hit_tokens == 2 * 28
+    assert all(s.is_finished for s in forks) and other.is_finished
+    assert forks[0].output_token_ids == forks[1].output_token_ids == forks[2].output_token_ids
+
+
+def test_a_fork_does_not_wait_for_a_sequence_past_the_shared_blocks() -> None:
+    sched, runner = make(block_size=4, budget=64)
+    add(sched, "r0", list(range(1, 21)), max_tokens=8)
+    step(sched, runner)  # r0's prompt is computed and cached
+    add(sched, "r1", list(range(1, 21)), max_tokens=2)
+    out = step(sched, runner)
+    assert "r1" in [i.request_id for i in out.items]  # admitted at once: a cache hit
