@@ -17,7 +17,7 @@ export {
 export type { ChatMessage, GenerateParams, StreamError, StreamState, Usage };
 
 export type ConnectionState = "idle" | "connecting" | "open" | "reconnecting" | "offline" | "closed";
-export type FinishReason = "stop" | "length" | "cancelled" | "error" | "expired";
+export type FinishReason = "stop" | "length" | "tool_calls" | "cancelled" | "error" | "expired";
 export type ErrorCode =
   | "bad_request"
   | "unauthorized"
@@ -177,6 +177,12 @@ export interface StreamEventMap {
     /** true when the client ended the stream itself (cancel with no server answer) */
     local?: boolean;
     message?: string;
+    /** the calls the answer made (`finishReason` "tool_calls"; docs/protocol.md, `done`) */
+    toolCalls?: {
+      id: string;
+      type: "function";
+      function: { name: string; arguments: string };
+    }[];
   }>;
   error: CustomEvent<{ code: ErrorCode | string; message: string; retryAfter?: number }>;
   "cancel-ack": CustomEvent<{ state: "cancelling" | "finished"; finishReason: string | null }>;

@@ -51,6 +51,20 @@ export interface GenerateParams {
         };
       }
     | null;
+  /** OpenAI's function tools (docs/api.md, "Tool calls"); `done` then has `toolCalls` */
+  tools?: {
+    type: "function";
+    function: {
+      name: string;
+      description?: string;
+      parameters?: Record<string, unknown>;
+      strict?: boolean;
+    };
+  }[];
+  tool_choice?: "none" | "auto" | "required" | { type: "function"; function: { name: string } };
+  parallel_tool_calls?: boolean;
+  /** choices: 1 only with this client (one stream per generate()) */
+  n?: 1;
 }
 
 export interface GenerateRequest {

@@ -48,7 +48,11 @@ export const PROTOCOL_VERSION = 1;
  *   logit_bias?: Record<string, number>, stop_token_ids?: number[],
  *   logprobs?: number|null, response_format?: {type: "text"|"json_object"}
  *   | {type: "json_schema", json_schema: {name?: string, schema: Record<string, unknown>,
- *   strict?: boolean|null, description?: string}} | null}} GenerateParams
+ *   strict?: boolean|null, description?: string}} | null,
+ *   tools?: {type: "function", function: {name: string, description?: string,
+ *   parameters?: Record<string, unknown>, strict?: boolean}}[],
+ *   tool_choice?: "none"|"auto"|"required"|{type: "function", function: {name: string}},
+ *   parallel_tool_calls?: boolean, n?: 1}} GenerateParams
  * @typedef {{messages?: ChatMessage[], prompt?: string, params?: GenerateParams,
  *   requestId?: string}} GenerateRequest
  * @typedef {{streamId: string, resumeToken: string, after?: number, text?: string}} ResumeRequest

@@ -201,7 +201,8 @@ export class ProtocolState {
 
   /**
    * @protected @param {ProtocolStream} s @param {string} finishReason
-   * @param {Usage|null} usage @param {{local?: boolean, message?: string}} [extra]
+   * @param {Usage|null} usage
+   * @param {{local?: boolean, message?: string, toolCalls?: unknown}} [extra]
    */
   _finish(s, finishReason, usage, extra = {}) {
     if (s.closed) return;
@@ -213,6 +214,7 @@ export class ProtocolState {
     const detail = { finishReason, usage, text: s.text, seq: s.lastSeq };
     if (extra.local) detail.local = true;
     if (extra.message !== undefined) detail.message = extra.message;
+    if (Array.isArray(extra.toolCalls)) detail.toolCalls = extra.toolCalls; // params.tools
     this._emit(s, "done", detail);
   }
 

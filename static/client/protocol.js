@@ -49,6 +49,11 @@ export class ClientProtocol extends ProtocolState {
     if (!request || (request.messages == null && request.prompt == null)) {
       throw new TypeError("tokenrelay: generate() needs messages or prompt");
     }
+    const n = /** @type {{n?: unknown}} */ (request.params ?? {}).n;
+    if (n != null && n !== 1) {
+      // the server would start one stream per choice; this client tracks one per generate()
+      throw new RangeError("tokenrelay: params.n must be 1 here: call generate() once per choice");
+    }
     const requestId = request.requestId ?? randomId("r");
     /** @type {Record<string, unknown>} */
     const frame = { type: "generate", request_id: requestId };
@@ -257,7 +262,8 @@ export class ClientProtocol extends ProtocolState {
           return;
         }
         if (typeof f.seq === "number") s.lastSeq = Math.max(s.lastSeq, f.seq);
-        this._finish(s, f.finish_reason ?? "stop", f.usage ?? null, { message: f.message });
+        const extra = { message: f.message, toolCalls: f.tool_calls };
+        this._finish(s, f.finish_reason ?? "stop", f.usage ?? null, extra);
         return;
       }
       case "cancelled": {

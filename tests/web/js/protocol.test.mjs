@@ -131,6 +131,19 @@ describe("generate", () => {
   test("needs messages or a prompt", () => {
     assert.throws(() => machine().generate({}), TypeError);
     assert.throws(() => machine().generate(null), TypeError);
+    // n > 1 would start several streams for one generate(): refused, not half-tracked
+    assert.throws(() => machine().generate({ ...ask, params: { n: 2 } }), RangeError);
+    assert.ok(machine().generate({ ...ask, params: { n: 1 } }));
+  });
+
+  test("a done frame's tool_calls reach the done event as toolCalls", () => {
+    const p = machine();
+    started(p);
+    const calls = [{ id: "call_1", type: "function", function: { name: "f", arguments: "{}" } }];
+    p.receive(1, { ...done(1, "tool_calls"), tool_calls: calls });
+    const [ev] = streamEvents(actions(p), "done");
+    assert.equal(ev.detail.finishReason, "tool_calls");
+    assert.deepEqual(ev.detail.toolCalls, calls);
   });
 
   test("already cancelled (an aborted signal): ends at once, nothing is ever sent", () => {
