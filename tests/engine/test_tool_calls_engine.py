@@ -47,7 +47,7 @@ ASK = [{"role": "user", "content": "What is the weather in Paris, and the time i
 def test_the_prompt_shows_the_tools_and_the_tool_turns(llm_engine: Any) -> None:
     call = {"id": "c1", "type": "function",
             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}  # fmt: skip
-    history = [
+    history: list[dict[str, Any]] = [
         *ASK,
         {"role": "assistant", "content": "", "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "c1", "content": "18 C, sunny"},

@@ -5,7 +5,7 @@ the WebSocket; the tool's answer goes back in a ``tool`` message."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import jsonschema
@@ -13,26 +13,15 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
+from tests.engine.test_tool_calls_engine import CLOCK, SCHEMAS
+from tests.engine.test_tool_calls_engine import WEATHER as WEATHER_TOOL
 from tests.gateway.http.conftest import ApiStack
 from tests.gateway.http.test_sdk import sync_client
 from tests.gateway.procs import Client, generate_frame
 
-WEATHER: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 24},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-    },
-    "required": ["city", "unit"],
-    "additionalProperties": False,
-}
-TOOLS: list[ChatCompletionToolParam] = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
-                                      "parameters": WEATHER}},
-    {"type": "function", "function": {"name": "get_time", "parameters": {
-        "type": "object", "properties": {"zone": {"type": "string", "maxLength": 16}},
-        "required": ["zone"]}}},
-]  # fmt: skip
+# the engine test's tools: get_weather(city, unit) and get_time(zone)
+TOOLS = cast(list[ChatCompletionToolParam], [WEATHER_TOOL, CLOCK])
+WEATHER = SCHEMAS["get_weather"]
 ASK: list[ChatCompletionMessageParam] = [
     {"role": "user", "content": "What is the weather in Paris?"}
 ]
@@ -50,7 +39,7 @@ def test_a_required_call_parses_and_validates(api_stack: ApiStack) -> None:
     assert len(calls) == 1 and choice.message.content is None
     call = calls[0]
     assert call.type == "function" and call.id.startswith("call_")
-    schema = WEATHER if call.function.name == "get_weather" else TOOLS[1]["function"]["parameters"]
+    schema = WEATHER if call.function.name == "get_weather" else SCHEMAS["get_time"]
     jsonschema.validate(json.loads(call.function.arguments), schema)
 
     # the call and the tool's answer go back in the history, and the model answers
@@ -88,7 +77,7 @@ def test_a_named_call_streams_as_delta_tool_calls(api_stack: ApiStack) -> None:
         finish = chunk.choices[0].finish_reason or finish
     assert finish == "tool_calls" and content == ""
     assert list(calls) == [0] and calls[0]["name"] == "get_time"
-    jsonschema.validate(json.loads(calls[0]["arguments"]), TOOLS[1]["function"]["parameters"])
+    jsonschema.validate(json.loads(calls[0]["arguments"]), SCHEMAS["get_time"])
 
 
 @pytest.mark.parametrize(
