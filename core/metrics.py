@@ -20,7 +20,7 @@ from prometheus_client.core import (
 
 from core.wire.events import FINISH_REASONS
 from core.wire.stats import WorkerStats
-from core.wire.telemetry import BUCKETS, Hist
+from core.wire.telemetry import BUCKETS, RELAY_ONLY, Hist
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -68,6 +68,10 @@ HISTOGRAMS = {
     "tpot": ("time_per_output_token_seconds", "Mean time between output tokens of a stream."),
     "e2e": ("request_duration_seconds", "Time from request to its last event (end to end)."),
     "queue": ("queue_wait_seconds", "Time from request to its admission by an engine worker."),
+    "upstream_ttft": (
+        "upstream_time_to_first_token_seconds",
+        "Relay workers: time from sending the upstream request to its first token.",
+    ),
 }
 
 
@@ -96,6 +100,14 @@ def worker_families(workers: Mapping[str, WorkerStats]) -> Iterator[Metric]:
     draining = GaugeMetricFamily(
         NS + "worker_draining", "1 while the worker drains for shutdown.", labels=[LABEL]
     )
+    info = GaugeMetricFamily(
+        NS + "worker_info",
+        "1 per worker, labelled with its backend (engine: our engine; upstream: a relay).",
+        labels=[LABEL, "backend"],
+    )
+    served = GaugeMetricFamily(
+        NS + "worker_models", "1 per model a worker serves.", labels=[LABEL, "model"]
+    )
     for wid, stats in workers.items():
         total, free = stats.number("blocks_total"), stats.number("blocks_free")
         if total is not None and free is not None:
@@ -105,9 +117,14 @@ def worker_families(workers: Mapping[str, WorkerStats]) -> Iterator[Metric]:
         if hit is not None and query:
             rate.add_metric([wid], hit / query)
         draining.add_metric([wid], 1.0 if stats.draining else 0.0)
+        info.add_metric([wid, stats.backend], 1.0)
+        for model in stats.models:
+            served.add_metric([wid, model], 1.0)
     yield used
     yield rate
     yield draining
+    yield info
+    yield served
     for name, (doc, key) in WORKER_COUNTERS.items():
         yield _per_worker(CounterMetricFamily(NS + name, doc, labels=[LABEL]), workers, key)
     finished = CounterMetricFamily(
@@ -126,21 +143,29 @@ def worker_families(workers: Mapping[str, WorkerStats]) -> Iterator[Metric]:
 def histogram_families(
     workers: Mapping[str, WorkerStats], *, per_worker: bool = False
 ) -> Iterator[Metric]:
-    """The latency histograms: summed over ``workers`` (a gateway's view of the fleet),
-    or with ``per_worker`` one labelled series per worker (a worker's own port)."""
+    """The latency histograms: summed over ``workers`` per ``backend`` (a gateway's view
+    of the fleet), or with ``per_worker`` one labelled series per worker (a worker's own
+    port). The relay-only ones (``upstream_ttft``) have series for relay workers only."""
     for key, (name, doc) in HISTOGRAMS.items():
+        keeps = [
+            (wid, s)
+            for wid, s in workers.items()
+            if key not in RELAY_ONLY or s.backend == "upstream"
+        ]
         if per_worker:
             family = HistogramMetricFamily(NS + name, doc, labels=[LABEL])
-            for wid, stats in workers.items():
+            for wid, stats in keeps:
                 mine = Hist.from_json(stats.hist.get(key)) or Hist(BUCKETS[key])
                 family.add_metric([wid], mine.prometheus_buckets(), mine.sum)
             yield family
             continue
-        total = Hist(BUCKETS[key])
-        for stats in workers.values():
+        totals: dict[str, Hist] = {}
+        for _, stats in keeps:
+            total = totals.setdefault(stats.backend, Hist(BUCKETS[key]))
             one = Hist.from_json(stats.hist.get(key))
             if one is not None:
                 total.add(one)
-        yield HistogramMetricFamily(
-            NS + name, doc, buckets=total.prometheus_buckets(), sum_value=total.sum
-        )
+        family = HistogramMetricFamily(NS + name, doc, labels=["backend"])
+        for backend, total in sorted(totals.items()):
+            family.add_metric([backend], total.prometheus_buckets(), total.sum)
+        yield family

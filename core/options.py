@@ -93,7 +93,7 @@ def add_http_options(p: argparse.ArgumentParser) -> None:
         type=int,
         help="largest client frame accepted",
     )
-    add(p, "--model-name", default=None, help="model name reported by the API")
+    add_model_name(p)
     add(p, "--max-connections", default=MAX_CONNECTIONS, type=int,
         help="WebSockets accepted at once (more are closed with 1013)")  # fmt: skip
     add(p, "--max-streams-per-connection", default=MAX_STREAMS_PER_CONNECTION, type=int,
@@ -105,6 +105,13 @@ def add_http_options(p: argparse.ArgumentParser) -> None:
     add(p, "--sse-keepalive", default=SSE_KEEPALIVE, type=float,
         help="seconds of silence before an SSE ': keep-alive' comment")  # fmt: skip
     add_security_options(p)
+
+
+def add_model_name(p: argparse.ArgumentParser) -> None:
+    add(p, "--model-name", default=None,
+        help="a worker: the name clients use for its model (default: --model as given; a "
+        "relay: its --upstream-model names, else the upstream's list); a gateway: the model "
+        "of requests that name none (default: the first model of an engine worker)")  # fmt: skip
 
 
 def add_engine_options(p: argparse.ArgumentParser) -> None:
@@ -135,7 +142,8 @@ def add_upstream_options(p: argparse.ArgumentParser) -> None:
         help="relay to this OpenAI-compatible server (base URL, e.g. http://host:8000/v1) "
         "instead of loading a model")  # fmt: skip
     add(p, "--upstream-model", default=None,
-        help="model name sent upstream (default: the first one it lists)")  # fmt: skip
+        help="model names sent upstream, a comma list (default: what it lists; a request "
+        "naming none gets the first)")  # fmt: skip
     add(p, "--upstream-api-key", default=None,
         help="bearer key for the upstream (prefer the env var: argv is visible in ps)")  # fmt: skip
     add(p, "--upstream-timeout", default=UPSTREAM_TIMEOUT, type=float,
@@ -155,6 +163,7 @@ def add_worker_options(p: argparse.ArgumentParser) -> None:
     add_common_options(p)
     add_redis_url(p, required=True)
     add_engine_options(p)
+    add_model_name(p)
     add_upstream_options(p)
     add_stream_options(p)
     add_health_options(p)

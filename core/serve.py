@@ -66,6 +66,7 @@ WORKER_FLAGS = (
     "log_format",
     "redis_prefix",
     "model",
+    "model_name",
     "device",
     "weights",
     "dtype",
@@ -284,8 +285,6 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ValueError(f"--redis-maxmemory: {exc}") from None
     load(CHECK_ENTRY)(args)  # a bad --model (--upstream): ValueError, one line, exit status 2
-    if getattr(args, "upstream", None) and args.upstream_model and not args.model_name:
-        args.model_name = args.upstream_model  # clients name the model as they would upstream
     sock = listen(args.host, args.port)
     redis: EmbeddedRedis | None = None
     worker: WorkerProcess | None = None

@@ -20,6 +20,7 @@ from gateway.access.auth import SecuritySettings
 from gateway.access.guard import Guard
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.readiness import ReadinessWatch
+from gateway.streams.models import ModelDirectory
 from gateway.streams.store import StreamStore
 from gateway.ws import protocol as p
 
@@ -88,6 +89,7 @@ class Gateway:
             detach_timeout=settings.detach_timeout,
             max_pending=settings.max_pending,
         )
+        self.models = ModelDirectory(self.streams, settings.model_name)  # who serves what
         self.guard = Guard(settings.security, self.streams.redis, settings.redis_prefix)
         self.connections: set[Connection] = set()
         self.shutting_down = False

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from core.wire.logprobs import Logprobs
 from core.wire.params import SamplingParams
+from core.wire.stats import checked_models
 from core.wire.tools import Tool
 from worker.prepare import Prepared
 
@@ -158,3 +159,10 @@ def local_engine(args: argparse.Namespace) -> EngineClient:
     from engine.llm_engine import LLMEngine
 
     return LLMEngine(engine_config(args))
+
+
+def served_models(args: argparse.Namespace) -> list[str]:
+    """The name an engine worker announces for its model: ``--model-name``, else ``--model``
+    as given; ``ValueError`` for a bad one."""
+    name = getattr(args, "model_name", None) or args.model
+    return checked_models([str(name)], "--model-name")

@@ -83,15 +83,15 @@ class Intake:
         if req.stream_id in self.active:
             return
         if meta is None or meta.get("st") == "done":
-            self.wlog.ack([req.entry_id])  # expired, or ended before it ran
+            self.wlog.ack([req.entry_id], req.queue)  # expired, or ended before it ran
             return
         if meta.get("st") == "running":  # taken from a dead worker mid-stream
             message = f"engine worker {meta.get('w', '?')} stopped responding"
             if self.wlog.finish_foreign(req.stream_id, "error", message):
                 self.telemetry.ended_foreign(req.stream_id, req.request_id, meta)
-            self.wlog.ack([req.entry_id])
+            self.wlog.ack([req.entry_id], req.queue)
             return
-        a = Active(req.stream_id, req.request_id, req.entry_id, dt, ttl)
+        a = Active(req.stream_id, req.request_id, req.entry_id, dt, ttl, queue=req.queue)
         self.active[a.stream_id] = a
         self.counters["requests"] += 1
         if meta.get("cx") == "1":

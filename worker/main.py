@@ -29,7 +29,7 @@ from core.redis.connection import Backoff, RedisHealth, is_outage
 from core.wire.events import token_fields
 from core.wire.logprobs import encode_logprobs
 from core.wire.stats import COUNTERS, WorkerStats
-from worker.client import EngineClient, engine_config, local_engine
+from worker.client import EngineClient, engine_config, local_engine, served_models
 from worker.health import start_health
 from worker.heartbeat import Heartbeat
 from worker.intake import Intake
@@ -66,7 +66,7 @@ class Worker:
         self.draining = threading.Event()  # SIGTERM: finish what runs, take nothing new
         self.drain_deadline = 0.0
         self._handed_back = False
-        self.telemetry = WorkerTelemetry(wlog, self.worker_id)
+        self.telemetry = WorkerTelemetry(wlog, self.worker_id, getattr(engine, "backend", "engine"))
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.intake = Intake(
             engine,
@@ -202,7 +202,7 @@ class Worker:
             if a is None:
                 continue
             if out.new_token_ids:
-                self.telemetry.token(a.stream_id)
+                self.telemetry.token(a.stream_id, getattr(out, "upstream_ttft", None))
             if out.finished:
                 a.in_engine = False
             if a.silent or a.final:
@@ -267,6 +267,7 @@ class Worker:
     # --- stats and shutdown ------------------------------------------------------------
 
     def _publish_stats(self) -> None:
+        self.wlog.follow(getattr(self.engine, "served_models", None))  # a relay learns them
         self._stats_wanted.clear()
         engine = {k: v for k, v in self.engine.stats().items() if isinstance(v, int | float)}
         self.snapshot = WorkerStats(
@@ -276,6 +277,8 @@ class Worker:
             counters=dict(self.counters),
             engine=engine,
             hist=self.telemetry.snapshot(),
+            backend=self.telemetry.backend,
+            models=self.wlog.models,
         )
         self._stats_at = time.monotonic()
         self._stats_taken.set()
@@ -321,6 +324,7 @@ def check(args: argparse.Namespace) -> int:
         UpstreamConfig.from_args(args)
         return 0
     engine_config(args)
+    served_models(args)
     return 0
 
 
@@ -345,13 +349,15 @@ def _run_worker(args: argparse.Namespace, status: StatusPipe) -> int:
     if getattr(args, "upstream", None):  # a relay to an upstream server (worker/upstream/)
         from worker.upstream.engine import upstream_engine
 
-        engine = upstream_engine(args)
+        engine = relay = upstream_engine(args)
+        models = relay.served_models() or []
     else:
+        models = served_models(args)
         log.info("loading model", extra={"model": args.model, "worker": worker_id})
         engine = local_engine(args)  # a signal while loading just ends the process
 
     prefix = getattr(args, "redis_prefix", "tr:")
-    wlog = WorkerStore(args.redis_url, worker_id, prefix=prefix)
+    wlog = WorkerStore(args.redis_url, worker_id, prefix=prefix, models=models)
     worker = Worker(engine, wlog, detach_timeout=args.detach_timeout, stream_ttl=args.stream_ttl)
     worker.stopping = stop
     drain_timeout = float(getattr(args, "drain_timeout", 30.0))

@@ -47,6 +47,7 @@ class Active:
     text_chars: int = 0  # characters of completion text in token events so far
     # logprobs of tokens whose text has not come out yet (they go with the next text)
     pending_logprobs: list[Logprobs] = field(default_factory=list)
+    queue: str | None = None  # the request queue of ``entry`` (None: ``P requests``)
     tools: tuple[Tool, ...] = ()  # offered tools: the finished text's calls are parsed
     text: list[str] = field(default_factory=list)  # the completion text, kept with tools
 
@@ -94,6 +95,7 @@ class Outbox:
                 a.meta if a.written == 0 else {},
                 a.stream_ttl,
                 a.entry if a.final else None,
+                a.queue,
             )
             for a in todo
         ]
@@ -132,7 +134,7 @@ class Outbox:
         if a.in_engine:
             self._abort(a.stream_id)
         with contextlib.suppress(Exception):
-            self.wlog.ack([a.entry])
+            self.wlog.ack([a.entry], a.queue)
         extra = {"stream_id": a.stream_id, "request_id": a.request_id}
         log.info("stream ended elsewhere; dropping it", extra=extra)
 

@@ -1,7 +1,8 @@
 """The stream log as engine workers see it (blocking redis-py, no asyncio).
 
-A worker takes requests from the ``requests`` stream as a member of the
-consumer group, appends each engine step's events for all its streams in one
+A worker takes requests from the request queues of the models it serves
+(``P requests:{model}``; ``P requests`` for a worker that names none) as a member of
+the consumer group, appends each engine step's events for all its streams in one
 pipelined round trip (:meth:`WorkerStore.flush`), learns about cancels from the
 ``control`` stream and the stream metadata, checks whether clients are still
 attached, publishes a heartbeat with its stats, and claims the requests of
@@ -15,6 +16,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +55,7 @@ class Request:
     body: dict[str, Any] | None  # None when the entry is not valid JSON
     detach_timeout: float | None
     meta: dict[str, str] | None  # the stream's metadata (None: unknown or expired)
+    queue: str | None = None  # the request queue it came from (None: ``P requests``)
 
 
 @dataclass(frozen=True)
@@ -60,14 +63,25 @@ class Batch(Append):
     """A worker's :class:`Append`, with the request it finishes (if any)."""
 
     ack_entry: str | None = None  # acknowledge (and drop) this request once written
+    ack_queue: str | None = None  # ... in this request queue (None: ``P requests``)
 
 
 class WorkerStore:
     """Blocking Redis access for one engine worker."""
 
-    def __init__(self, url: str, worker_id: str, *, prefix: str = DEFAULT_PREFIX) -> None:
+    def __init__(
+        self,
+        url: str,
+        worker_id: str,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        models: list[str] | None = None,
+    ) -> None:
         self.keys = Keys(prefix)
         self.worker_id = worker_id
+        self.models: list[str] = []  # the names announced: the queues read
+        self.queues = [self.keys.requests]
+        self.serve(models or [])
         self.redis = connect_sync(url)
         self._release = self.redis.register_script(RELEASE_LUA)
         self._control_cursor: str | None = None
@@ -76,25 +90,51 @@ class WorkerStore:
     def close(self) -> None:
         self.redis.close()
 
+    def serve(self, models: list[str]) -> None:
+        """Read the request queues of ``models`` from now on (none: ``P requests``).
+
+        Call :meth:`ensure_group` after a change. Requests taken from a queue no longer
+        read are still acknowledged in theirs (:class:`Request` knows its queue).
+        """
+        self.models = list(models)
+        self.queues = [self.keys.queue(m) for m in models] or [self.keys.requests]
+
+    def follow(self, served: Callable[[], list[str] | None] | None) -> None:
+        """Serve what ``served()`` says, when it says (a relay learns its upstream's list)."""
+        models = served() if served is not None else None
+        if models is not None and models != self.models:
+            self.serve(models)
+            self.ensure_group()
+            log.info("serving models", extra={"worker": self.worker_id, "models": models})
+
+    def _queue(self, queue: str | None) -> str:
+        return queue or self.keys.requests
+
+    def _read_count(self, count: int) -> int:
+        """Entries to ask of each queue: ``count`` in all, whatever the number of queues."""
+        return max(1, count // len(self.queues))
+
     # --- setup ---------------------------------------------------------------------
 
     def ensure_group(self) -> None:
-        """Create the request stream and its consumer group if missing."""
-        try:
-            self.redis.xgroup_create(self.keys.requests, GROUP, id="0", mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        """Create the request queues and their consumer group where missing."""
+        for queue in self.queues:
+            try:
+                self.redis.xgroup_create(queue, GROUP, id="0", mkstream=True)
+            except redis.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
 
     # --- requests --------------------------------------------------------------------
 
     def read_requests(self, count: int, block_ms: int | None) -> list[Request]:
         """Up to ``count`` new requests for this worker (waits ``block_ms`` when idle)."""
+        streams: dict[Any, Any] = dict.fromkeys(self.queues, ">")
+        count = self._read_count(count)
         reply: Any = self.redis.xreadgroup(
-            GROUP, self.worker_id, {self.keys.requests: ">"}, count=count, block=block_ms
+            GROUP, self.worker_id, streams, count=count, block=block_ms
         )
-        entries = [e for _, es in (reply or []) for e in es]
-        return self._with_meta(entries)
+        return self._with_meta(_entries(reply))
 
     def read_new(self, count: int) -> list[Request]:
         """:meth:`read_requests` without blocking, and the read of :meth:`read_control`
@@ -104,33 +144,33 @@ class WorkerStore:
         read failed, that call reads them itself, as it would have anyway.
         """
         pipe = self.redis.pipeline(transaction=False)
-        pipe.xreadgroup(GROUP, self.worker_id, {self.keys.requests: ">"}, count=count)
+        streams: dict[Any, Any] = dict.fromkeys(self.queues, ">")
+        pipe.xreadgroup(GROUP, self.worker_id, streams, count=self._read_count(count))
         self._control_read(pipe)
         reply, control = pipe.execute(raise_on_error=False)
         if isinstance(reply, Exception):
             raise reply
-        requests = self._with_meta([e for _, es in (reply or []) for e in es])
+        requests = self._with_meta(_entries(reply))
         if not isinstance(control, Exception):  # the cursor moves only once nothing can fail
             self._control_ahead = (self._control_ahead or []) + self._control_taken(control)
         return requests
 
     def read_own_pending(self) -> list[Request]:
         """Requests this worker id took before (a restart with a fixed ``--worker-id``)."""
-        reply: Any = self.redis.xreadgroup(
-            GROUP, self.worker_id, {self.keys.requests: "0"}, count=1000
-        )
-        entries = [e for _, es in (reply or []) for e in es if e[1]]
-        return self._with_meta(entries)
+        streams: dict[Any, Any] = dict.fromkeys(self.queues, "0")
+        reply: Any = self.redis.xreadgroup(GROUP, self.worker_id, streams, count=1000)
+        return self._with_meta([e for e in _entries(reply) if e[2]])
 
-    def _with_meta(self, entries: list[Any]) -> list[Request]:
+    def _with_meta(self, entries: list[tuple[str, Any, Any]]) -> list[Request]:
+        """Requests of ``(queue, entry id, fields)`` entries, with their streams' metadata."""
         if not entries:
             return []
         pipe = self.redis.pipeline(transaction=False)
-        for _, fields in entries:
+        for _, _, fields in entries:
             pipe.hgetall(self.keys.meta(_s(fields.get(b"sid", b""))))
         metas = pipe.execute()
         out = []
-        for (eid, fields), meta in zip(entries, metas, strict=True):
+        for (queue, eid, fields), meta in zip(entries, metas, strict=True):
             f = {_s(k): _s(v) for k, v in fields.items()}
             try:
                 body = json.loads(f.get("body", ""))
@@ -150,16 +190,18 @@ class WorkerStore:
                     body=body,
                     detach_timeout=dt,
                     meta={_s(k): _s(v) for k, v in meta.items()} if meta else None,
+                    queue=None if queue == self.keys.requests else queue,
                 )
             )
         return out
 
-    def ack(self, entry_ids: list[str]) -> None:
-        """Acknowledge and delete finished requests."""
+    def ack(self, entry_ids: list[str], queue: str | None = None) -> None:
+        """Acknowledge and delete finished requests of ``queue`` (None: ``P requests``)."""
         if entry_ids:
+            key = self._queue(queue)
             pipe = self.redis.pipeline(transaction=False)
-            pipe.xack(self.keys.requests, GROUP, *entry_ids)
-            pipe.xdel(self.keys.requests, *entry_ids)
+            pipe.xack(key, GROUP, *entry_ids)
+            pipe.xdel(key, *entry_ids)
             pipe.execute()
 
     # --- appending -----------------------------------------------------------------------
@@ -177,10 +219,13 @@ class WorkerStore:
             keys, args = append_call(self.keys, batches[at : at + APPEND_CHUNK], maxlen=MAXLEN)
             queue_script(pipe, APPEND_LUA, keys, args)
         calls = (len(batches) + APPEND_CHUNK - 1) // APPEND_CHUNK
-        acks = [b.ack_entry for b in batches if b.ack_entry]
-        if acks:
-            pipe.xack(self.keys.requests, GROUP, *acks)
-            pipe.xdel(self.keys.requests, *acks)
+        acks: dict[str, list[str]] = {}
+        for b in batches:
+            if b.ack_entry:
+                acks.setdefault(self._queue(b.ack_queue), []).append(b.ack_entry)
+        for key, ids in acks.items():
+            pipe.xack(key, GROUP, *ids)
+            pipe.xdel(key, *ids)
         replies = pipe.execute(raise_on_error=False)
         out: list[AppendResult] = []
         for raw in replies[:calls]:
@@ -311,8 +356,15 @@ class WorkerStore:
         pipe.execute()
 
     def claim_dead(self) -> list[Request]:
-        """Take over the pending requests of workers whose heartbeat is gone."""
-        pending: Any = self.redis.xpending_range(self.keys.requests, GROUP, "-", "+", 200)
+        """Take over the pending requests of workers whose heartbeat is gone, in the
+        queues this worker reads (a dead worker's other models wait for their workers)."""
+        out: list[Request] = []
+        for queue in self.queues:
+            out += self._claim_dead(queue)
+        return out
+
+    def _claim_dead(self, queue: str) -> list[Request]:
+        pending: Any = self.redis.xpending_range(queue, GROUP, "-", "+", 200)
         owners = sorted({_s(p["consumer"]) for p in pending} - {self.worker_id})
         if not owners:
             return []
@@ -328,14 +380,17 @@ class WorkerStore:
         ]
         if not ids:
             return []
-        claimed: Any = self.redis.xclaim(
-            self.keys.requests, GROUP, self.worker_id, min_idle, list[Any](ids)
-        )
-        live = [(eid, f) for eid, f in claimed if f]
+        claimed: Any = self.redis.xclaim(queue, GROUP, self.worker_id, min_idle, list[Any](ids))
+        live = [(queue, eid, f) for eid, f in claimed if f]
         gone = [_s(eid) for eid, f in claimed if not f]  # deleted entries: just ack
         if gone:
-            self.redis.xack(self.keys.requests, GROUP, *gone)
+            self.redis.xack(queue, GROUP, *gone)
         for w in dead:
             log.warning("claimed the requests of a dead worker", extra={"dead_worker": w})
             self.redis.srem(self.keys.workers, w)
         return self._with_meta(live)
+
+
+def _entries(reply: Any) -> list[tuple[str, Any, Any]]:
+    """``(queue, entry id, fields)`` of an ``XREADGROUP`` reply (several streams)."""
+    return [(_s(key), eid, fields) for key, es in (reply or []) for eid, fields in es]

@@ -4,8 +4,9 @@ The worker tells :class:`WorkerTelemetry` when it admits a request, when a
 stream produces a token and when a stream's ``done`` event is confirmed in
 Redis. From that it keeps the histograms published with the worker's stats
 (core/wire/telemetry.py: queue wait, time to first token, time per output token,
-end-to-end latency) and writes the stream's summary line, with the resume and
-disconnect counts gateways keep in the stream's metadata.
+end-to-end latency; a relay's upstream time to first token) and writes the stream's
+summary line, with the resume and disconnect counts gateways keep in the stream's
+metadata.
 
 Times are measured from the stream's creation by its gateway (the ``ts`` field
 of its metadata, epoch milliseconds), so queue wait and TTFT include the time
@@ -39,6 +40,7 @@ class Timing:
     admitted: float
     first_token: float | None = None
     last_token: float | None = None
+    upstream_ttft: float | None = None  # a relay's: upstream request to its first token
 
 
 def _created(meta: Mapping[str, str] | None, default: float) -> float:
@@ -52,10 +54,11 @@ def _created(meta: Mapping[str, str] | None, default: float) -> float:
 class WorkerTelemetry:
     """Timings of the streams a worker runs, and its latency histograms."""
 
-    def __init__(self, wlog: WorkerStore, worker_id: str) -> None:
+    def __init__(self, wlog: WorkerStore, worker_id: str, backend: str = "engine") -> None:
         self.wlog = wlog
         self.worker_id = worker_id
-        self.hists: dict[str, Hist] = new_hists()
+        self.backend = backend  # engine or upstream: in the summary lines
+        self.hists: dict[str, Hist] = new_hists(backend)
         self.timings: dict[str, Timing] = {}
         self._json: dict[str, Any] | None = None
 
@@ -68,11 +71,15 @@ class WorkerTelemetry:
         self.timings[stream_id] = Timing(created, now)
         self._observe("queue", now - created)
 
-    def token(self, stream_id: str) -> None:
-        """The stream produced a token in this step."""
+    def token(self, stream_id: str, upstream_ttft: float | None = None) -> None:
+        """The stream produced a token in this step (a relay's first one: with the
+        upstream's time to first token)."""
         t = self.timings.get(stream_id)
         if t is None:
             return
+        if upstream_ttft is not None and t.upstream_ttft is None:
+            t.upstream_ttft = upstream_ttft
+            self._observe("upstream_ttft", upstream_ttft)
         now = time.time()
         if t.first_token is None:
             t.first_token = now
@@ -116,8 +123,9 @@ class WorkerTelemetry:
             fields = dict(zip(ev[0::2], ev[1::2], strict=False))
             completion = as_int(fields.get("n"))
             t = self.timings.pop(a.stream_id, None)
-            ttft = tpot = e2e = queue = None
+            ttft = tpot = e2e = queue = upstream_ttft = None
             if t is not None:
+                upstream_ttft = t.upstream_ttft
                 e2e = max(0.0, now - t.created)
                 queue = max(0.0, t.admitted - t.created)
                 if t.first_token is not None:
@@ -138,11 +146,15 @@ class WorkerTelemetry:
                 tpot_s=tpot,
                 e2e_s=e2e,
                 queue_s=queue,
+                backend=self.backend,
+                upstream_ttft_s=upstream_ttft,
             )
 
     # --- publishing ----------------------------------------------------------------------
 
     def _observe(self, name: str, value: float) -> None:
+        if name not in self.hists:
+            return
         self.hists[name].observe(max(0.0, value))
         self._json = None
 

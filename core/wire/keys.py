@@ -2,9 +2,11 @@
 
 Key layout (``P`` is the key prefix, ``tr:`` by default):
 
-- ``P requests``: a Redis Stream of generate requests; engine workers read it as
-  the consumer group ``workers`` (each request goes to exactly one worker,
-  which acknowledges it when its stream is finished).
+- ``P requests:{model}``: a Redis Stream of the generate requests for one model
+  (:meth:`Keys.queue`); the workers that serve the model (they announce its name in
+  their stats, core/wire/stats.py) read it as the consumer group ``workers`` (each
+  request goes to exactly one worker, which acknowledges it when its stream is
+  finished). ``P requests`` is the queue of workers that name no model.
 - ``P control``: a Redis Stream of cancel notices that every worker reads.
 - ``P s:{stream_id}``: the event log of one response. Entry ids *are* the
   offsets: the event with seq ``n`` has the id ``n-1``. Seq 0 is the worker's
@@ -50,6 +52,9 @@ ATTACH_TTL = 6.0  # an attachment lapses this long after its last refresh
 ATTACH_REFRESH = 2.0  # gateways refresh attachments this often
 
 
+MAX_MODEL_NAME = 256  # characters of a model name a worker may announce (it is in a key)
+
+
 ACTIVE_TTL = 86400.0  # safety expiry of a stream that never finishes
 
 # Lengths (entries) Redis keeps of its streams.
@@ -66,6 +71,10 @@ class Keys:
         self.control = prefix + "control"
         self.workers = prefix + "workers"
         self.events = prefix + "events"  # pub/sub channel: every append, as it lands
+
+    def queue(self, model: str | None) -> str:
+        """The request queue of ``model``; ``None`` (or ""): that of workers naming none."""
+        return f"{self.requests}:{model}" if model else self.requests
 
     def stream(self, stream_id: str) -> str:
         return f"{self.prefix}s:{stream_id}"

@@ -14,6 +14,7 @@ MAX_TOP_LOGPROBS = 20  # the most alternatives a token's logprobs carry (OpenAI'
 MAX_LOGIT_BIAS = 300  # entries of logit_bias (OpenAI's limit)
 MAX_BIAS = 100.0  # |bias| of one logit_bias entry
 MAX_PENALTY = 2.0  # |presence_penalty|, |frequency_penalty| (OpenAI's range)
+MAX_CHOICES = 16  # n: choices per request, each a stream of its own (not a SamplingParams field)
 
 
 def _is_number(value: object) -> bool:

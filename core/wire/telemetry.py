@@ -2,9 +2,10 @@
 
 - :class:`Hist`: a latency histogram with fixed buckets that travels as JSON.
   Engine workers record time to first token, time per output token,
-  end-to-end latency and queue wait in them and publish the cumulative bucket
-  counts with their stats snapshot (``P w:{worker_id}`` field ``stats``, key
-  ``hist``); gateways sum the histograms of the live workers for ``/metrics``
+  end-to-end latency and queue wait in them (relay workers also the upstream's own
+  time to first token, from sending the upstream request to its first token) and
+  publish the cumulative bucket counts with their stats snapshot (``P w:{worker_id}``
+  field ``stats``, key ``hist``); gateways sum the histograms of the live workers for ``/metrics``
   (gateway/observe/metrics.py).
 - The stream summary: exactly one ``stream summary`` log line per finished
   stream, written by whoever wrote its ``done`` event (the engine worker, or a
@@ -30,7 +31,9 @@ BUCKETS: dict[str, tuple[float, ...]] = {
     "tpot": (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
     "e2e": (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0),
     "queue": (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+    "upstream_ttft": (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
 }
+RELAY_ONLY = ("upstream_ttft",)  # histograms only relay workers keep
 
 
 summary_log = logging.getLogger("tokenrelay.summary")
@@ -114,9 +117,14 @@ def _le(bound: float) -> str:
     return repr(float(bound))
 
 
-def new_hists() -> dict[str, Hist]:
-    """One empty :class:`Hist` per entry of :data:`BUCKETS`."""
-    return {name: Hist(bounds) for name, bounds in BUCKETS.items()}
+def new_hists(backend: str = "engine") -> dict[str, Hist]:
+    """One empty :class:`Hist` per entry of :data:`BUCKETS` that a worker of ``backend``
+    keeps (:data:`RELAY_ONLY` ones for ``upstream`` only)."""
+    return {
+        name: Hist(bounds)
+        for name, bounds in BUCKETS.items()
+        if backend == "upstream" or name not in RELAY_ONLY
+    }
 
 
 def as_int(value: object) -> int:
@@ -140,11 +148,15 @@ def log_summary(
     tpot_s: float | None = None,
     e2e_s: float | None = None,
     queue_s: float | None = None,
+    backend: str | None = None,
+    upstream_ttft_s: float | None = None,
 ) -> None:
     """Write the one ``stream summary`` line of a finished stream.
 
     ``meta`` is the stream's metadata hash (its resume and disconnect counts);
-    ``ended_by`` names the worker or gateway that wrote the ``done`` event.
+    ``ended_by`` names the worker or gateway that wrote the ``done`` event;
+    ``backend`` what produced it (``engine``, ``upstream``; ``None`` from a gateway);
+    ``upstream_ttft_s`` a relay's time from its upstream request to the first token.
     """
     meta = meta or {}
 
@@ -161,6 +173,8 @@ def log_summary(
         "tpot_s": rounded(tpot_s),
         "e2e_s": rounded(e2e_s),
         "queue_s": rounded(queue_s),
+        "backend": backend,
+        "upstream_ttft_s": rounded(upstream_ttft_s),
         "resumes": as_int(meta.get(RESUMES_FIELD)),
         "disconnects": as_int(meta.get(DISCONNECTS_FIELD)),
         "ended_by": ended_by,

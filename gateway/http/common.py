@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tokenrelay.api")
 
 FORMAT_FIELD = "oa"  # the stream-metadata field holding the StreamFormat
+START_WAIT = 5.0  # seconds to wait for the worker's verdict before committing to a 200
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 Routes (listed in gateway/app.py):
 ``POST /v1/chat/completions``, ``POST /v1/completions`` (streaming as SSE
 chunks with ``id: <seq>`` then ``data: [DONE]``, or not), ``GET /v1/models``
-and ``GET /v1/models/{model}``. gateway/http/streams.py resumes and cancels.
+and ``GET /v1/models/{model}`` (the models of the live workers,
+gateway/streams/models.py). gateway/http/streams.py resumes and cancels.
 
 A request becomes a stream in the same :class:`gateway.streams.store.StreamStore` as
 a WebSocket ``generate``, so it can be resumed over either transport. A client
@@ -32,6 +33,7 @@ from gateway.access.auth import AuthError
 from gateway.access.cors import EXPOSE_HEADERS
 from gateway.access.guard import Principal, RateLimited, TooManyStreams
 from gateway.http.common import (
+    START_WAIT,
     HttpSettings,
     error_response,
     event_frames,
@@ -39,12 +41,12 @@ from gateway.http.common import (
     save_format,
     store_error,
 )
+from gateway.http.openai_choices import answer_choices
 from gateway.http.openai_render import (
     ChunkEncoder,
     Collector,
     StreamFormat,
     model_card,
-    models_body,
     stream_error,
 )
 from gateway.http.openai_request import (
@@ -57,13 +59,13 @@ from gateway.http.openai_request import (
 )
 from gateway.http.sse_response import GONE, Pump, SSEResponse, watch_disconnect
 from gateway.streams.errors import STORE_ERRORS
+from gateway.streams.models import Route as ModelRoute
+from gateway.streams.models import UnknownModel
 
 if TYPE_CHECKING:
     from gateway.state import Gateway
 
 log = logging.getLogger("tokenrelay.api")
-
-START_WAIT = 5.0  # seconds to wait for the worker's verdict before committing to a 200
 
 
 @dataclass
@@ -89,7 +91,6 @@ class OpenAIApi:
     def __init__(self, gw: Gateway, settings: HttpSettings | None = None) -> None:
         self.gw = gw
         self.settings = settings or HttpSettings.of(gw)
-        self.model = gw.settings.model_name or "default"
         self.created = int(time.time())
         self.active: dict[str, int] = {}  # client key -> generations in flight
 
@@ -118,7 +119,7 @@ class OpenAIApi:
         except RateLimited as exc:
             raise error_for_code("rate_limited", str(exc), retry_after=exc.retry_after) from None
 
-    def _take_slot(self, who: Principal) -> str:
+    def take_slot(self, who: Principal) -> str:
         """Count one more generation for the caller (its API key, else its address)."""
         client = who.bucket
         if self.active.get(client, 0) >= self.settings.max_per_client:
@@ -133,7 +134,7 @@ class OpenAIApi:
         self.active[client] = self.active.get(client, 0) + 1
         return client
 
-    def _release(self, client: str | None) -> None:
+    def release(self, client: str | None) -> None:
         if client is None:
             return
         self.gw.guard.close_stream(client)
@@ -146,12 +147,16 @@ class OpenAIApi:
     # --- models --------------------------------------------------------------------------
 
     async def models(self, request: Request) -> Response:
-        """``GET /v1/models``: the served model."""
+        """``GET /v1/models``: the models of the live workers."""
         try:
             self._authenticate(request)
+            served = await self.gw.models.served()
         except ApiError as exc:
             return error_response(exc)
-        return JSONResponse(models_body(self.model, self.created))
+        except STORE_ERRORS as exc:
+            return error_response(store_error(exc))
+        cards = [model_card(name, self.created) for name in served.names()]
+        return JSONResponse({"object": "list", "data": cards})
 
     async def model_info(self, request: Request) -> Response:
         """``GET /v1/models/{model}``."""
@@ -160,10 +165,29 @@ class OpenAIApi:
         except ApiError as exc:
             return error_response(exc)
         name = str(request.path_params["model"])
-        if name != self.model:
+        try:
+            served = await self.gw.models.served()
+            if name not in served.names():
+                served = await self.gw.models.served(fresh=True)
+        except STORE_ERRORS as exc:
+            return error_response(store_error(exc))
+        if name not in served.names():
             msg = f"The model `{name[:80]}` does not exist."
             return error_response(ApiError(404, msg, param="model", code="model_not_found"))
-        return JSONResponse(model_card(self.model, self.created))
+        return JSONResponse(model_card(name, self.created))
+
+    async def _route(self, body: dict[str, Any]) -> ModelRoute:
+        """Where a request for ``body``'s model goes (a 404 for a model nobody serves)."""
+        requested = body.get("model")
+        try:
+            _, route = await self.gw.models.resolve(
+                requested if isinstance(requested, str) else None
+            )
+        except UnknownModel as exc:
+            raise ApiError(404, str(exc), param="model", code="model_not_found") from None
+        except STORE_ERRORS as exc:
+            raise store_error(exc) from None
+        return route
 
     # --- completions ---------------------------------------------------------------------
 
@@ -183,23 +207,27 @@ class OpenAIApi:
             rid = request_id_header(request.headers.get("x-request-id"), self.gw.limits) or rid
             body = parse_json(await read_body(request, self.gw.settings.max_frame_bytes))
             parse = parse_chat if kind == "chat" else parse_completion
-            req = parse(body, served_model=self.model, limits=self.gw.limits)
-            client = self._take_slot(who)
+            route = await self._route(body)
+            req = parse(body, served_model=route.name, limits=self.gw.limits)
+            client = self.take_slot(who)
             await self._admit(who)
+            if req.n > 1:  # one stream per choice (gateway/http/openai_choices.py)
+                slot, client = client, None  # its slot goes with the answer
+                return await answer_choices(self, request, req, kind, rid, route.model, who, slot)
             try:
-                new = await self.gw.streams.create(req.body, rid)
+                new = await self.gw.streams.create(req.body, rid, model=route.model)
             except STORE_ERRORS as exc:
                 raise store_error(exc) from None
         except ApiError as exc:
-            self._release(client)
+            self.release(client)
             refused = {"request_id": rid, "status": exc.status, "reason": exc.message}
             log.info("request refused", extra=refused)
             return error_response(exc, {"X-Request-Id": rid})
         except ClientDisconnect:
-            self._release(client)
+            self.release(client)
             return Response(status_code=400)
         except Exception:
-            self._release(client)
+            self.release(client)
             log.exception("request failed", extra={"request_id": rid})
             return error_response(error_for_code("internal", "internal error"))
         sid = new.stream_id
@@ -221,7 +249,7 @@ class OpenAIApi:
             if cleaned:
                 return
             cleaned = True
-            self._release(client)
+            self.release(client)
             await pump.aclose()
             await self.gw.streams.detach(sid, new.attach_id)
 

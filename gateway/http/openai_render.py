@@ -45,7 +45,6 @@ __all__ = [
     "dumps",
     "error_body",
     "model_card",
-    "models_body",
     "stream_error",
     "usage",
 ]
@@ -66,6 +65,7 @@ class StreamFormat:
     include_usage: bool = False
     logprobs: bool = False  # chunks and bodies carry the tokens' logprobs
     tools: bool = False  # tools were offered: text from a <tool_call> on may be calls
+    index: int = 0  # the choice this stream is (n > 1, gateway/http/openai_choices.py)
 
     def response_id(self, stream_id: str) -> str:
         return ("chatcmpl-" if self.kind == "chat" else "cmpl-") + stream_id
@@ -80,6 +80,8 @@ class StreamFormat:
             out["l"] = True
         if self.tools:
             out["t"] = True
+        if self.index:
+            out["i"] = self.index
         return dumps(out)
 
     def render_logprobs(self, ev: Event) -> dict[str, Any] | None:
@@ -110,7 +112,9 @@ class StreamFormat:
         name = m if isinstance(m, str) else model
         when = c if isinstance(c, int) and not isinstance(c, bool) else created
         flags = obj.get("u") is True, obj.get("l") is True, obj.get("t") is True
-        return cls(str(kind), name, when, *flags)
+        i = obj.get("i")
+        index = i if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 128 else 0
+        return cls(str(kind), name, when, *flags, index=index)
 
 
 def usage(ev: Event) -> dict[str, int]:
@@ -172,7 +176,7 @@ class ChunkEncoder:
     ) -> Any:
         if self.fmt.kind == "completion":
             return {
-                "index": 0,
+                "index": self.fmt.index,
                 "text": text or "",
                 "logprobs": logprobs,
                 "finish_reason": finish_reason,
@@ -182,7 +186,8 @@ class ChunkEncoder:
             delta = {"role": "assistant", "content": ""}
         elif text is not None:
             delta = {"content": text}
-        return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        choice = {"index": self.fmt.index, "delta": delta, "logprobs": logprobs}
+        return {**choice, "finish_reason": finish_reason}
 
     def _event(self, seq: int, obj: dict[str, Any]) -> bytes:
         return encode_event(dumps(obj), id=seq)
@@ -239,7 +244,8 @@ class ChunkEncoder:
         out = self._event(ev.seq, self._chunk([self._choice(rest, None)])) if rest else b""
         for i, call in enumerate(calls):
             delta = {"tool_calls": [call.to_openai(i)]}
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+            choice = {"index": self.fmt.index, "delta": delta, "logprobs": None,
+                      "finish_reason": None}  # fmt: skip
             out += self._event(ev.seq, self._chunk([choice]))
         return out
 
@@ -305,14 +311,19 @@ class Collector:
             logprobs = {**fmt.logprobs_body(0, "", []), **self.logprobs}
         if fmt.kind == "chat":
             choice: dict[str, Any] = {
-                "index": 0,
+                "index": self.fmt.index,
                 "message": {"role": "assistant", "content": text, "refusal": None},
                 "logprobs": logprobs,
                 "finish_reason": reason,
             }
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}
+            choice = {
+                "index": self.fmt.index,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": reason,
+            }
             obj = "text_completion"
         return {
             "id": self.fmt.response_id(self.stream_id),
@@ -324,10 +335,6 @@ class Collector:
         }
 
 
-def models_body(model: str, created: int) -> dict[str, Any]:
-    """``GET /v1/models``: the one served model."""
-    return {"object": "list", "data": [model_card(model, created)]}
-
-
 def model_card(model: str, created: int) -> dict[str, Any]:
+    """One model of ``GET /v1/models``."""
     return {"id": model, "object": "model", "created": created, "owned_by": "tokenrelay"}

@@ -6,8 +6,8 @@ options), or raise :class:`ApiError`: the HTTP status and the OpenAI-style
 error body ``{"error": {"message", "type", "param", "code"}}`` the client
 gets. No field is silently ignored (gateway/http/openai_fields.py: unknown
 fields and features this server does not have are 400s naming the field);
-known fields of the wrong type, or values this server cannot honour (``n`` >
-1, ``echo``...), are 400s too. Sampling fields and messages go through the
+known fields of the wrong type, or values this server cannot honour (``best_of``
+> 1, ``echo``...), are 400s too. Sampling fields and messages go through the
 validator every transport shares (:mod:`core.wire.requests`), so they are
 refused as on the WebSocket. docs/api.md ("Request fields") lists the fields.
 """
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.wire.errors import lookup
-from core.wire.params import MAX_TOP_LOGPROBS
+from core.wire.params import MAX_CHOICES, MAX_TOP_LOGPROBS
 from core.wire.requests import (
     Limits,
     RequestError,
@@ -168,6 +168,7 @@ class ApiRequest:
     extra: dict[str, Any] = field(default_factory=dict)
     logprobs: bool = False  # the answer carries logprobs
     tools: bool = False  # tools were offered: calls are parsed from the text
+    n: int = 1  # choices (gateway/http/openai_choices.py)
 
 
 # --- field checks ---------------------------------------------------------------
@@ -221,11 +222,16 @@ def _logprobs(obj: dict[str, Any], kind: str) -> tuple[int | None, str]:
     return (top or 0) if on else None, "top_logprobs"
 
 
+def _choices(obj: dict[str, Any]) -> int:
+    """``n``: 1 to :data:`MAX_CHOICES` choices (each its own stream)."""
+    n = _opt(obj, "n", (int,), "an integer")
+    if n is not None and not 1 <= n <= MAX_CHOICES:
+        raise _bad(f"'n' must be between 1 and {MAX_CHOICES}, got {n}", "n")
+    return n or 1
+
+
 def _params(obj: dict[str, Any], limits: Limits, kind: str = "chat") -> dict[str, Any]:
     """Sampling fields -> SamplingParams (validated) as a dict for the worker."""
-    n = _opt(obj, "n", (int,), "an integer")
-    if n is not None and n != 1:
-        raise _bad("Only n = 1 is supported.", "n")
     best_of = _opt(obj, "best_of", (int,), "an integer")
     if best_of is not None and best_of != 1:
         raise _bad("Only best_of = 1 is supported.", "best_of")
@@ -317,9 +323,8 @@ def parse_chat(obj: dict[str, Any], *, served_model: str, limits: Limits) -> Api
     body = {"params": params, "messages": out}
     logprobs = params["logprobs"] is not None
     tools = bool(params["tools"]) and params["tool_choice"] != "none"
-    return ApiRequest(
-        "chat", model, body, stream, include_usage, user, logprobs=logprobs, tools=tools
-    )
+    return ApiRequest("chat", model, body, stream, include_usage, user, logprobs=logprobs,
+                      tools=tools, n=_choices(obj))  # fmt: skip
 
 
 def _prompt(raw: Any) -> str | list[int]:
@@ -357,4 +362,5 @@ def parse_completion(obj: dict[str, Any], *, served_model: str, limits: Limits) 
     stream, include_usage, user = _common(obj)
     body = {"params": params, "prompt": prompt}
     logprobs = params["logprobs"] is not None
-    return ApiRequest("completion", model, body, stream, include_usage, user, logprobs=logprobs)
+    return ApiRequest("completion", model, body, stream, include_usage, user, logprobs=logprobs,
+                      n=_choices(obj))  # fmt: skip

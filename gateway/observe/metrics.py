@@ -4,15 +4,17 @@ Each :class:`GatewayMetrics` has its own ``CollectorRegistry`` (several apps in
 one process never collide). A scrape of ``/metrics`` (gateway/observe/metrics_route.py)
 first reads, in one Redis round trip or two, the stats snapshot every live
 engine worker publishes once a second (``P w:{worker_id}`` field ``stats``)
-and the request queue's depth; a custom collector then exposes:
+and the depth of the request queues (every served model's, and ``P requests``); a
+custom collector then exposes:
 
 - per worker (label ``worker_id``): its gauges (streams, running and waiting
   sequences, KV blocks, prefix-cache hit rate, draining) and counters
   (generated tokens, requests by ``finish_reason``, detach expiries,
   preemptions, ...), as the worker counts them since it started;
-- the workers' latency histograms (TTFT, TPOT, end to end, queue wait),
-  summed over the live workers (these families are built in core/metrics.py,
-  which a worker's own ``/metrics`` shares);
+- each worker's backend (``worker_info``) and models (``worker_models``);
+- the workers' latency histograms (TTFT, TPOT, end to end, queue wait; a relay's
+  upstream TTFT), summed over the live workers by ``backend`` (these families are
+  built in core/metrics.py, which a worker's own ``/metrics`` shares);
 - this gateway's own figures: open WebSockets, attached streams, resumes and
   events replayed, cancels, disconnects, errors by code and transport.
 
@@ -80,9 +82,16 @@ class GatewayMetrics:
             pipe = slog.redis.pipeline(transaction=False)
             for wid in ids:
                 pipe.hget(slog.keys.worker(wid), STATS_FIELD)
-            pipe.xlen(slog.keys.requests)
-            pipe.xpending(slog.keys.requests, GROUP)
             replies = await pipe.execute(raise_on_error=False)
+            models = {
+                m for raw in replies for m in getattr(WorkerStats.from_json(raw), "models", [])
+            }
+            queues = [slog.keys.queue(m) for m in sorted(models)] + [slog.keys.requests]
+            pipe = slog.redis.pipeline(transaction=False)
+            for queue in queues:
+                pipe.xlen(queue)
+                pipe.xpending(queue, GROUP)
+            replies += await pipe.execute(raise_on_error=False)
         except Exception as exc:
             if not is_outage(exc):
                 log.warning("metrics: reading worker stats failed: %r", exc)
@@ -93,10 +102,11 @@ class GatewayMetrics:
             stats = WorkerStats.from_json(raw)
             if stats is not None:
                 view.workers[wid] = stats
-        length, pending = replies[len(ids)], replies[len(ids) + 1]
-        if isinstance(length, int):
-            taken = pending.get("pending", 0) if isinstance(pending, dict) else 0
-            view.queue_depth = max(0, length - int(taken or 0))
+        depths = replies[len(ids) :]
+        for length, pending in zip(depths[0::2], depths[1::2], strict=True):
+            if isinstance(length, int):
+                taken = pending.get("pending", 0) if isinstance(pending, dict) else 0
+                view.queue_depth = (view.queue_depth or 0) + max(0, length - int(taken or 0))
         self.view = view
 
     def render(self) -> bytes:

@@ -1,7 +1,7 @@
 """What a stream-store exception tells the client, the same on every transport.
 
 :func:`refusal` maps the exceptions of :mod:`gateway.streams.store`
-(:class:`NoWorker` and :class:`ShuttingDown`, :class:`Overloaded`,
+(:class:`NoWorker` and :class:`ShuttingDown`, :class:`Overloaded`, :class:`UnknownModel`,
 :class:`StreamNotFound`, :class:`StreamForbidden`, :class:`BadOffset`,
 :class:`RedisFull`, :class:`RedisUnavailable`) to a protocol error code and message; the WebSocket
 (gateway/ws/connection.py) makes an ``error`` frame of it, the HTTP API
@@ -18,6 +18,7 @@ from core.wire.errors import (
     STORE_UNREACHABLE,
     STORE_UNREACHABLE_RESUME,
 )
+from gateway.streams.models import UnknownModel
 from gateway.streams.store import (
     BadOffset,
     NoWorker,
@@ -30,7 +31,15 @@ from gateway.streams.store import (
 
 __all__ = ["STORE_ERRORS", "Refusal", "refusal"]
 
-STORE_ERRORS = (NoWorker, Overloaded, StreamNotFound, StreamForbidden, BadOffset, RedisUnavailable)
+STORE_ERRORS = (
+    NoWorker,
+    Overloaded,
+    UnknownModel,
+    StreamNotFound,
+    StreamForbidden,
+    BadOffset,
+    RedisUnavailable,
+)
 FULL_RETRY_AFTER = 5.0  # seconds: a full Redis frees memory as finished streams expire
 
 
@@ -54,6 +63,8 @@ def refusal(exc: BaseException, *, streaming: bool = False) -> Refusal:
         return Refusal("unavailable", str(exc), retry_after=2)
     if isinstance(exc, Overloaded):
         return Refusal("overloaded", str(exc), retry_after=1)
+    if isinstance(exc, UnknownModel):
+        return Refusal("not_found", str(exc), param="model")
     if isinstance(exc, StreamNotFound):  # EventsTrimmed too
         return Refusal("not_found", str(exc) or NO_SUCH_STREAM)
     if isinstance(exc, StreamForbidden):

@@ -217,9 +217,15 @@ class StreamStore:
     # --- streams -----------------------------------------------------------------
 
     async def create(
-        self, body: dict[str, Any], request_id: str | None, *, attach: bool = True
+        self,
+        body: dict[str, Any],
+        request_id: str | None,
+        *,
+        attach: bool = True,
+        model: str | None = None,
     ) -> NewStream:
-        """Create a stream and queue its request.
+        """Create a stream and queue its request for ``model`` (gateway/streams/models.py;
+        ``None``: on ``P requests``, for workers that name no model).
 
         Raises :class:`Overloaded` or :class:`RedisFull` (Redis is at ``admit_memory`` of
         its maxmemory, or refused the write), :class:`NoWorker`, :class:`RedisUnavailable`.
@@ -228,7 +234,8 @@ class StreamStore:
             raise ShuttingDown("this gateway is shutting down; retry (another gateway will answer)")
         if not await self.live_workers():
             raise NoWorker("no engine worker is running")
-        if await self._guard(self.redis.xlen(self.keys.requests)) >= self.max_pending:
+        queue = self.keys.queue(model)
+        if await self._guard(self.redis.xlen(queue)) >= self.max_pending:
             raise Overloaded("too many requests are waiting")
         if await self.memory.full():  # the room left is for the streams already running
             raise RedisFull("redis is nearly full (maxmemory)")
@@ -250,11 +257,11 @@ class StreamStore:
         request = {
             "sid": sid,
             "rid": request_id or "",
-            "body": json.dumps(body, ensure_ascii=False),
+            "body": json.dumps({**body, "model": model} if model else body, ensure_ascii=False),
             "dt": str(self.detach_timeout),
             "ttl": str(self.stream_ttl),
         }
-        pipe.xadd(self.keys.requests, request)  # type: ignore[arg-type]
+        pipe.xadd(queue, request)  # type: ignore[arg-type]
         await self._guard(pipe.execute())
         if attach_id:
             self.attachments.track(sid, attach_id)

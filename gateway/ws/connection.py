@@ -10,6 +10,9 @@ being writable, the queue fills, the tails stop pulling from Redis (the log is t
 and nothing else waits. Writes take ``_send_lock`` (first come, first served), so each
 stream's frames leave in the order its tail produced them. docs/protocol.md is the
 reference for the frames.
+
+Long: the reader loop, the tails and the writer share the socket's queue, lock, slots
+and attachments; apart, each would need all of that state passed in.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ from gateway.access.guard import AuthError, Principal, RateLimited, TooManyStrea
 from gateway.streams.errors import STORE_ERRORS, refusal
 from gateway.streams.store import RedisUnavailable, StreamForbidden, StreamNotFound
 from gateway.ws import protocol as p
+
+# what a new stream's tail says in its started frame: request id, resume token, choice (n > 1)
+Started = tuple[str | None, str, int | None]
 
 if TYPE_CHECKING:
     from gateway.state import Gateway
@@ -231,12 +237,18 @@ class Connection:
             await self._cancel(frame)
 
     async def _generate(self, g: p.Generate) -> None:
+        """One stream, or one per choice (``n``): each starts as soon as it is queued."""
+        for index in range(g.n):
+            await self._generate_one(g, index)
+
+    async def _generate_one(self, g: p.Generate, index: int) -> None:
         rid = g.request_id
         bucket = self._open_slot(rid, None)
         created = False
         try:
+            _, route = await self.gw.models.resolve(g.model)
             await self.gw.guard.admit(self.principal)
-            new = await self.gw.streams.create(g.body(), rid)
+            new = await self.gw.streams.create(g.body(index), rid, model=route.model)
             created = True
         except RateLimited as exc:
             raise p.ProtocolError(
@@ -250,7 +262,8 @@ class Connection:
         self.slot_of[new.stream_id] = bucket
         self.owned.add(new.stream_id)
         log.info("generate", extra={"request_id": rid, "stream_id": new.stream_id})
-        self._start_tail(new.stream_id, -1, new.attach_id, (rid, new.resume_token))
+        started = (rid, new.resume_token, index if g.n > 1 else None)
+        self._start_tail(new.stream_id, -1, new.attach_id, started)
 
     async def _resume(self, r: p.Resume) -> None:
         sid = r.stream_id
@@ -315,7 +328,7 @@ class Connection:
     # --- tails -----------------------------------------------------------------------
 
     def _start_tail(
-        self, sid: str, after: int, attach_id: str | None, started: tuple[str | None, str] | None
+        self, sid: str, after: int, attach_id: str | None, started: Started | None
     ) -> None:
         self.attach_of[sid] = attach_id
         task = asyncio.create_task(self._tail(sid, after, started), name=f"tail-{sid}")
@@ -329,7 +342,7 @@ class Connection:
         if sid in self.attach_of:
             await self.gw.streams.detach(sid, self.attach_of.pop(sid))
 
-    async def _tail(self, sid: str, after: int, started: tuple[str | None, str] | None) -> None:
+    async def _tail(self, sid: str, after: int, started: Started | None) -> None:
         rid = started[0] if started else None
         try:
             tail = self.gw.streams.tail(sid, after, resumed=started is None)
@@ -351,7 +364,8 @@ class Connection:
                         )
                         return
                     elif started is not None and (ev.kind == "accepted" or ev.code == "cancelled"):
-                        await self.send(p.started_frame(rid, sid, started[1], ev.prompt_tokens))
+                        frame = p.started_frame(rid, sid, started[1], ev.prompt_tokens, started[2])
+                        await self.send(frame)
                         started = None
                     elif started is not None and ev.kind == "rejected":
                         code = ev.code if ev.code in p.ERROR_CODES else "internal"

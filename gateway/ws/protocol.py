@@ -19,12 +19,11 @@ from typing import Any
 
 from core.wire.errors import ERROR_CODES, ERRORS
 from core.wire.events import FINISH_REASONS as FINISH_REASONS  # re-exported: done reasons
-from core.wire.keys import STREAM_ID_RE
+from core.wire.keys import MAX_MODEL_NAME, STREAM_ID_RE
 from core.wire.logprobs import chat_content, decode_logprobs
-from core.wire.params import SamplingParams
-from core.wire.requests import Limits as Limits  # re-exported: parse_frame takes them
-from core.wire.requests import Message as Message
+from core.wire.params import MAX_CHOICES, SamplingParams
 from core.wire.requests import (
+    MAX_SEED,
     RequestError,
     check_input_size,
     validate_messages,
@@ -32,6 +31,8 @@ from core.wire.requests import (
     validate_request_id,
     validate_resume_token,
 )
+from core.wire.requests import Limits as Limits  # re-exported: parse_frame takes them
+from core.wire.requests import Message as Message
 from core.wire.tools import decode_calls
 
 PROTOCOL_VERSION = 1
@@ -86,12 +87,19 @@ class Generate:
     params: SamplingParams
     messages: tuple[Message, ...] | None = None
     prompt: str | None = None
+    model: str | None = None  # None: the gateway's default model
+    n: int = 1  # choices: streams started, each with its own ``started`` frame
 
-    def body(self) -> dict[str, Any]:
-        """The request as JSON-able data for the engine worker."""
-        out: dict[str, Any] = {"params": dataclasses.asdict(self.params)}
+    def body(self, index: int = 0) -> dict[str, Any]:
+        """The request of choice ``index`` as JSON-able data for the engine worker (with
+        a ``seed``, choice ``index`` samples with ``seed + index``)."""
+        params = dataclasses.asdict(self.params)
+        if index and params["seed"] is not None:
+            params["seed"] = (params["seed"] + index) % MAX_SEED
+        out: dict[str, Any] = {"params": params}
         if self.messages is not None:
-            out["messages"] = [{"role": m.role, "content": m.content} for m in self.messages]
+            out["messages"] = [{"role": m.role, "content": m.content, **m.tools}
+                               for m in self.messages]  # fmt: skip
         else:
             out["prompt"] = self.prompt
         return out
@@ -220,10 +228,18 @@ def _parse_generate(obj: dict[str, Any], limits: Limits) -> Generate:
         raw = obj.get("params")
         if raw is not None and not isinstance(raw, dict):
             raise RequestError("bad_request", "params must be an object", "params")
-        params = validate_params(raw or {}, limits)
+        raw = dict(raw or {})
+        n = raw.pop("n", 1)
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
+            raise RequestError("bad_request", f"n must be an integer from 1 to {MAX_CHOICES}", "n")
+        params = validate_params(raw, limits)
     except RequestError as exc:
         raise ProtocolError(exc.code, exc.message, request_id=rid) from None
-    return Generate(rid, params, parsed, prompt if parsed is None else None)
+    model = obj.get("model")
+    if model is not None and (not isinstance(model, str) or not 0 < len(model) <= MAX_MODEL_NAME):
+        message = f"model must be a string of 1 to {MAX_MODEL_NAME} characters"
+        raise ProtocolError("bad_request", message, request_id=rid)
+    return Generate(rid, params, parsed, prompt if parsed is None else None, model, n)
 
 
 # --- server frames ---------------------------------------------------------
@@ -252,15 +268,23 @@ def hello_frame(
 
 
 def started_frame(
-    request_id: str | None, stream_id: str, resume_token: str, prompt_tokens: int
+    request_id: str | None,
+    stream_id: str,
+    resume_token: str,
+    prompt_tokens: int,
+    index: int | None = None,
 ) -> dict[str, Any]:
-    return {
+    """A ``started`` frame; ``index``: the choice, for a ``generate`` with ``n`` > 1."""
+    out: dict[str, Any] = {
         "type": "started",
         "request_id": request_id,
         "stream_id": stream_id,
         "resume_token": resume_token,
         "prompt_tokens": prompt_tokens,
     }
+    if index is not None:
+        out["index"] = index
+    return out
 
 
 def token_frame(stream_id: str, seq: int, text: str, logprobs: str | None = None) -> dict[str, Any]:

@@ -7,6 +7,8 @@ Each assembled text must equal the uninterrupted greedy text for its prompt
 the token seqs must be exactly 1..n-1: no gap, no duplicate.
 
 TOKENRELAY_CHAOS_STREAMS / TOKENRELAY_CHAOS_TOKENS resize it (default 50 x 48).
+The helpers take any two gateways (:class:`Gateways`): tests/worker/upstream/
+test_chaos_relay.py runs them over a relay.
 """
 
 from __future__ import annotations
@@ -15,12 +17,20 @@ import asyncio
 import os
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
 from tests.gateway.conftest import Stack
 from tests.gateway.procs import Client, generate_frame
+
+
+class Gateways(Protocol):
+    """Two gateways of one fleet (``host:port``): clients start on ``a``, resume on either."""
+
+    a: str
+    b: str
+
 
 # 2 x 50 streams x 48 tokens of CPU inference: minutes on a busy 2-core machine
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -34,8 +44,8 @@ def prompt(i: int) -> str:
     return f"In one sentence, tell me fact number {i} about {TOPICS[i % len(TOPICS)]}."
 
 
-def params() -> dict[str, Any]:
-    return {"max_tokens": TOKENS, "temperature": 0, "ignore_eos": True}
+def params(tokens: int = TOKENS) -> dict[str, Any]:
+    return {"max_tokens": tokens, "temperature": 0, "ignore_eos": True}
 
 
 @dataclass
@@ -47,15 +57,15 @@ class Outcome:
     resumed_on: list[str] = field(default_factory=list)
 
 
-async def reference(stack: Stack) -> dict[int, Outcome]:
-    """All prompts on one socket that never drops."""
-    c = await Client.open(stack.a)
+async def reference(addr: str, streams: int = STREAMS, tokens: int = TOKENS) -> list[Outcome]:
+    """All prompts on one socket (to the gateway at ``addr``) that never drops."""
+    c = await Client.open(addr)
     out: dict[int, Outcome] = {}
     by_sid: dict[str, int] = {}
     try:
-        for i in range(STREAMS):
-            await c.send(generate_frame(prompt(i), f"ref{i}", **params()))
-        while len(out) < STREAMS or any(o.done is None for o in out.values()):
+        for i in range(streams):
+            await c.send(generate_frame(prompt(i), f"ref{i}", **params(tokens)))
+        while len(out) < streams or any(o.done is None for o in out.values()):
             f = await c.recv(120)
             if f["type"] == "started":
                 i = int(f["request_id"][3:])
@@ -71,13 +81,16 @@ async def reference(stack: Stack) -> dict[int, Outcome]:
                 raise AssertionError(f)
     finally:
         await c.close()
-    return out
+    return [out[i] for i in range(streams)]
 
 
-async def chaos_client(stack: Stack, i: int, rng: random.Random) -> Outcome:
+async def chaos_client(
+    stack: Gateways, i: int, rng: random.Random, tokens: int = TOKENS
+) -> Outcome:
+    """Stream prompt ``i``, dropping the socket 1 to 3 times and resuming on either gateway."""
     out = Outcome()
     c = await Client.open(stack.a)
-    await c.send(generate_frame(prompt(i), f"chaos{i}", **params()))
+    await c.send(generate_frame(prompt(i), f"chaos{i}", **params(tokens)))
     started = (await c.recv_until(lambda f: f["type"] == "started", 120))[-1]
     sid, token = started["stream_id"], started["resume_token"]
     drops = rng.randint(1, 3)
@@ -116,24 +129,25 @@ async def chaos_client(stack: Stack, i: int, rng: random.Random) -> Outcome:
 async def test_chaos_drops_and_resumes(stack: Stack) -> None:
     rng = random.Random(1234)
     seeds = [rng.randrange(2**32) for _ in range(STREAMS)]
-    ref_task = asyncio.create_task(reference(stack))
+    ref_task = asyncio.create_task(reference(stack.a))
     chaos = await asyncio.wait_for(
         asyncio.gather(*(chaos_client(stack, i, random.Random(seeds[i])) for i in range(STREAMS))),
         1500,
     )
-    refs = await asyncio.wait_for(ref_task, 300)
+    check_assembled(chaos, await asyncio.wait_for(ref_task, 300), TOKENS)
+
+
+def check_assembled(chaos: list[Outcome], refs: list[Outcome], tokens: int) -> None:
+    """Every chaos stream was dropped and resumed (both ways, on both gateways), and
+    assembled the reference's text with seqs 1..n-1, no gap and no duplicate."""
     cuts = sum(o.drops.count("cut") for o in chaos)
     closes = sum(o.drops.count("close") for o in chaos)
     on_b = sum(o.resumed_on.count("b") for o in chaos)
     assert cuts > 0 and closes > 0 and on_b > 0, (cuts, closes, on_b)
-    for i, (o, ref) in enumerate(zip(chaos, refs_list(refs), strict=True)):
+    for i, (o, ref) in enumerate(zip(chaos, refs, strict=True)):
         assert o.done is not None and ref.done is not None
         assert o.seqs == list(range(1, o.done["seq"])), f"stream {i}: gap or duplicate {o.seqs}"
         assert o.done["finish_reason"] == "length", o.done
         assert "".join(o.text) == "".join(ref.text), f"stream {i} ({o.drops}) differs"
         assert 1 <= len(o.drops) <= 3
-        assert o.done["usage"]["completion_tokens"] == TOKENS
-
-
-def refs_list(refs: dict[int, Outcome]) -> list[Outcome]:
-    return [refs[i] for i in range(STREAMS)]
+        assert o.done["usage"]["completion_tokens"] == tokens

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +61,7 @@ class Upstream:
     inbox: Inbox
     model: str | None = None
     model_known: bool = False  # ``model`` is settled (given, listed, or none to send)
+    listed: list[str] | None = None  # the upstream's model ids, once it listed them
     include_usage: bool = True  # off once the upstream refuses stream_options
     counters: dict[str, int] = field(default_factory=dict)
     background: set[asyncio.Task[None]] = field(default_factory=set)
@@ -77,6 +79,18 @@ class Upstream:
                 await self._list_models()
         return self.model
 
+    async def model_for(self, served: str | None) -> str | None:
+        """The name sent upstream for a request for the model ``served`` (the name a
+        gateway routed it by; ``None``: the request names none)."""
+        name = self.cfg.upstream_name(served, self.listed)
+        return name if name is not None else await self.model_name()
+
+    async def list_models(self) -> list[str] | None:
+        """The upstream's model ids (asked now); ``None`` when it cannot say."""
+        async with self._model_lock:
+            await self._list_models()
+        return self.listed
+
     async def _list_models(self) -> None:
         try:
             resp = await self.http.get(f"{self.cfg.url}/models", headers=self.cfg.auth_headers())
@@ -85,9 +99,12 @@ class Upstream:
         if resp.status_code >= 500:
             raise status_error(resp.status_code, resp.content, None)
         try:
-            self.model = str(resp.json()["data"][0]["id"]) if resp.status_code == 200 else None
+            data = resp.json()["data"] if resp.status_code == 200 else []
+            self.listed = [str(m["id"]) for m in data] or None
         except (ValueError, KeyError, IndexError, TypeError):
-            self.model = None
+            self.listed = None
+        if self.cfg.model is None:  # not given: the first one listed
+            self.model = self.listed[0] if self.listed else None
         self.model_known = True
         log.info("upstream model", extra={"model": self.model, "status": resp.status_code})
 
@@ -111,6 +128,7 @@ class Call:
         self.finish_reason: str | None = None
         self.usage: tuple[int, int] | None = None
         self.remote: tuple[str, str] | None = None  # a tokenrelay upstream's stream id, token
+        self.sent_at = 0.0  # when the attempt's request went out (monotonic)
 
     async def run(self) -> None:
         """Make the call until it opens and ends, or fails; the inbox hears either way."""
@@ -163,10 +181,12 @@ class Call:
     async def _attempt(self, params: SamplingParams) -> None:
         up = self.up
         self.finish_reason, self.usage = None, None  # (an attempt that failed saw no text)
-        model = await up.model_name()
+        served = self.body.get("model")
+        model = await up.model_for(served if isinstance(served, str) else None)
         path, payload = request_body(self.body, params, model, include_usage=up.include_usage)
         headers = {"Accept": "text/event-stream", **up.cfg.auth_headers()}
         up.count("upstream_requests")
+        self.sent_at = time.monotonic()
         try:
             url = up.cfg.url + path
             async with up.http.stream("POST", url, json=payload, headers=headers) as r:
@@ -220,9 +240,10 @@ class Call:
         if chunk.usage is not None:
             self.usage = chunk.usage
         if chunk.text:
+            ttft = None if self.started else time.monotonic() - self.sent_at
             self.started = True
             self.chunks += 1
-            self.up.inbox.text(self.stream_id, chunk.text)
+            self.up.inbox.text(self.stream_id, chunk.text, ttft)
         if chunk.finish_reason is not None:
             self.finish_reason = chunk.finish_reason  # the usage chunk may follow
         if chunk.done:

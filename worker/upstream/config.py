@@ -4,6 +4,10 @@
 (``http://127.0.0.1:8000/v1``); a URL with no path gets ``/v1``. The requests go
 to ``{base}/chat/completions`` (a request with ``messages``) or
 ``{base}/completions`` (one with a ``prompt``), the model list to ``{base}/models``.
+
+The relay serves, under the names it announces to gateways (core/wire/stats.py
+``models``): the ``--upstream-model`` names (a comma list), or one of them under the
+worker's ``--model-name``, or else every model the upstream lists.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from core.options import MAX_INFLIGHT as DEFAULT_MAX_INFLIGHT
 from core.options import UPSTREAM_TIMEOUT as DEFAULT_TIMEOUT
+from core.wire.stats import checked_models, model_names
 
 CONNECT_TIMEOUT = 10.0  # at most, for the TCP (and TLS) handshake
 
@@ -53,6 +58,8 @@ class UpstreamConfig:
 
     url: str  # the base URL, normalised (base_url)
     model: str | None = None  # the model name sent upstream; None: its first listed model
+    models: tuple[str, ...] = ()  # every --upstream-model name (model is the first)
+    served_name: str | None = None  # --model-name: the one model's name for clients
     api_key: str | None = None  # sent as ``Authorization: Bearer``
     timeout: float = DEFAULT_TIMEOUT  # no byte for this long: the call fails
     max_inflight: int = DEFAULT_MAX_INFLIGHT  # calls at once (the worker takes no more)
@@ -62,6 +69,30 @@ class UpstreamConfig:
             raise ValueError(f"--upstream-timeout must be > 0 seconds, got {self.timeout}")
         if self.max_inflight < 1:
             raise ValueError(f"--max-inflight must be at least 1, got {self.max_inflight}")
+        if self.model is not None and not self.models:
+            object.__setattr__(self, "models", (self.model,))
+        checked_models(list(self.models), "--upstream-model")
+        if self.served_name is not None:
+            checked_models([self.served_name], "--model-name")
+            if len(self.models) > 1:
+                raise ValueError(
+                    "--model-name names one model; a relay of several --upstream-model "
+                    "names serves each under its own name"
+                )
+
+    def announced(self, listed: list[str] | None) -> list[str] | None:
+        """The model names clients use, given the upstream's list (``None``: not known yet)."""
+        if self.served_name is not None:
+            return [self.served_name]
+        names = list(self.models) or listed
+        return None if names is None else model_names(names)
+
+    def upstream_name(self, served: str | None, listed: list[str] | None) -> str | None:
+        """The name sent upstream for a request for the model ``served`` (``None``: the
+        request names none, and the first model is meant)."""
+        if served is None or served == self.served_name:
+            return self.model or (listed[0] if listed else None)
+        return served
 
     @property
     def connect_timeout(self) -> float:
@@ -70,9 +101,13 @@ class UpstreamConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> UpstreamConfig:
         """The upstream of ``tokenrelay worker``/``serve``'s options; ``ValueError`` if bad."""
+        names = [n.strip() for n in (getattr(args, "upstream_model", None) or "").split(",")]
+        models = tuple(n for n in names if n)
         return cls(
             url=base_url(args.upstream),
-            model=getattr(args, "upstream_model", None) or None,
+            model=models[0] if models else None,
+            models=models,
+            served_name=getattr(args, "model_name", None) or None,
             api_key=getattr(args, "upstream_api_key", None) or None,
             timeout=float(getattr(args, "upstream_timeout", DEFAULT_TIMEOUT)),
             max_inflight=int(getattr(args, "max_inflight", DEFAULT_MAX_INFLIGHT)),

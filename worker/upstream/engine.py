@@ -43,10 +43,12 @@ from worker.client import Starter
 from worker.prepare import Prepared
 from worker.upstream.call import Call, Upstream
 from worker.upstream.config import UpstreamConfig, redact
+from worker.upstream.failures import UpstreamError
 from worker.upstream.inbox import ATTACHED, OPEN, OPENING, Inbox, Output
 
 log = logging.getLogger("tokenrelay.upstream")
 
+LIST_RETRY = 5.0  # seconds between asks for the upstream's model list, until it answers
 STEP_WAIT = 0.02  # seconds a step waits for text when none has arrived
 POOL_SPARE = 8  # connections beyond --max-inflight (model list, cancels)
 CLOSE_WAIT = 3.0  # seconds the cancels of a closing relay may take
@@ -55,6 +57,8 @@ NO_TOKENIZER = "an upstream relay has no tokenizer: it takes request bodies (Tak
 
 class UpstreamEngine:
     """Calls to one upstream server, stepped by the worker loop (one thread) like an engine."""
+
+    backend = "upstream"  # in the worker's stats (core/wire/stats.py)
 
     def __init__(self, cfg: UpstreamConfig, *, step_wait: float = STEP_WAIT) -> None:
         self.cfg = cfg
@@ -67,6 +71,12 @@ class UpstreamEngine:
         self._thread.start()
         self.up: Upstream = self._run(self._open())
         self._starter = _Starter(self)
+        self._learning: concurrent.futures.Future[None] | None = None
+        if cfg.announced(None) is None:  # the names clients use are the upstream's
+            self._run(self._learn_models(once=True))
+            if self.up.listed is None:
+                learn = self._learn_models(once=False)
+                self._learning = asyncio.run_coroutine_threadsafe(learn, self._loop)
         log.info("upstream relay", extra={"upstream": redact(cfg.url), "model": cfg.model,
                                           "max_inflight": cfg.max_inflight})  # fmt: skip
 
@@ -79,6 +89,23 @@ class UpstreamEngine:
         timeout = httpx.Timeout(cfg.timeout, connect=cfg.connect_timeout)
         http = httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False)
         return Upstream(http, cfg, self.inbox, cfg.model, cfg.model is not None)
+
+    async def _learn_models(self, *, once: bool) -> None:
+        """Ask the upstream for its model list (``once``, or until it gives one)."""
+        while True:
+            try:
+                await self.up.list_models()
+            except (UpstreamError, httpx.HTTPError) as exc:
+                log.info("the upstream's model list is not known yet: %s", exc)
+            if once or self.up.listed is not None:
+                return
+            await asyncio.sleep(LIST_RETRY)
+
+    def served_models(self) -> list[str] | None:
+        """The model names clients use for this relay, which its worker announces and
+        reads the request queues of; ``None`` while the upstream has not listed its models
+        (the worker then serves the requests that name no model)."""
+        return self.cfg.announced(self.up.listed)
 
     def _run(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
@@ -157,6 +184,8 @@ class UpstreamEngine:
         with self._lock:
             futures = list(self._tasks.values())
             self._tasks.clear()
+        if self._learning is not None:
+            futures.append(self._learning)
         for future in futures:
             future.cancel()
         with contextlib.suppress(Exception):

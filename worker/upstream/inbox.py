@@ -47,6 +47,7 @@ class Output:
     completion_tokens: int
     message: str | None = None  # why, for finish_reason "error"
     new_logprobs: Sequence[Logprobs] | None = None
+    upstream_ttft: float | None = None  # the first output's: upstream request to first text
 
 
 @dataclass
@@ -61,6 +62,7 @@ class CallState:
     usage: tuple[int, int] | None = None  # (prompt, completion) at the finish
     refusal: EngineRefused | None = None
     total_chunks: int = 0
+    upstream_ttft: float | None = None  # seconds, until the first output reports it
 
     @property
     def news(self) -> bool:
@@ -86,11 +88,14 @@ class Inbox:
             self._calls[stream_id] = CallState(stream_id)
             return True
 
-    def text(self, stream_id: str, delta: str) -> None:
+    def text(self, stream_id: str, delta: str, upstream_ttft: float | None = None) -> None:
+        """A text delta (the first with the seconds from the upstream request to it)."""
         with self._cond:
             st = self._calls.get(stream_id)
             if st is None or st.finish is not None:
                 return
+            if upstream_ttft is not None and st.total_chunks == 0:
+                st.upstream_ttft = upstream_ttft
             st.text.append(delta)
             st.chunks += 1
             st.total_chunks += 1
@@ -187,12 +192,15 @@ class Inbox:
     def _output(self, st: CallState) -> Output:
         text, st.text = "".join(st.text), []
         ids, st.chunks = [-1] * st.chunks, 0
+        ttft, st.upstream_ttft = st.upstream_ttft, None
         if st.finish is None:
-            return Output(st.stream_id, text, ids, False, None, 0, st.total_chunks)
+            return Output(st.stream_id, text, ids, False, None, 0, st.total_chunks,
+                          upstream_ttft=ttft)  # fmt: skip
         del self._calls[st.stream_id]
         reason, message = st.finish
         prompt, completion = st.usage if st.usage else (0, st.total_chunks)
-        return Output(st.stream_id, text, ids, True, reason, prompt, completion, message)
+        return Output(st.stream_id, text, ids, True, reason, prompt, completion, message,
+                      upstream_ttft=ttft)  # fmt: skip
 
     def wait_opened(self, timeout: float) -> bool:
         """Block until a call has opened or been refused (True), or ``timeout`` passes."""

@@ -156,10 +156,8 @@ def test_penalties_change_the_output(api_stack: ApiStack) -> None:
         ("audio", {"voice": "alloy", "format": "wav"}),
         ("modalities", ["text", "audio"]),
         ("prediction", {"type": "content", "content": "x"}),
-        ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
-        ("tool_choice", "required"),
+        ("tool_choice", "required"),  # with no tools
         ("web_search_options", {}),
-        ("parallel_tool_calls", True),
         ("functions", [{"name": "f"}]),
         ("reasoning_effort", "low"),
         ("service_tier", "flex"),

@@ -119,9 +119,11 @@ async def test_metrics_and_logs_follow_generate_cancel_resume(stack: Stack) -> N
     assert delta("tokenrelay_requests_started_total", worker_id=wid) >= 3
     assert delta("tokenrelay_generated_tokens_total", worker_id=wid) >= 12
     for hist in ("time_to_first_token", "request_duration", "queue_wait"):
-        assert delta(f"tokenrelay_{hist}_seconds_count") >= 3, hist
-    assert delta("tokenrelay_time_per_output_token_seconds_count") >= 2
-    assert value(after, "tokenrelay_time_to_first_token_seconds_sum") > 0
+        assert delta(f"tokenrelay_{hist}_seconds_count", backend="engine") >= 3, hist
+    assert delta("tokenrelay_time_per_output_token_seconds_count", backend="engine") >= 2
+    assert value(after, "tokenrelay_time_to_first_token_seconds_sum", backend="engine") > 0
+    assert value(after, "tokenrelay_worker_info", worker_id=wid, backend="engine") == 1
+    assert value(after, "tokenrelay_worker_models", worker_id=wid, model="default") == 1
     assert delta("tokenrelay_resumes_total") == 1
     assert delta("tokenrelay_resume_events_replayed_total") >= 1
     assert delta("tokenrelay_cancel_requests_total") == 1
