@@ -104,6 +104,8 @@ def add_http_options(p: argparse.ArgumentParser) -> None:
         help="concurrent HTTP generations per API key or client address")  # fmt: skip
     add(p, "--sse-keepalive", default=SSE_KEEPALIVE, type=float,
         help="seconds of silence before an SSE ': keep-alive' comment")  # fmt: skip
+    add(p, "--grpc-port", default=0, type=int,
+        help="port of the gRPC API on --host (docs/grpc.md; 0: off)")  # fmt: skip
     add_security_options(p)
 
 

@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import uvicorn
 
@@ -16,6 +17,9 @@ from core.exposure import exposure_error, insecure_banner
 from gateway.app import Gateway, Settings, create_app
 from gateway.drain import drain
 from gateway.gcpolicy import freeze_startup_heap
+
+if TYPE_CHECKING:
+    from gateway.grpc.server import GrpcServer
 
 log = logging.getLogger("tokenrelay.server")
 
@@ -28,26 +32,57 @@ class GatewayServer(uvicorn.Server):
     finish within ``--drain-timeout``) while still listening. uvicorn's own
     connection shutdown sends 1012; the protocol promises 1001 ("going away"),
     so the gateway closes its sockets itself before that.
+
+    With ``grpc_port`` the gRPC API (gateway/grpc/server.py) starts once uvicorn
+    listens, in the same event loop, drains with the WebSockets (a ``shutting_down``
+    notice to every call) and ends its calls with ``UNAVAILABLE`` when they close.
     """
 
-    def __init__(self, config: uvicorn.Config, gw: Gateway) -> None:
+    def __init__(
+        self, config: uvicorn.Config, gw: Gateway, *, grpc_port: int = 0, grpc_host: str = ""
+    ) -> None:
         super().__init__(config)
         self.gw = gw
+        self.grpc_port = grpc_port  # 0: no gRPC
+        self.grpc_host = grpc_host or config.host
+        self.grpc: GrpcServer | None = None
+        self.failed: str | None = None  # why the server could not start (exit status 2)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
+        if self.started and self.grpc_port:
+            await self._start_grpc()
         if self.started:  # listening, the app started: what exists now lives as long as we do
             freeze_startup_heap()
 
+    async def _start_grpc(self) -> None:
+        try:
+            from gateway.grpc.server import GrpcServer  # grpc loads only with --grpc-port
+
+            self.grpc = GrpcServer(self.gw, self.grpc_host, self.grpc_port)
+            await self.grpc.start()
+        except (ImportError, RuntimeError, OSError, ValueError) as exc:
+            self.failed = str(exc)
+            self.grpc = None
+            log.error("the gRPC server could not start", extra={"reason": str(exc)[:500]})
+            self.should_exit = True
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         try:
-            await drain(self.gw, self.gw.settings.drain_timeout, force=lambda: self.force_exit)
+            draining = drain(self.gw, self.gw.settings.drain_timeout, force=lambda: self.force_exit)
+            if self.grpc is None:
+                await draining
+            else:  # drain() flags the gateway before its first wait; then the calls are told
+                await asyncio.gather(draining, self.grpc.drain(self.gw.settings.drain_timeout))
         except Exception:  # never block the shutdown
             log.exception("draining failed")
         for server in self.servers:
             server.close()  # stop accepting first
         try:
-            await self.gw.close_connections(wait=2.0)
+            closing = [self.gw.close_connections(wait=2.0)]
+            if self.grpc is not None:
+                closing.append(self.grpc.stop())
+            await asyncio.gather(*closing)
         except Exception:  # never block the shutdown
             log.exception("closing websockets failed")
         await super().shutdown(sockets)
@@ -60,12 +95,20 @@ def build_server(
     *,
     log_level: str = "info",
     forwarded_allow_ips: str = "127.0.0.1",
+    grpc_port: int = 0,
 ) -> GatewayServer:
     """A uvicorn server for the gateway app (not started).
 
     The client address (per-address limits, logs) comes from ``X-Forwarded-For`` only when
     the connection is from one of ``forwarded_allow_ips``: the proxies in front of it.
+    ``grpc_port``: serve the gRPC API there too, on ``host`` (0: off).
     """
+    if isinstance(grpc_port, bool) or not isinstance(grpc_port, int):
+        raise ValueError(f"--grpc-port must be an integer, got {grpc_port!r}")
+    if not 0 <= grpc_port <= 65535:
+        raise ValueError(f"--grpc-port must be 0 (off) or a port from 1 to 65535, got {grpc_port}")
+    if grpc_port and grpc_port == port:
+        raise ValueError(f"--grpc-port must differ from --port ({port})")
     app = create_app(settings)
     config = uvicorn.Config(
         app,
@@ -84,7 +127,7 @@ def build_server(
         proxy_headers=True,
         forwarded_allow_ips=forwarded_allow_ips,
     )
-    return GatewayServer(config, app.state.gateway)
+    return GatewayServer(config, app.state.gateway, grpc_port=grpc_port, grpc_host=host)
 
 
 def run_server(server: GatewayServer, sockets: list[socket.socket] | None = None) -> None:
@@ -140,8 +183,12 @@ def main(args: argparse.Namespace) -> int:
         args.port,
         log_level=args.log_level,
         forwarded_allow_ips=args.forwarded_allow_ips,
+        grpc_port=getattr(args, "grpc_port", 0) or 0,
     )
     log.info("gateway listening", extra={"host": args.host, "port": args.port})
     bound = getattr(args, "listen_socket", None)  # set by tokenrelay serve
     run_server(server, [bound] if isinstance(bound, socket.socket) else None)
+    if server.failed is not None:
+        log.error("gateway stopped: %s", server.failed)
+        return 2
     return 0

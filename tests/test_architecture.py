@@ -34,6 +34,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "gateway.http.openai_request": ("asyncio", "socket", "starlette", "redis"),
     "gateway.http.openai_render": ("asyncio", "socket", "starlette", "redis"),
     "gateway.http.openai_fields": ("asyncio", "socket", "starlette", "redis"),
+    "gateway.grpc.convert": ("asyncio", "socket", "starlette", "redis", "grpc"),
     "core.wire": ("asyncio", "socket", "redis"),
     # the relay worker: no model, no torch (a relay machine need not have either)
     "worker.upstream": ("engine", "torch", "transformers", "tokenizers", "numpy"),

@@ -1,0 +1,1 @@
+"""The optional gRPC API (``--grpc-port``): protocol v1 over ``tokenrelay.v1.Relay/Chat``."""

@@ -1,0 +1,292 @@
+"""Protocol v1's streams on one client channel, whatever carries the frames.
+
+A :class:`StreamSession` answers parsed client frames (gateway/ws/protocol.py:
+``generate``, ``resume``, ``cancel``, ``ping``) with server frames as dicts, and runs one
+tail task per stream (replay + live events from the Redis log). A transport supplies
+:meth:`StreamSession.send` (and, for a cheaper token frame, :meth:`StreamSession.send_token`).
+The gRPC API (gateway/grpc/service.py) is one; the WebSocket (gateway/ws/connection.py)
+runs the same steps in its own ``Connection`` (the WebSocket's per-key slots, attachments,
+tails and errors work as here). :class:`FrameRate` is the per-channel frame budget both use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from core.wire.errors import NO_SUCH_STREAM
+from gateway.access.guard import Principal, RateLimited, TooManyStreams
+from gateway.streams.errors import STORE_ERRORS, refusal
+from gateway.streams.store import RedisUnavailable, StreamForbidden, StreamNotFound
+from gateway.ws import protocol as p
+
+if TYPE_CHECKING:
+    from gateway.state import Gateway
+
+log = logging.getLogger("tokenrelay.session")
+
+# what a new stream's tail says in its started frame: request id, resume token, choice (n > 1)
+Started = tuple[str | None, str, int | None]
+
+RATE_PER_S = 50.0  # client frames per second, sustained
+RATE_BURST = 200.0
+MAX_VIOLATIONS = 200  # rate-limited frames (with no calm spell between) before the channel ends
+
+
+def refused(
+    exc: BaseException, rid: str | None = None, sid: str | None = None, streaming: bool = False
+) -> p.ProtocolError:
+    """The ``error`` for a stream-store exception (gateway/streams/errors.py)."""
+    r = refusal(exc, streaming=streaming)
+    retry = r.retry_after
+    return p.ProtocolError(r.code, r.message, request_id=rid, stream_id=sid, retry_after=retry)
+
+
+class FrameRate:
+    """A token bucket of client frames: ``RATE_PER_S`` sustained, ``RATE_BURST`` at once."""
+
+    def __init__(self) -> None:
+        self._tokens = RATE_BURST
+        self._refilled = time.monotonic()
+        self.violations = 0  # refused frames since the client last calmed down
+
+    def allow(self) -> bool:
+        """Take one frame's token; False (one violation more) when there is none."""
+        now = time.monotonic()
+        self._tokens = min(RATE_BURST, self._tokens + (now - self._refilled) * RATE_PER_S)
+        self._refilled = now
+        if self._tokens < 1:
+            self.violations += 1
+            return False
+        self._tokens -= 1
+        if self._tokens >= RATE_BURST / 2:  # the client has calmed down
+            self.violations = 0
+        return True
+
+    @property
+    def abusive(self) -> bool:
+        """The client kept sending while refused: end the channel (policy)."""
+        return self.violations >= MAX_VIOLATIONS
+
+
+class StreamSession:
+    """The streams one client channel carries; subclasses deliver the frames."""
+
+    transport = "?"  # the metrics label of this channel's errors
+
+    def __init__(self, gw: Gateway, principal: Principal) -> None:
+        self.gw = gw
+        self.principal = principal
+        self.tails: dict[str, asyncio.Task[None]] = {}
+        self.owned: set[str] = set()  # streams this channel started or resumed
+        self.slot_of: dict[str, str] = {}  # stream id -> --max-streams-per-key bucket
+        self.attach_of: dict[str, str | None] = {}  # stream id -> attachment its tail holds
+        self.waiting_for_worker = False  # hello said no worker was ready: tell it when one is
+
+    # --- what a transport supplies ---------------------------------------------------
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        """Deliver one server frame (waits while the client does not read)."""
+        raise NotImplementedError
+
+    async def send_token(self, sid: str, seq: int, text: str, logprobs: str | None) -> None:
+        """Deliver a ``token`` frame (``logprobs``: the event's stored ``l`` field)."""
+        await self.send(p.token_frame(sid, seq, text, logprobs))
+
+    # --- frames ------------------------------------------------------------------------
+
+    async def answer(self, parse: Callable[[], p.ClientFrame]) -> None:
+        """Parse one client frame and handle it; every failure becomes an ``error`` frame."""
+        try:
+            await self.handle(parse())
+        except p.ProtocolError as exc:
+            refused_ = {"code": exc.code, "request_id": exc.request_id,
+                        "stream_id": exc.stream_id, "reason": exc.message[:200],
+                        "transport": self.transport}  # fmt: skip
+            log.info("frame refused", extra=refused_)
+            await self.send(exc.frame())
+        except RedisUnavailable as exc:
+            await self.send(refused(exc).frame())
+        except Exception:
+            log.exception("frame handler failed", extra={"transport": self.transport})
+            await self.send(p.error_frame("internal", "internal error"))
+
+    async def handle(self, frame: p.ClientFrame) -> None:
+        """Answer one parsed frame; raises :class:`~gateway.ws.protocol.ProtocolError`."""
+        if isinstance(frame, p.Ping):
+            await self.send(p.pong_frame())
+        elif isinstance(frame, p.Generate):
+            for index in range(frame.n):  # one stream per choice, each started when queued
+                await self._generate_one(frame, index)
+        elif isinstance(frame, p.Resume):
+            await self._resume(frame)
+        elif isinstance(frame, p.Cancel):
+            await self._cancel(frame)
+
+    async def _generate_one(self, g: p.Generate, index: int) -> None:
+        rid = g.request_id
+        bucket = self._open_slot(rid, None)
+        created = False
+        try:
+            _, route = await self.gw.models.resolve(g.model)
+            await self.gw.guard.admit(self.principal)
+            new = await self.gw.streams.create(g.body(index), rid, model=route.model)
+            created = True
+        except RateLimited as exc:
+            raise p.ProtocolError(
+                "rate_limited", str(exc), request_id=rid, retry_after=exc.retry_after
+            ) from None
+        except STORE_ERRORS as exc:  # no worker, overloaded, Redis down, unknown model
+            raise refused(exc, rid) from None
+        finally:
+            if not created:  # the slot goes back whatever went wrong
+                self.gw.guard.close_stream(bucket)
+        self.slot_of[new.stream_id] = bucket
+        self.owned.add(new.stream_id)
+        extra = {"request_id": rid, "stream_id": new.stream_id, "transport": self.transport}
+        log.info("generate", extra=extra)
+        started = (rid, new.resume_token, index if g.n > 1 else None)
+        self._start_tail(new.stream_id, -1, new.attach_id, started)
+
+    async def _resume(self, r: p.Resume) -> None:
+        sid = r.stream_id
+        try:
+            info = await self.gw.streams.authorize(sid, r.resume_token)
+            await self.gw.streams.check_after(sid, r.after)
+        except STORE_ERRORS as exc:  # not found, forbidden, bad offset, Redis down
+            raise refused(exc, sid=sid) from None
+        old = self.tails.pop(sid, None)
+        if old is not None:  # one tail per stream per channel
+            old.cancel()
+            await asyncio.gather(old, return_exceptions=True)
+            await self.release(sid)  # in case it was cancelled before it ran
+        self.slot_of[sid] = self._open_slot(None, sid, new_tail=old is None)
+        try:  # the slot and the attachment go back on every way out but a started tail
+            attach_id = None
+            if info.status != "done":
+                with contextlib.suppress(RedisUnavailable):
+                    attach_id = await self.gw.streams.attach(sid)
+            self.attach_of[sid] = attach_id
+            self.owned.add(sid)
+            extra = {"stream_id": sid, "request_id": info.request_id, "after": r.after,
+                     "transport": self.transport}  # fmt: skip
+            log.info("resume", extra=extra)
+            await self.send(p.resumed_frame(sid, r.after))
+        except BaseException:  # cancelled meanwhile, say (the channel went away)
+            await self.release(sid)
+            raise
+        self._start_tail(sid, r.after, attach_id, None)
+
+    def _open_slot(self, rid: str | None, sid: str | None, new_tail: bool = True) -> str:
+        """A ``--max-streams-per-key`` slot for a tail (one more here: ``new_tail``)."""
+        limit = self.gw.settings.max_streams_per_connection
+        if new_tail and len(self.tails) >= limit:  # --max-streams-per-connection
+            msg = f"at most {limit} concurrent streams per {self.transport} channel"
+            raise p.ProtocolError("rate_limited", msg, request_id=rid, stream_id=sid)
+        try:
+            return self.gw.guard.open_stream(self.principal)
+        except TooManyStreams as exc:
+            raise p.ProtocolError(
+                "rate_limited", str(exc), request_id=rid, stream_id=sid, retry_after=1
+            ) from None
+
+    async def _cancel(self, c: p.Cancel) -> None:
+        sid = c.stream_id
+        try:
+            if sid not in self.owned:
+                if c.resume_token is None:
+                    info = await self.gw.streams.info(sid)
+                    if info is None:
+                        raise StreamNotFound(NO_SUCH_STREAM)
+                    raise StreamForbidden(
+                        "this channel did not start or resume the stream: send its resume_token"
+                    )
+                await self.gw.streams.authorize(sid, c.resume_token)
+            outcome = await self.gw.streams.request_cancel(sid)
+        except STORE_ERRORS as exc:  # not found, forbidden, Redis down
+            raise refused(exc, sid=sid) from None
+        done = outcome.already_finished
+        reason = outcome.info.finish_reason if done else None
+        await self.send(p.cancelled_frame(sid, "finished" if done else "cancelling", reason))
+
+    # --- tails -----------------------------------------------------------------------
+
+    def _start_tail(
+        self, sid: str, after: int, attach_id: str | None, started: Started | None
+    ) -> None:
+        self.attach_of[sid] = attach_id
+        task = asyncio.create_task(self._tail(sid, after, started), name=f"tail-{sid}")
+        self.tails[sid] = task
+
+    async def release(self, sid: str) -> None:
+        """Give back a tail's per-key slot and remove its attachment (once per tail)."""
+        bucket = self.slot_of.pop(sid, None)
+        if bucket is not None:
+            self.gw.guard.close_stream(bucket)
+        if sid in self.attach_of:
+            await self.gw.streams.detach(sid, self.attach_of.pop(sid))
+
+    async def detach_all(self) -> None:
+        """The channel is gone: stop every tail and detach its streams (never a cancel)."""
+        tails = list(self.tails.values())
+        for task in tails:
+            task.cancel()
+        await asyncio.gather(*tails, return_exceptions=True)
+        # a tail cancelled before it first ran never reached its `finally`
+        left = self.slot_of.keys() | self.attach_of.keys()
+        await asyncio.gather(*(self.release(sid) for sid in left))
+
+    async def _tail(self, sid: str, after: int, started: Started | None) -> None:
+        try:
+            await tail_frames(self.gw, sid, after, started, self.send, self.send_token)
+        finally:
+            if self.tails.get(sid) is asyncio.current_task():
+                del self.tails[sid]
+            await self.release(sid)
+
+
+async def tail_frames(
+    gw: Gateway,
+    sid: str,
+    after: int,
+    started: Started | None,
+    send: Callable[[dict[str, Any]], Awaitable[None]],
+    send_token: Callable[[str, int, str, str | None], Awaitable[None]],
+) -> None:
+    """Send one stream's events with seq > ``after`` as protocol v1 frames, until ``done``.
+
+    ``started`` (a new stream): its ``started`` frame once a worker accepted it (or an
+    ``error`` with the request id when the worker refused it). A stream that expires or
+    an outage ends with an ``error`` frame naming the stream; a bug with ``internal``.
+    """
+    rid = started[0] if started else None
+    try:
+        tail = gw.streams.tail(sid, after, resumed=started is None)
+        async with contextlib.aclosing(tail) as events:
+            async for ev in events:
+                if ev.kind == "token":
+                    await send_token(sid, ev.seq, ev.text, ev.logprobs)
+                elif ev.kind == "done":
+                    reason = ev.finish_reason or "error"
+                    await send(p.done_frame(sid, ev.seq, reason, ev.prompt_tokens,
+                                            ev.completion_tokens, ev.message,
+                                            ev.tool_calls))  # fmt: skip
+                    return
+                elif started is not None and (ev.kind == "accepted" or ev.code == "cancelled"):
+                    await send(p.started_frame(rid, sid, started[1], ev.prompt_tokens, started[2]))
+                    started = None
+                elif started is not None and ev.kind == "rejected":
+                    code = ev.code if ev.code in p.ERROR_CODES else "internal"
+                    await send(p.error_frame(code, ev.message or "rejected", request_id=rid))
+                    return
+    except (StreamNotFound, RedisUnavailable) as exc:  # expired/trimmed, or Redis is down
+        await send(refused(exc, rid, sid, streaming=True).frame())
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("stream tail failed", extra={"stream_id": sid, "request_id": rid})
+        await send(p.error_frame("internal", "internal error", stream_id=sid))

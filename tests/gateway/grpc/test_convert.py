@@ -1,0 +1,98 @@
+"""gRPC messages <-> protocol v1 frames: the WebSocket's parser and frame builders decide."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway.grpc.convert import client_frame_json, parse_client_frame, server_frame
+from gateway.ws import protocol as p
+from tests.gateway.grpc.client import frame_dict, pb2
+
+LIMITS = p.Limits()
+
+
+def test_a_generate_parses_as_its_websocket_frame_would() -> None:
+    params = pb2.SamplingParams(
+        temperature=0.0, top_p=0.9, top_k=5, max_tokens=7, seed=3, stop=["\n"], ignore_eos=False,
+        min_p=0.1, presence_penalty=0.5, frequency_penalty=-0.5, repetition_penalty=1.1,
+        logit_bias={42: -3.0}, stop_token_ids=[2], logprobs=2, n=2,
+        response_format_json='{"type": "json_object"}',
+    )  # fmt: skip
+    messages = [pb2.Message(role="system", content="Be brief."),
+                pb2.Message(role="user", content="Hi")]  # fmt: skip
+    frame = pb2.ClientFrame(generate=pb2.Generate(request_id="r1", messages=messages,
+                                                  params=params, model="m"))  # fmt: skip
+    ws = {
+        "type": "generate", "request_id": "r1", "model": "m",
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        "params": {"temperature": 0, "top_p": 0.9, "top_k": 5, "max_tokens": 7, "seed": 3,
+                   "stop": ["\n"], "ignore_eos": False, "min_p": 0.1, "presence_penalty": 0.5,
+                   "frequency_penalty": -0.5, "repetition_penalty": 1.1,
+                   "logit_bias": {"42": -3}, "stop_token_ids": [2], "logprobs": 2, "n": 2,
+                   "response_format": {"type": "json_object"}},
+    }  # fmt: skip
+    assert parse_client_frame(frame, LIMITS) == p.parse_frame(json.dumps(ws), LIMITS)
+
+
+def test_unset_fields_take_protocol_v1_defaults() -> None:
+    frame = pb2.ClientFrame(generate=pb2.Generate(prompt="Once"))
+    assert client_frame_json(frame) == {"type": "generate", "prompt": "Once"}
+    g = parse_client_frame(frame, LIMITS)
+    assert g == p.parse_frame('{"type":"generate","prompt":"Once"}', LIMITS)
+    resume = pb2.ClientFrame(resume=pb2.Resume(stream_id="s", resume_token="t"))
+    assert client_frame_json(resume) == {"type": "resume", "stream_id": "s",
+                                         "resume_token": "t", "after": 0}  # fmt: skip
+    cancel = pb2.ClientFrame(cancel=pb2.Cancel(stream_id="s"))
+    assert client_frame_json(cancel) == {"type": "cancel", "stream_id": "s"}
+
+
+@pytest.mark.parametrize(
+    ("frame", "code", "words"),
+    [
+        (pb2.ClientFrame(), "bad_request", "empty ClientFrame"),
+        (pb2.ClientFrame(generate=pb2.Generate(prompt="x", params=pb2.SamplingParams(
+            temperature=float("nan")))), "bad_request", "finite"),
+        (pb2.ClientFrame(generate=pb2.Generate(request_id="r", messages=[pb2.Message(
+            role="assistant", tool_calls_json="[")])), "bad_request", "tool_calls_json"),
+        (pb2.ClientFrame(generate=pb2.Generate(prompt="x", messages=[pb2.Message(
+            role="user", content="y")])), "bad_request", "not both"),
+        (pb2.ClientFrame(resume=pb2.Resume(stream_id="A" * 22, resume_token="t", after=-1)),
+         "bad_request", "after"),
+    ],
+)  # fmt: skip
+def test_bad_frames_are_protocol_errors(frame: object, code: str, words: str) -> None:
+    with pytest.raises(p.ProtocolError) as err:
+        parse_client_frame(frame, LIMITS)
+    assert err.value.code == code and words in err.value.message
+
+
+def test_server_frames_carry_the_websocket_frames_fields() -> None:
+    frames = [
+        p.hello_frame(20.0, max_frame_bytes=1024, server="tokenrelay/x", worker_ready=True),
+        p.started_frame("r1", "S", "T", 42, 1),
+        p.token_frame("S", 1, "Hel"),
+        p.done_frame("S", 9, "length", 42, 8, "why"),
+        p.resumed_frame("S", 17),
+        p.cancelled_frame("S", "finished", "stop"),
+        p.error_frame("rate_limited", "slow", request_id="r1", retry_after=1.5),
+        p.pong_frame(),
+        {"type": "notice", "code": "shutting_down", "message": "bye", "drain_s": 30},
+    ]
+    got = [frame_dict(server_frame(pb2, f)) for f in frames]
+    hello = {"type": "hello", "protocol": 1, "heartbeat_s": 20.0, "max_frame_bytes": 1024,
+             "server": "tokenrelay/x", "worker_ready": True}  # fmt: skip
+    assert got[0] == hello
+    assert got[1]["index"] == 1 and got[1]["prompt_tokens"] == 42
+    assert got[2] == {"type": "token", "stream_id": "S", "seq": 1, "text": "Hel",
+                      "logprobs_json": ""}  # fmt: skip
+    assert got[3]["usage"] == {"prompt_tokens": 42, "completion_tokens": 8}
+    assert got[3]["message"] == "why" and got[3]["finish_reason"] == "length"
+    assert got[4] == {"type": "resumed", "stream_id": "S", "after": 17}
+    assert got[5]["finish_reason"] == "stop"
+    assert got[6]["retry_after"] == 2 and got[6]["request_id"] == "r1"
+    assert got[7] == {"type": "pong"}
+    assert got[8]["drain_s"] == 30
+    with pytest.raises(ValueError):
+        server_frame(pb2, {"type": "nope"})
