@@ -64,6 +64,7 @@ class ChatCall(StreamSession):
     """One ``Chat`` call and the streams it carries."""
 
     transport = "grpc"
+    channel = "call"
 
     def __init__(
         self, gw: Gateway, pb2: Any, context: grpc.aio.ServicerContext, principal: Principal

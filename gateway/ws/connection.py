@@ -9,48 +9,28 @@ never waits for a slow client's socket. When the client reads slowly, the socket
 being writable, the queue fills, the tails stop pulling from Redis (the log is the buffer)
 and nothing else waits. Writes take ``_send_lock`` (first come, first served), so each
 stream's frames leave in the order its tail produced them. docs/protocol.md is the
-reference for the frames.
-
-Long: the reader loop, the tails and the writer share the socket's queue, lock, slots
-and attachments; apart, each would need all of that state passed in.
+reference for the frames. What a stream needs (generate, resume, cancel, per-key slots,
+attachments, the tail) is :class:`gateway.ws.session.StreamSession`'s, as for gRPC calls.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from core.wire.errors import NO_SUCH_STREAM
-from gateway.access.guard import AuthError, Principal, RateLimited, TooManyStreams
-from gateway.streams.errors import STORE_ERRORS, refusal
-from gateway.streams.store import RedisUnavailable, StreamForbidden, StreamNotFound
+from gateway.access.guard import AuthError, Principal
 from gateway.ws import protocol as p
-
-# what a new stream's tail says in its started frame: request id, resume token, choice (n > 1)
-Started = tuple[str | None, str, int | None]
+from gateway.ws.session import FrameRate, StreamSession
 
 if TYPE_CHECKING:
     from gateway.state import Gateway
 
 log = logging.getLogger("tokenrelay.ws")
-
-RATE_PER_S = 50.0  # client frames per second, sustained
-RATE_BURST = 200.0
-MAX_VIOLATIONS = 200  # rate-limited frames (with no calm spell between) before closing: 1008
-
-
-def _refused(
-    exc: Exception, rid: str | None = None, sid: str | None = None, streaming: bool = False
-) -> p.ProtocolError:
-    """The ``error`` for a stream-store exception (gateway/streams/errors.py)."""
-    r = refusal(exc, streaming=streaming)
-    retry = r.retry_after
-    return p.ProtocolError(r.code, r.message, request_id=rid, stream_id=sid, retry_after=retry)
 
 
 class _Close:
@@ -61,25 +41,20 @@ class _Close:
 _STOP = _Close(0)  # queued for the writer to end without writing anything
 
 
-class Connection:
+class Connection(StreamSession):
     """One accepted WebSocket and the streams it carries."""
 
+    transport = "ws"
+    channel = "socket"
+
     def __init__(self, ws: WebSocket, gw: Gateway) -> None:
+        super().__init__(gw, Principal(None))  # the principal: set by websocket_endpoint
         self.ws = ws
-        self.gw = gw
         self.queue: asyncio.Queue[str | _Close] = asyncio.Queue(gw.settings.send_queue)
-        self.tails: dict[str, asyncio.Task[None]] = {}
-        self.owned: set[str] = set()
-        self.principal = Principal(None)  # set by websocket_endpoint
-        self.slot_of: dict[str, str] = {}  # stream id -> --max-streams-per-key bucket
-        self.attach_of: dict[str, str | None] = {}  # stream id -> attachment its tail holds
-        self._tokens = RATE_BURST
-        self._refilled = time.monotonic()
-        self._violations = 0
+        self.rate = FrameRate()
         self._closing = False  # no new frames are taken (what is queued still goes)
         self._dead = False  # a write failed: nothing more can be sent
         self._send_lock = asyncio.Lock()  # one socket write at a time, in arrival order
-        self.waiting_for_worker = False  # hello said no worker was ready: tell it when one is
 
     # --- lifecycle ---------------------------------------------------------------
 
@@ -97,13 +72,7 @@ class Connection:
                 self.waiting_for_worker = not hello["worker_ready"]  # a notice will follow
                 await self._read_loop()
         finally:
-            tails = list(self.tails.values())
-            for task in tails:
-                task.cancel()
-            await asyncio.gather(*tails, return_exceptions=True)
-            # a tail cancelled before it first ran never reached its `finally`
-            left = self.slot_of.keys() | self.attach_of.keys()
-            await asyncio.gather(*(self._release(sid) for sid in left))
+            await self.detach_all()  # a closed socket detaches its streams, never cancels
             if self._closing:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(asyncio.shield(writer), 2.0)
@@ -169,6 +138,10 @@ class Connection:
         if not self._closing:
             await self.queue.put(p.encode(frame))
 
+    async def send_token(self, sid: str, seq: int, text: str, logprobs: str | None) -> None:
+        """A stream tail's ``token`` frame, encoded straight to text (the hot path)."""
+        await self.send_encoded(p.encode_token(sid, seq, text, logprobs))
+
     async def send_encoded(self, text: str) -> None:
         """A stream tail's frame, already encoded with :mod:`gateway.ws.protocol`.
 
@@ -193,197 +166,13 @@ class Connection:
             if text is None:
                 await self.send(p.error_frame("bad_request", "binary frames are not supported"))
                 continue
-            if not self._allow():
-                self._violations += 1
-                if self._violations >= MAX_VIOLATIONS:
+            if not self.rate.allow():
+                if self.rate.abusive:
                     self.close(p.CLOSE_POLICY, "rate limit exceeded")
                     return
                 await self.send(p.error_frame("rate_limited", "too many frames; slow down"))
                 continue
-            if self._tokens >= RATE_BURST / 2:  # the client has calmed down
-                self._violations = 0
-            try:
-                await self._handle(p.parse_frame(text, self.gw.limits))
-            except p.ProtocolError as exc:
-                refused = {"code": exc.code, "request_id": exc.request_id,
-                           "stream_id": exc.stream_id, "reason": exc.message[:200]}  # fmt: skip
-                log.info("frame refused", extra=refused)
-                await self.send(exc.frame())
-            except RedisUnavailable as exc:
-                await self.send(_refused(exc).frame())
-            except Exception:
-                log.exception("frame handler failed")
-                await self.send(p.error_frame("internal", "internal error"))
-
-    def _allow(self) -> bool:
-        now = time.monotonic()
-        self._tokens = min(RATE_BURST, self._tokens + (now - self._refilled) * RATE_PER_S)
-        self._refilled = now
-        if self._tokens < 1:
-            return False
-        self._tokens -= 1
-        return True
-
-    # --- frames ----------------------------------------------------------------------
-
-    async def _handle(self, frame: p.ClientFrame) -> None:
-        if isinstance(frame, p.Ping):
-            await self.send(p.pong_frame())
-        elif isinstance(frame, p.Generate):
-            await self._generate(frame)
-        elif isinstance(frame, p.Resume):
-            await self._resume(frame)
-        elif isinstance(frame, p.Cancel):
-            await self._cancel(frame)
-
-    async def _generate(self, g: p.Generate) -> None:
-        """One stream, or one per choice (``n``): each starts as soon as it is queued."""
-        for index in range(g.n):
-            await self._generate_one(g, index)
-
-    async def _generate_one(self, g: p.Generate, index: int) -> None:
-        rid = g.request_id
-        bucket = self._open_slot(rid, None)
-        created = False
-        try:
-            _, route = await self.gw.models.resolve(g.model)
-            await self.gw.guard.admit(self.principal)
-            new = await self.gw.streams.create(g.body(index), rid, model=route.model)
-            created = True
-        except RateLimited as exc:
-            raise p.ProtocolError(
-                "rate_limited", str(exc), request_id=rid, retry_after=exc.retry_after
-            ) from None
-        except STORE_ERRORS as exc:  # no worker, overloaded, Redis down
-            raise _refused(exc, rid) from None
-        finally:
-            if not created:  # the slot goes back whatever went wrong
-                self.gw.guard.close_stream(bucket)
-        self.slot_of[new.stream_id] = bucket
-        self.owned.add(new.stream_id)
-        log.info("generate", extra={"request_id": rid, "stream_id": new.stream_id})
-        started = (rid, new.resume_token, index if g.n > 1 else None)
-        self._start_tail(new.stream_id, -1, new.attach_id, started)
-
-    async def _resume(self, r: p.Resume) -> None:
-        sid = r.stream_id
-        try:
-            info = await self.gw.streams.authorize(sid, r.resume_token)
-            await self.gw.streams.check_after(sid, r.after)
-        except STORE_ERRORS as exc:  # not found, forbidden, bad offset, Redis down
-            raise _refused(exc, sid=sid) from None
-        old = self.tails.pop(sid, None)
-        if old is not None:  # one tail per stream per socket
-            old.cancel()
-            await asyncio.gather(old, return_exceptions=True)
-            await self._release(sid)  # in case it was cancelled before it ran
-        self.slot_of[sid] = self._open_slot(None, sid, new_tail=old is None)
-        try:  # the slot and the attachment go back on every way out but a started tail
-            attach_id = None
-            if info.status != "done":
-                with contextlib.suppress(RedisUnavailable):
-                    attach_id = await self.gw.streams.attach(sid)
-            self.attach_of[sid] = attach_id
-            self.owned.add(sid)
-            extra = {"stream_id": sid, "request_id": info.request_id, "after": r.after}
-            log.info("resume", extra=extra)
-            await self.send(p.resumed_frame(sid, r.after))
-        except BaseException:  # cancelled meanwhile, say (the socket went away)
-            await self._release(sid)
-            raise
-        self._start_tail(sid, r.after, attach_id, None)
-
-    def _open_slot(self, rid: str | None, sid: str | None, new_tail: bool = True) -> str:
-        """A ``--max-streams-per-key`` slot for a tail (one more on this socket: ``new_tail``)."""
-        limit = self.gw.settings.max_streams_per_connection
-        if new_tail and len(self.tails) >= limit:  # --max-streams-per-connection
-            msg = f"at most {limit} concurrent streams per socket"
-            raise p.ProtocolError("rate_limited", msg, request_id=rid, stream_id=sid)
-        try:
-            return self.gw.guard.open_stream(self.principal)
-        except TooManyStreams as exc:
-            raise p.ProtocolError(
-                "rate_limited", str(exc), request_id=rid, stream_id=sid, retry_after=1
-            ) from None
-
-    async def _cancel(self, c: p.Cancel) -> None:
-        sid = c.stream_id
-        try:
-            if sid not in self.owned:
-                if c.resume_token is None:
-                    info = await self.gw.streams.info(sid)
-                    if info is None:
-                        raise StreamNotFound(NO_SUCH_STREAM)
-                    raise StreamForbidden(
-                        "this socket did not start or resume the stream: send its resume_token"
-                    )
-                await self.gw.streams.authorize(sid, c.resume_token)
-            outcome = await self.gw.streams.request_cancel(sid)
-        except STORE_ERRORS as exc:  # not found, forbidden, Redis down
-            raise _refused(exc, sid=sid) from None
-        done = outcome.already_finished
-        reason = outcome.info.finish_reason if done else None
-        await self.send(p.cancelled_frame(sid, "finished" if done else "cancelling", reason))
-
-    # --- tails -----------------------------------------------------------------------
-
-    def _start_tail(
-        self, sid: str, after: int, attach_id: str | None, started: Started | None
-    ) -> None:
-        self.attach_of[sid] = attach_id
-        task = asyncio.create_task(self._tail(sid, after, started), name=f"tail-{sid}")
-        self.tails[sid] = task
-
-    async def _release(self, sid: str) -> None:
-        """Give back a tail's per-key slot and remove its attachment (once per tail)."""
-        bucket = self.slot_of.pop(sid, None)
-        if bucket is not None:
-            self.gw.guard.close_stream(bucket)
-        if sid in self.attach_of:
-            await self.gw.streams.detach(sid, self.attach_of.pop(sid))
-
-    async def _tail(self, sid: str, after: int, started: Started | None) -> None:
-        rid = started[0] if started else None
-        try:
-            tail = self.gw.streams.tail(sid, after, resumed=started is None)
-            async with contextlib.aclosing(tail) as events:
-                async for ev in events:
-                    if ev.kind == "token":
-                        await self.send_encoded(p.encode_token(sid, ev.seq, ev.text, ev.logprobs))
-                    elif ev.kind == "done":
-                        await self.send(
-                            p.done_frame(
-                                sid,
-                                ev.seq,
-                                ev.finish_reason or "error",
-                                ev.prompt_tokens,
-                                ev.completion_tokens,
-                                ev.message,
-                                ev.tool_calls,
-                            )
-                        )
-                        return
-                    elif started is not None and (ev.kind == "accepted" or ev.code == "cancelled"):
-                        frame = p.started_frame(rid, sid, started[1], ev.prompt_tokens, started[2])
-                        await self.send(frame)
-                        started = None
-                    elif started is not None and ev.kind == "rejected":
-                        code = ev.code if ev.code in p.ERROR_CODES else "internal"
-                        await self.send(
-                            p.error_frame(code, ev.message or "rejected", request_id=rid)
-                        )
-                        return
-        except (StreamNotFound, RedisUnavailable) as exc:  # expired/trimmed, or Redis is down
-            await self.send(_refused(exc, rid, sid, streaming=True).frame())
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("stream tail failed", extra={"stream_id": sid, "request_id": rid})
-            await self.send(p.error_frame("internal", "internal error", stream_id=sid))
-        finally:
-            if self.tails.get(sid) is asyncio.current_task():
-                del self.tails[sid]
-            await self._release(sid)
+            await self.answer(functools.partial(p.parse_frame, text, self.gw.limits))
 
 
 async def websocket_endpoint(ws: WebSocket) -> None:

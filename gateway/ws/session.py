@@ -4,9 +4,9 @@ A :class:`StreamSession` answers parsed client frames (gateway/ws/protocol.py:
 ``generate``, ``resume``, ``cancel``, ``ping``) with server frames as dicts, and runs one
 tail task per stream (replay + live events from the Redis log). A transport supplies
 :meth:`StreamSession.send` (and, for a cheaper token frame, :meth:`StreamSession.send_token`).
-The gRPC API (gateway/grpc/service.py) is one; the WebSocket (gateway/ws/connection.py)
-runs the same steps in its own ``Connection`` (the WebSocket's per-key slots, attachments,
-tails and errors work as here). :class:`FrameRate` is the per-channel frame budget both use.
+The WebSocket's ``Connection`` (gateway/ws/connection.py) and the gRPC API's calls
+(gateway/grpc/service.py) are the two. :class:`FrameRate` is the per-channel frame budget
+both use.
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ class StreamSession:
     """The streams one client channel carries; subclasses deliver the frames."""
 
     transport = "?"  # the metrics label of this channel's errors
+    channel = "channel"  # what errors call it ("socket", "call")
 
     def __init__(self, gw: Gateway, principal: Principal) -> None:
         self.gw = gw
@@ -185,7 +186,7 @@ class StreamSession:
         """A ``--max-streams-per-key`` slot for a tail (one more here: ``new_tail``)."""
         limit = self.gw.settings.max_streams_per_connection
         if new_tail and len(self.tails) >= limit:  # --max-streams-per-connection
-            msg = f"at most {limit} concurrent streams per {self.transport} channel"
+            msg = f"at most {limit} concurrent streams per {self.channel}"
             raise p.ProtocolError("rate_limited", msg, request_id=rid, stream_id=sid)
         try:
             return self.gw.guard.open_stream(self.principal)
@@ -203,7 +204,8 @@ class StreamSession:
                     if info is None:
                         raise StreamNotFound(NO_SUCH_STREAM)
                     raise StreamForbidden(
-                        "this channel did not start or resume the stream: send its resume_token"
+                        f"this {self.channel} did not start or resume the stream: "
+                        "send its resume_token"
                     )
                 await self.gw.streams.authorize(sid, c.resume_token)
             outcome = await self.gw.streams.request_cancel(sid)
