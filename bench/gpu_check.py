@@ -17,7 +17,11 @@ with a status (ok, failed, skipped) as soon as it ends:
 - ``throughput_ours``, ``throughput_transformers``: nano-vllm's benchmark (256
   requests, input and output lengths uniform in [100, 1024], random ids, greedy,
   EOS ignored, all at once) on the Qwen3 shape, ours against transformers'
-  continuous batching (bench/gpu_hf.py).
+  continuous batching (bench/gpu_hf.py);
+- ``tensor_parallel``: where the machine has N > 1 GPUs, the Qwen3-shaped model split
+  over the most of them that divide its heads (``tensor_parallel_size``, NCCL, eager):
+  the correctness prompts' greedy tokens against transformers (same tie rule) and
+  against TP=1's; with one GPU (or none) it is skipped and says so.
 
 A failing phase prints its traceback on stderr and the others still run.
 ``--budget`` (seconds, whole run) bounds it: our throughput run gets about 45% of
@@ -32,7 +36,7 @@ filelock (and triton for the Triton backend); nothing is installed:
     python3 -m bench.gpu_check --json $OUT/gpu_check.json                # the GPU run
     .venv/bin/python -m bench.gpu_check --tiny --device cpu --json /tmp/g.json  # smoke
 
-Long: the orchestration of seven phases and the one table that reports them.
+Long: the orchestration of eight phases and the one table that reports them.
 """
 
 from __future__ import annotations
@@ -91,11 +95,13 @@ PHASES = (
     "throughput_ours",
     "latency_eager",
     "throughput_transformers",
+    "tensor_parallel",
 )
 GREEDY_TOKENS = 32
 GREEDY_LENS = {False: (5, 17, 64, 100, 255, 256, 513, 1000), True: (3, 5, 8, 13, 21, 34, 55, 89)}
 CHUNK_TOKENS = {False: 256, True: 32}  # the SmolLM2-shaped engine's step budget: chunked prefill
 LATENCY = {False: (128, 128), True: (16, 24)}  # (prompt, decode tokens) of the batch-1 run
+TP_SECONDS = 60.0  # the tensor-parallel phase: N ranks load, 8 prompts, a batch-1 run
 TIE_ULPS = 4.0  # a divergence within this many ulps of the top-1 logit is a tie
 ENGINE_FIELDS = ("attention_backend", "enforce_eager")  # issue 18's EngineConfig fields
 
@@ -153,6 +159,8 @@ class GpuCheck:
         self.weight_bytes = 0
         self._llm: Any = None
         self._llm_error: str | None = None
+        # the Qwen3-shaped correctness run: prompts, transformers' ids and logits, TP=1's ids
+        self.tp_ref: tuple[list[list[int]], Any, Any, list[list[int]]] | None = None
 
     def left(self) -> float:
         return self.end - time.monotonic()
@@ -269,6 +277,8 @@ class GpuCheck:
             del llm
             if not main:
                 free(self.device)
+        if main:
+            self.tp_ref = (prompts, ref, ref_logits, ours)
         rows = compare_greedy(
             ours, ref, ref_logits, torch.finfo(self.dtype).eps, self.args.tie_ulps
         )
@@ -328,7 +338,8 @@ class GpuCheck:
 
     def throughput_ours(self) -> dict[str, Any]:
         llm = self.main_llm()
-        reserve = (40 if self.cuda else 5) + 10  # the eager latency run, the table
+        # the eager latency run, the table, the tensor-parallel phase
+        reserve = (40 if self.cuda else 5) + 10 + self.tp_reserve()
         share = 1.0 if self.args.skip_hf_throughput else 0.45
         deadline = time.perf_counter() + max(10.0, share * (self.left() - reserve))
         prompts, out_lens, warm = self.workload()
@@ -343,9 +354,67 @@ class GpuCheck:
         from bench.gpu_hf import run_hf_cb
 
         # a run cut short may take up to 30 s to stop
-        deadline = time.perf_counter() + max(10.0, self.left() - (30 if self.cuda else 10))
+        stop = (30 if self.cuda else 10) + self.tp_reserve()
+        deadline = time.perf_counter() + max(10.0, self.left() - stop)
         prompts, out_lens, warm = self.workload()
         return run_hf_cb(self.hf, prompts, out_lens, deadline, warm).to_json()
+
+    def tp_skip(self) -> str | None:
+        """Why the tensor-parallel phase cannot run here (n/a: fewer than 2 GPUs), if so."""
+        import torch
+
+        if not self.cuda:
+            return "n/a: tensor parallelism across GPUs needs CUDA devices"
+        count = torch.cuda.device_count()
+        if count < 2:
+            return f"n/a: {count} CUDA device here; TP=N needs N > 1 GPUs"
+        return None
+
+    def tp_reserve(self) -> float:
+        """Seconds the tensor-parallel phase needs at the end of the run (0 when n/a)."""
+        return 0.0 if self.tp_skip() else TP_SECONDS
+
+    def tensor_parallel(self) -> dict[str, Any]:
+        import torch
+
+        assert self.shape is not None and self.folder is not None and self.tp_ref is not None
+        count, shape = torch.cuda.device_count(), self.shape
+        dims = (shape.heads, shape.kv_heads, shape.intermediate)
+        fits = [n for n in range(2, count + 1) if not any(d % n for d in dims)]
+        if not fits:
+            raise Skip(f"n/a: no size 2..{count} divides {dims} (heads, KV heads, intermediate)")
+        size = max(fits)
+        prompts, ref, ref_logits, tp1 = self.tp_ref
+        llm = self.make_llm(
+            self.folder, eager=True, tensor_parallel_size=size, max_num_seqs=8, kv_cache_memory=4
+        )
+        try:
+            info = runner_info(llm)
+            ours = our_greedy(llm, prompts, GREEDY_TOKENS)
+            prompt_len, tokens = LATENCY[self.args.tiny]
+            rng = random.Random(self.args.seed + 13)
+            one = [rng.randrange(shape.vocab) for _ in range(prompt_len)]
+            decode = step_times(llm.engine, "tp-latency", one, tokens)[1:]
+        finally:
+            llm.close()
+            del llm
+            free(self.device)
+        rows = compare_greedy(
+            ours, ref, ref_logits, torch.finfo(self.dtype).eps, self.args.tie_ulps
+        )
+        verdicts = [r["verdict"] for r in rows]
+        return {
+            "size": size,
+            "gpus": count,
+            "engine": info,
+            "same_as_tp1": sum(a == b for a, b in zip(ours, tp1, strict=True)),
+            "equal": verdicts.count("equal"),
+            "ties": verdicts.count("tie"),
+            "mismatches": verdicts.count("MISMATCH"),
+            "passed": "MISMATCH" not in verdicts,
+            "median_ms": statistics.median(decode) * 1e3,
+            "prompts": rows,
+        }
 
     def run(self) -> None:
         small, big = shapes(self.args.tiny)
@@ -371,6 +440,8 @@ class GpuCheck:
         self.phase("throughput_transformers", self.throughput_hf, skip_hf, 20 * tiny_need)
         self.hf = None
         free(self.device)
+        no_tp = self.tp_skip() or (None if self.tp_ref else "no Qwen3-shaped reference run")
+        self.phase("tensor_parallel", self.tensor_parallel, no_tp, TP_SECONDS * tiny_need)
 
 
 # ------------------------------------------------------------------ main
@@ -434,6 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     ph = check.out["phases"]
     failed = [k for k, v in ph.items() if v["status"] == "failed"]
     unproven = [k for k in ("correctness_smollm2", "correctness_qwen3") if not ph[k].get("passed")]
+    unproven += [k for k in ("tensor_parallel",) if ph[k].get("passed") is False]
     return 1 if failed or unproven else 0
 
 

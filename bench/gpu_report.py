@@ -93,6 +93,18 @@ def summary_rows(out: dict[str, Any], cuda: bool) -> list[tuple[str, str, str, s
             if cuda:
                 ok = rec["status"] == "ok" and (rec["of_roofline"] or 0) >= TARGET_ROOFLINE
         rows.append((f"batch-1 decode, {label}", res, target, _verdict(ok) if target else ""))
+    tp = ph.get("tensor_parallel")
+    if tp is not None:
+        res = _status(tp)
+        if res is None:
+            res = (
+                f"TP={tp['size']} of {tp['gpus']} GPUs: {len(tp['prompts'])} prompts: "
+                f"{tp['equal']} equal, {tp['ties']} ties, {tp['mismatches']} mismatches; "
+                f"{tp['same_as_tp1']} the same as TP=1; batch-1 decode {tp['median_ms']:.2f} ms"
+            )
+        ok = {"ok": tp.get("passed"), "failed": False}.get(tp["status"])
+        rows.append(("tensor parallel", res, "tokens equal or first divergence a tie",
+                     _verdict(ok)))  # fmt: skip
     return rows
 
 

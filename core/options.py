@@ -135,6 +135,8 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
         help="tokens per KV block (default: the backend's, 16; flash-attn 256)")  # fmt: skip
     add(p, "--enforce-eager", default=False, action="store_true",
         help="no CUDA graphs for decode steps")  # fmt: skip
+    add(p, "--tensor-parallel-size", default=1, type=int,
+        help="split the model over N ranks: N GPUs (NCCL) or N CPU processes (gloo)")  # fmt: skip
     add(p, "--worker-id", default=None, help="consumer name in the request group")
 
 

@@ -73,6 +73,7 @@ WORKER_FLAGS = (
     "attention_backend",
     "block_size",
     "enforce_eager",
+    "tensor_parallel_size",
     "kv_cache_memory",
     "max_num_seqs",
     "max_num_batched_tokens",

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.attention.registry import BACKENDS, choose
+from engine.models.config import ModelConfig
 from engine.models.store import locate_model
+from engine.parallel.layout import check_tensor_parallel
 
 log = logging.getLogger("tokenrelay.engine")
 
@@ -65,6 +67,8 @@ class EngineConfig:
     weights: str = "auto"
     attention_backend: str = "auto"  # engine/attention/registry.py
     enforce_eager: bool = False  # no CUDA graphs for decode steps
+    # ranks the model is split over (engine/parallel/): gloo on the CPU, NCCL over N GPUs
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str | Path) or not str(self.model).strip():
@@ -122,19 +126,36 @@ class EngineConfig:
         if self.weights == "native" and self.dtype not in (None, "float32"):
             raise ValueError("weights=native computes in float32; leave dtype unset")
         # Raises ModelNotFoundError (a ValueError starting with "model:") for unknown models.
-        _, gguf, _ = locate_model(self.model)
+        ready, gguf, _ = locate_model(self.model)
         if self.weights == "native" and gguf is None:
             raise ValueError(f"model: weights=native needs a .gguf model, got {self.model!r}")
+        self._check_tensor_parallel(ready)
+
+    def _check_tensor_parallel(self, ready: Path | None) -> None:
+        """``tensor_parallel_size`` against the weights and, once known, the model's heads
+        (a GGUF model not converted yet is checked when the engine has its config)."""
+        _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
+        if self.tensor_parallel_size == 1:
+            return
+        if self.weights == "native":
+            raise ValueError(
+                "weights=native: tensor parallelism runs dense weights (weights auto, fp32 or "
+                "bf16), not the fused decoder over quantized blocks"
+            )
+        if ready is not None:
+            check_tensor_parallel(ModelConfig.from_pretrained(ready), self.tensor_parallel_size)
 
     def weights_for(self, device_type: str, backend: str = "cpu") -> str:
         """What ``auto`` means on ``device_type`` for this model: ``native`` or ``dense``.
 
         Native for a GGUF file on the CPU computing in fp32 with the ``cpu`` attention
-        backend (the resolved one), unless the file holds a tensor type the quantized
-        kernels do not multiply (then dense, logged).
+        backend (the resolved one) and no tensor parallelism, unless the file holds a
+        tensor type the quantized kernels do not multiply (then dense, logged).
         """
         if self.weights != "auto":
             return self.weights
+        if self.tensor_parallel_size > 1:  # the ranks split dense tensors
+            return "dense"
         _, gguf, _ = locate_model(self.model)
         dense_dtype = self.dtype not in (None, "float32")
         if gguf is None or device_type != "cpu" or dense_dtype or backend != "cpu":

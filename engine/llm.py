@@ -32,7 +32,9 @@ class LLM:
 
     ``model`` is ``"default"``, a local Hugging Face folder or a ``.gguf`` file;
     other keyword arguments go to :class:`EngineConfig` (``num_blocks``,
-    ``max_num_seqs``, ``max_num_batched_tokens``, ``dtype`` ...).
+    ``max_num_seqs``, ``max_num_batched_tokens``, ``dtype``, ``tensor_parallel_size``
+    ...). With ``tensor_parallel_size > 1`` call :meth:`close` when done (it stops the
+    other ranks' processes; they end with this process at the latest).
     """
 
     _ids = itertools.count()
@@ -40,6 +42,10 @@ class LLM:
     def __init__(self, model: str = "default", device: str = "auto", **engine_kwargs: Any):
         self.engine = LLMEngine(EngineConfig(model=model, device=device, **engine_kwargs))
         self.tokenizer = self.engine.tokenizer
+
+    def close(self) -> None:
+        """Stop the engine's tensor-parallel ranks, if any (idempotent)."""
+        self.engine.close()
 
     @classmethod
     def from_engine(cls, engine: LLMEngine) -> LLM:

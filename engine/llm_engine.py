@@ -81,10 +81,7 @@ class LLMEngine:
         self._detokenizer_cls = IncrementalDetokenizer
         self.tokenizer: Any = load_tokenizer(self.model_path)
         self.token_texts = TokenTexts(self.tokenizer)  # a token's own text, for logprobs
-        self.runner = ModelRunner(
-            self.model_path,
-            gguf=gguf,
-            device=device,
+        runner_kwargs: dict[str, Any] = dict(
             dtype=dtype,
             block_size=config.block_size,
             kv_cache_memory_gib=config.kv_cache_memory,
@@ -93,6 +90,22 @@ class LLMEngine:
             enforce_eager=config.enforce_eager,
             max_num_seqs=config.max_num_seqs,
         )
+        if config.tensor_parallel_size > 1:  # ranks 1..N-1 in processes of their own
+            from engine.parallel.workers import parallel_runner
+
+            self.runner = parallel_runner(
+                config.tensor_parallel_size, device, model_path=self.model_path, **runner_kwargs
+            )
+        else:
+            self.runner = ModelRunner(self.model_path, gguf=gguf, device=device, **runner_kwargs)
+        try:
+            self._init_state(config)
+        except BaseException:
+            self.runner.close()
+            raise
+
+    def _init_state(self, config: EngineConfig) -> None:
+        """Limits, block manager and scheduler, once the runner is up."""
         model_len = self.runner.max_model_len
         if config.max_model_len is not None and config.max_model_len > model_len:
             raise ValueError(
@@ -240,7 +253,12 @@ class LLMEngine:
 
     # -------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
-        """Run one engine step: aborts, one batched forward pass, sampling, detokenizing."""
+        """Run one engine step: aborts, one batched forward pass, sampling, detokenizing.
+
+        Under tensor parallelism a rank that died (or a failed collective) raises
+        ``TensorParallelError`` here, at every step from then on.
+        """
+        self.runner.check()
         started = time.perf_counter()
         plan = self.scheduler.schedule()
         outputs = [
@@ -320,6 +338,10 @@ class LLMEngine:
         if not matcher.accept(token):  # the mask prevents this; end rather than go on
             log.warning("guided decoding: token %d refused: %s", token, matcher.error)
         return matcher.stopped
+
+    def close(self) -> None:
+        """Stop the tensor-parallel ranks, if any (idempotent; nothing to do otherwise)."""
+        self.runner.close()
 
     def reset_prefix_cache(self) -> int:
         """Forget the cached-free prefix blocks (for benchmarks and tests)."""

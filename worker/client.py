@@ -148,6 +148,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         attention_backend=args.attention_backend,
         block_size=args.block_size,
         enforce_eager=args.enforce_eager,
+        tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
         kv_cache_memory=args.kv_cache_memory,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,

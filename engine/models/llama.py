@@ -23,6 +23,21 @@ from engine.models.rope import RotaryEmbedding
 from engine.runner.kv_cache import KVCache
 
 
+class Collectives(Protocol):
+    """What a tensor-parallel model needs of its process group (engine/parallel/group.py)."""
+
+    rank: int
+    size: int
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum ``x`` over the ranks, in place."""
+        ...
+
+    def gather_vocab(self, logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """Each rank's ``[N, Vp]`` vocabulary shard -> ``[N, vocab_size]``."""
+        ...
+
+
 class QuantRows(Protocol):
     """An embedding table kept quantized: dequantizes only the rows looked up."""
 
@@ -75,6 +90,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.qkv_packed: cpu_linear.Prepared | None = None  # set by CausalLM.pack_linears()
         self.o_packed: cpu_linear.Prepared | None = None
+        self.tp: Collectives | None = None  # row-parallel o: sum the ranks' partial outputs
 
     def pack(self) -> None:
         """Move the q/k/v and output projections to oneDNN's layout (frees the dense ones)."""
@@ -109,7 +125,9 @@ class Attention(nn.Module):
             q, k, v, kv_cache.k[self.layer_idx], kv_cache.v[self.layer_idx], meta, self.scale
         )  # [T, H, D]
         o2 = o.reshape(t, self.q_size)
-        return cpu_linear.linear(o2, self.o_weight, self.o_packed, self.o_bias)
+        if self.tp is None:
+            return cpu_linear.linear(o2, self.o_weight, self.o_packed, self.o_bias)
+        return _row_parallel(o2, self.o_weight, self.o_packed, self.o_bias, self.tp)
 
 
 class MLP(nn.Module):
@@ -124,6 +142,7 @@ class MLP(nn.Module):
         self.down_bias = _param(cfg.hidden_size) if cfg.mlp_bias else None
         self.gate_up_packed: cpu_linear.Prepared | None = None  # set by CausalLM.pack_linears()
         self.down_packed: cpu_linear.Prepared | None = None
+        self.tp: Collectives | None = None  # row-parallel down: sum the ranks' partial outputs
 
     def pack(self) -> None:
         """Move both projections to oneDNN's layout (frees the dense ones)."""
@@ -136,7 +155,22 @@ class MLP(nn.Module):
         gate_up = cpu_linear.linear(x, self.gate_up_weight, self.gate_up_packed, self.gate_up_bias)
         gate, up = gate_up[:, : self.inter], gate_up[:, self.inter :]  # [T, I] each
         act = F.silu(gate) * up
-        return cpu_linear.linear(act, self.down_weight, self.down_packed, self.down_bias)
+        if self.tp is None:
+            return cpu_linear.linear(act, self.down_weight, self.down_packed, self.down_bias)
+        return _row_parallel(act, self.down_weight, self.down_packed, self.down_bias, self.tp)
+
+
+def _row_parallel(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    packed: cpu_linear.Prepared | None,
+    bias: torch.Tensor | None,
+    tp: Collectives,
+) -> torch.Tensor:
+    """``x`` ``[T, in / size]`` times this rank's input columns, summed over the ranks,
+    then the (whole, replicated) bias once: ``[T, out]``, the same on every rank."""
+    out = tp.all_reduce(cpu_linear.linear(x, weight, packed))
+    return out if bias is None else out + bias
 
 
 class DecoderLayer(nn.Module):
@@ -166,6 +200,17 @@ class CausalLM(nn.Module):
         self.embed_quant: QuantRows | None = None
         # every layer in one C call, where all projections are quantized (fuse())
         self.fused: FusedDecoder | None = None
+        # tensor parallel (set_parallel()): this rank's shards, the whole vocabulary's size
+        self.tp: Collectives | None = None
+        self.full_vocab = cfg.vocab_size
+
+    def set_parallel(self, tp: Collectives, full_vocab: int) -> None:
+        """Make this rank's shard (built with engine/parallel/layout.py's ``local_config``)
+        reduce its row-parallel outputs and its vocabulary-parallel embedding and logits."""
+        self.tp, self.full_vocab = tp, full_vocab
+        for layer in self.layers:
+            assert isinstance(layer, DecoderLayer)
+            layer.attn.tp = layer.mlp.tp = tp
 
     def fuse(self) -> bool:
         """Run the layers through ``engine/kernels/csrc/decoder.c`` from now on, if it can.
@@ -251,6 +296,8 @@ class CausalLM(nn.Module):
             raise RuntimeError("CausalLM.init_rope() was not called")
         if self.embed_quant is not None:
             x = self.embed_quant.rows(input_ids)  # [T, hidden]
+        elif self.tp is not None:
+            x = self._parallel_embedding(input_ids, self.tp)  # [T, hidden]
         else:
             x = F.embedding(input_ids, self.embed)  # [T, hidden]
         cos, sin = rope.cos_sin(positions, x.dtype)  # [T, 1, D/2]
@@ -269,7 +316,19 @@ class CausalLM(nn.Module):
             x = x + layer.mlp(layer.post_attn_norm(x))
         return self.norm(x)
 
+    def _parallel_embedding(self, input_ids: torch.Tensor, tp: Collectives) -> torch.Tensor:
+        """Rows of this rank's vocabulary shard, zeros for the others' ids, summed: exact."""
+        per = self.embed.shape[0]  # Vp rows: ids [rank * Vp, (rank + 1) * Vp)
+        local = input_ids - tp.rank * per
+        outside = (local < 0) | (local >= per)  # [T]
+        x = F.embedding(local.clamp(0, per - 1), self.embed)  # [T, hidden]
+        return tp.all_reduce(x.masked_fill_(outside[:, None], 0))
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``hidden`` ``[N, hidden]`` -> fp32 logits ``[N, vocab]``."""
+        """``hidden`` ``[N, hidden]`` -> fp32 logits ``[N, vocab]`` (the whole vocabulary,
+        gathered from every rank's shard under tensor parallelism)."""
         weight = self.embed if self.lm_head is None else self.lm_head
-        return cpu_linear.linear(hidden, weight, self.head_packed).float()
+        logits = cpu_linear.linear(hidden, weight, self.head_packed).float()
+        if self.tp is not None:
+            logits = self.tp.gather_vocab(logits, self.full_vocab)
+        return logits

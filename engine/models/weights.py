@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
@@ -18,6 +19,11 @@ from safetensors import safe_open
 from engine.kernels import cpu_linear
 from engine.models.config import ModelConfig
 from engine.models.llama import CausalLM
+from engine.parallel.layout import local_config
+from engine.parallel.sharding import shard_state
+
+if TYPE_CHECKING:
+    from engine.models.llama import Collectives
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _LAYER_NAMES = {
@@ -76,11 +82,20 @@ def read_checkpoint(folder: Path, device: torch.device) -> dict[str, torch.Tenso
 
 
 def load_model(
-    folder: Path, cfg: ModelConfig, device: torch.device, dtype: torch.dtype
+    folder: Path,
+    cfg: ModelConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    tp: Collectives | None = None,
 ) -> CausalLM:
-    """Build :class:`CausalLM` for ``cfg`` with the checkpoint's weights on ``device``."""
+    """Build :class:`CausalLM` for ``cfg`` with the checkpoint's weights on ``device``.
+
+    ``tp``: this process is one rank of a tensor-parallel group; the model holds only
+    this rank's shard of the weights (engine/parallel/sharding.py).
+    """
+    size = 1 if tp is None else tp.size
     with torch.device("meta"):
-        model = CausalLM(cfg)
+        model = CausalLM(local_config(cfg, size))
     hf = read_checkpoint(folder, device)
     state: dict[str, torch.Tensor] = {}
     per_layer: dict[int, dict[str, torch.Tensor]] = {}
@@ -105,6 +120,8 @@ def load_model(
         for ours, names in _FUSED.items():
             if all(n in parts for n in names):
                 state[f"layers.{i}.{ours}"] = torch.cat([parts[n] for n in names], dim=0)
+    if tp is not None:
+        state = shard_state(state, cfg, tp.rank, tp.size)
     expected = dict(model.named_parameters())
     missing = sorted(set(expected) - set(state))
     if missing:
@@ -116,7 +133,11 @@ def load_model(
                 f"model: weight {name} has shape {tuple(tensor.shape)}, expected {want}"
             )
         state[name] = tensor.to(device=device, dtype=dtype)
+        if tp is not None:  # a column slice is a strided view: the kernels want rows
+            state[name] = state[name].contiguous()
     model.load_state_dict(state, strict=True, assign=True)
+    if tp is not None:
+        model.set_parallel(tp, cfg.vocab_size)
     for p in model.parameters():
         p.requires_grad_(False)
     model.init_rope(device)

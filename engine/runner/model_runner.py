@@ -6,6 +6,11 @@ mapping, block tables, cu_seqlens), runs the decoder once, computes logits only
 for the last token of items that sample, and returns one token (or ``None``)
 per item. Decode steps on a CUDA device with a graph-safe attention backend
 replay CUDA graphs (:mod:`engine.runner.graphs`) unless ``enforce_eager``.
+
+Under tensor parallelism (``group``, engine/parallel/) every rank has a runner with
+its shard of the weights and of the KV pool; rank 0's :meth:`execute` hands the
+step's :class:`StepInput` to the other ranks, which run :meth:`forward` on it
+(engine/parallel/rank.py), and only rank 0 samples. Such a runner is always eager.
 """
 
 from __future__ import annotations
@@ -28,14 +33,17 @@ from engine.kernels import cpu_attention, decoder, quant
 from engine.kernels.build import prebuild
 from engine.models.config import ModelConfig
 from engine.models.weights import default_dtype, load_model
+from engine.parallel.layout import local_config
 from engine.runner.graphs import DecodeGraphs, DecodeRows, graph_buckets
 from engine.runner.kv_cache import KVCache, plan_num_blocks
 from engine.runner.logprobs import SampleLogprobs
 from engine.runner.sampler import Sampler
+from engine.runner.step import StepInput
 from engine.scheduling.batch import BatchItem
 
 if TYPE_CHECKING:
     from engine.guided.matcher import GuidedMatcher
+    from engine.parallel.group import Group
 
 log = logging.getLogger("tokenrelay.engine")
 
@@ -91,7 +99,8 @@ def configure_threads(num_threads: int | None = None) -> int:
 
 
 class ModelRunner:
-    """Owns the model, the KV pool and the sampler of one engine worker."""
+    """Owns the model, the KV pool and the sampler of one engine worker (or one rank's
+    shard of them, with ``group``)."""
 
     def __init__(
         self,
@@ -108,6 +117,7 @@ class ModelRunner:
         attention_backend: str = "auto",
         enforce_eager: bool = False,
         max_num_seqs: int = 64,
+        group: Group | None = None,
     ) -> None:
         if block_size is not None and (
             isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0
@@ -126,7 +136,12 @@ class ModelRunner:
         self.attention_backend = registry.choose(attention_backend, self.device.type, dtype_name)
         self.block_size = block_size = registry.block_size_for(self.attention_backend, block_size)
         fuse = gguf is not None and self.attention_backend == "cpu"
+        self.group = group
+        if group is not None and gguf is not None:
+            raise ValueError("tensor parallelism runs dense weights (fp32 or bf16), not native")
         if self.device.type == "cpu":
+            if group is not None and num_threads is None and "OMP_NUM_THREADS" not in os.environ:
+                num_threads = max(1, len(os.sched_getaffinity(0)) // group.size)  # share the CPUs
             configure_threads(num_threads)
             prebuild(
                 _cpu_kernels(gguf is not None, self.attention_backend)
@@ -142,31 +157,34 @@ class ModelRunner:
             if fuse:  # every layer in one C call (engine/kernels/decoder.py)
                 self.model.fuse()
         else:
-            self.model = load_model(self.path, self.model_config, self.device, self.dtype)
+            self.model = load_model(self.path, self.model_config, self.device, self.dtype, group)
         self.weights = "native" if gguf is not None else str(self.dtype).replace("torch.", "")
         self.load_seconds = time.perf_counter() - started
         self.max_model_len = self.model_config.max_position_embeddings
         self.eos_token_ids: set[int] = set(self.model_config.eos_token_ids)
+        size = 1 if group is None else group.size
+        shard = local_config(self.model_config, size)  # this rank's KV heads
         self.num_blocks = plan_num_blocks(
-            self.model_config,
+            shard,
             block_size=block_size,
             dtype=self.dtype,
             device=self.device,
             kv_cache_memory_gib=kv_cache_memory_gib,
             num_blocks=num_blocks,
         )
+        if group is not None:  # the same block ids on every rank: the smallest pool
+            self.num_blocks = group.min_int(self.num_blocks)
         # one spare block past the pool, owned by no sequence: the pad rows of graph buckets
         self.pad_block = self.num_blocks
-        self.kv_cache = KVCache(
-            self.model_config, self.num_blocks + 1, block_size, self.dtype, self.device
-        )
+        self.kv_cache = KVCache(shard, self.num_blocks + 1, block_size, self.dtype, self.device)
         self.attention = registry.create(self.attention_backend, self.device, self.dtype)
         self.sampler = Sampler(seed)
         # per item of the latest execute(): its sampled token's logprobs, if its params ask
         # (empty when no item asked)
         self.last_logprobs: list[SampleLogprobs | None] = []
         self.graphs: DecodeGraphs | None = None
-        if self.device.type == "cuda" and self.attention.graph_safe and not enforce_eager:
+        eager = enforce_eager or group is not None
+        if self.device.type == "cuda" and self.attention.graph_safe and not eager:
             self.graphs = self.decode_graphs(graph_buckets(max_num_seqs), capture=True)
         self.graph_buckets = self.graphs.buckets if self.graphs is not None else ()
         log.info(
@@ -183,6 +201,7 @@ class ModelRunner:
                 "cuda_graphs": list(self.graph_buckets),
                 "threads": torch.get_num_threads(),
                 "decoder": "fused" if self.model.fused is not None else "op-by-op",
+                "tensor_parallel": f"{group.rank}/{group.size}" if group is not None else None,
             },
         )
 
@@ -232,38 +251,66 @@ class ModelRunner:
                 [it.block_table for it in items],
             )
             return self._sample(items, list(range(len(items))), graphs.run(decode), matchers)
+        step = StepInput.of(items)
+        peers = self.group.peers if self.group is not None else None
+        if peers is None:
+            logits = self.forward(step)
+        else:
+            try:
+                peers.publish(step)
+                logits = self.forward(step)
+            except RuntimeError as exc:  # a collective failed: which rank is gone?
+                raise peers.failure(exc) from exc
+        if logits is None:
+            return [None] * len(items)
+        return self._sample(items, step.sampling, logits, matchers)
+
+    def forward(self, step: StepInput) -> torch.Tensor | None:
+        """Run the model over ``step``: fp32 logits ``[N, V]`` of its sampling items' last
+        tokens (``None`` when none samples). Every tensor-parallel rank runs it."""
         meta = build_metadata(
-            [len(it.token_ids) for it in items],
-            [it.start_pos for it in items],
-            [it.block_table for it in items],
+            [len(ids) for ids in step.token_ids],
+            step.starts,
+            step.block_tables,
             block_size=self.block_size,
             device=self.device,
             backend=self.attention,
             plan=self.model.fused is None,
         )
-        flat_ids = list(chain.from_iterable(it.token_ids for it in items))
+        flat_ids = list(chain.from_iterable(step.token_ids))
         input_ids = torch.from_numpy(np.array(flat_ids, dtype=np.int64)).to(
             self.device, non_blocking=True
         )
-        sampling = [i for i, it in enumerate(items) if it.sample]
-        every_row = len(sampling) == len(items) == len(flat_ids)  # decode: each row samples
+        sampling, num_items = step.sampling, len(step.token_ids)
+        every_row = len(sampling) == num_items == len(flat_ids)  # decode: each row samples
         with torch.inference_mode():
             vocab = self.model.fused.vocab if self.model.fused is not None else None
             if every_row and vocab is not None:  # the LM head inside the fused step
                 logits = torch.empty(len(flat_ids), vocab)
                 self.model(input_ids, meta.positions, meta, self.kv_cache, logits)
+                return logits
+            hidden = self.model(input_ids, meta.positions, meta, self.kv_cache)  # [T, E]
+            if not sampling:
+                return None
+            if every_row:
+                last_hidden = hidden  # one token per item, each sampled: every row
             else:
-                hidden = self.model(input_ids, meta.positions, meta, self.kv_cache)  # [T, E]
-                if not sampling:
-                    return [None] * len(items)
-                if every_row:
-                    last_hidden = hidden  # one token per item, each sampled: every row
-                else:
-                    last = meta.cu_seqlens_q[1:].to(torch.int64) - 1  # [B] last row of each
-                    rows = last if len(sampling) == len(items) else last[sampling]
-                    last_hidden = hidden.index_select(0, rows)
-                logits = self.model.compute_logits(last_hidden)  # [N, V] fp32
-        return self._sample(items, sampling, logits, matchers)
+                last = meta.cu_seqlens_q[1:].to(torch.int64) - 1  # [B] last row of each
+                rows = last if len(sampling) == num_items else last[sampling]
+                last_hidden = hidden.index_select(0, rows)
+            return self.model.compute_logits(last_hidden)  # [N, V] fp32
+
+    def check(self) -> None:
+        """Raise ``TensorParallelError`` when a tensor-parallel rank is gone (else nothing)."""
+        if self.group is not None and self.group.peers is not None:
+            self.group.peers.check()
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks and leave the group (idempotent)."""
+        if self.group is not None:
+            if self.group.peers is not None:
+                self.group.peers.close()
+            self.group.close()
 
     def _sample(
         self,

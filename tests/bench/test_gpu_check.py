@@ -40,8 +40,11 @@ def test_cpu_smoke_runs_every_phase(tmp_path: Path) -> None:
     assert {k: v["status"] for k, v in phases.items()} == {
         **{k: "ok" for k in PHASES},
         "latency_graphs": "skipped",  # no CUDA graphs on a CPU
+        "tensor_parallel": "skipped",  # TP=N needs N > 1 GPUs
     }
     assert phases["latency_graphs"]["reason"].startswith("n/a")
+    assert phases["tensor_parallel"]["reason"].startswith("n/a: tensor parallelism across GPUs")
+    assert "| tensor parallel | skipped: n/a" in proc.stdout
     for key in CORRECTNESS:
         rec = phases[key]
         # fp32 on both sides: every greedy token equal, no tie needed

@@ -1,0 +1,148 @@
+"""The tensor-parallel split, checked on small random weights: no process group needed.
+
+Column-parallel q/k/v and gate/up, row-parallel o and down, the KV heads each rank
+keeps for its query heads, the vocabulary shards; and the sizes refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.models.config import ModelConfig, RopeConfig
+from engine.parallel.layout import check_tensor_parallel, local_config, vocab_shard
+from engine.parallel.sharding import shard_state
+
+SIZE = 3
+CFG = ModelConfig(
+    model_type="llama",
+    vocab_size=10,  # not a multiple of 3: the last shard is padded
+    hidden_size=12,
+    num_layers=1,
+    num_heads=6,
+    num_kv_heads=3,
+    head_dim=4,
+    intermediate_size=9,
+    rms_norm_eps=1e-6,
+    rope=RopeConfig(),
+    max_position_embeddings=64,
+    tie_word_embeddings=True,
+)
+
+
+def _full_state() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    h, hkv, d, e, i = CFG.num_heads, CFG.num_kv_heads, CFG.head_dim, CFG.hidden_size, 9
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    return {
+        "embed": rnd(CFG.vocab_size, e),
+        "norm.weight": rnd(e),
+        "layers.0.input_norm.weight": rnd(e),
+        "layers.0.attn.qkv_weight": rnd((h + 2 * hkv) * d, e),
+        "layers.0.attn.qkv_bias": rnd((h + 2 * hkv) * d),
+        "layers.0.attn.o_weight": rnd(e, h * d),
+        "layers.0.attn.o_bias": rnd(e),
+        "layers.0.mlp.gate_up_weight": rnd(2 * i, e),
+        "layers.0.mlp.down_weight": rnd(e, i),
+    }
+
+
+def _shards() -> tuple[dict[str, torch.Tensor], list[dict[str, torch.Tensor]]]:
+    full = _full_state()
+    return full, [shard_state(full, CFG, r, SIZE) for r in range(SIZE)]
+
+
+def test_local_config_divides_heads_intermediate_and_vocab() -> None:
+    local = local_config(CFG, SIZE)
+    assert (local.num_heads, local.num_kv_heads, local.intermediate_size) == (2, 1, 3)
+    assert local.vocab_size == vocab_shard(10, 3) == 4
+    assert local.head_dim == CFG.head_dim and local.num_kv_groups == CFG.num_kv_groups
+    assert local_config(CFG, 1) is CFG
+
+
+def test_qkv_is_column_parallel_with_each_ranks_own_kv_heads() -> None:
+    full, shards = _shards()
+    h, hkv, d = CFG.num_heads, CFG.num_kv_heads, CFG.head_dim
+    x = torch.randn(5, CFG.hidden_size, dtype=torch.float64)
+    y = x @ full["layers.0.attn.qkv_weight"].T + full["layers.0.attn.qkv_bias"]  # [5, (H+2Hkv)D]
+    q, k, v = y.split([h * d, hkv * d, hkv * d], dim=1)
+    q, k, v = q.view(5, h, d), k.view(5, hkv, d), v.view(5, hkv, d)
+    lh, lkv = h // SIZE, hkv // SIZE
+    for r, shard in enumerate(shards):
+        part = x @ shard["layers.0.attn.qkv_weight"].T + shard["layers.0.attn.qkv_bias"]
+        lq, lk, lv = part.split([lh * d, lkv * d, lkv * d], dim=1)
+        heads = range(r * lh, (r + 1) * lh)
+        kv_heads = range(r * lkv, (r + 1) * lkv)
+        torch.testing.assert_close(lq.view(5, lh, d), q[:, heads.start : heads.stop])
+        torch.testing.assert_close(lk.view(5, lkv, d), k[:, kv_heads.start : kv_heads.stop])
+        torch.testing.assert_close(lv.view(5, lkv, d), v[:, kv_heads.start : kv_heads.stop])
+        # GQA: every query head of this rank reads a KV head this rank holds
+        assert {hq // CFG.num_kv_groups for hq in heads} <= set(kv_heads)
+
+
+def test_o_and_down_are_row_parallel_summing_to_the_whole() -> None:
+    full, shards = _shards()
+    attn = torch.randn(5, CFG.num_heads * CFG.head_dim, dtype=torch.float64)
+    act = torch.randn(5, CFG.intermediate_size, dtype=torch.float64)
+    o_cols = CFG.num_heads * CFG.head_dim // SIZE
+    i_cols = CFG.intermediate_size // SIZE
+    o_sum = sum(
+        attn[:, r * o_cols : (r + 1) * o_cols] @ s["layers.0.attn.o_weight"].T
+        for r, s in enumerate(shards)
+    )
+    down_sum = sum(
+        act[:, r * i_cols : (r + 1) * i_cols] @ s["layers.0.mlp.down_weight"].T
+        for r, s in enumerate(shards)
+    )
+    torch.testing.assert_close(o_sum, attn @ full["layers.0.attn.o_weight"].T)
+    torch.testing.assert_close(down_sum, act @ full["layers.0.mlp.down_weight"].T)
+    for s in shards:  # added once, after the all-reduce: kept whole
+        assert torch.equal(s["layers.0.attn.o_bias"], full["layers.0.attn.o_bias"])
+
+
+def test_gate_up_keeps_gate_and_up_of_the_same_columns() -> None:
+    full, shards = _shards()
+    gate, up = full["layers.0.mlp.gate_up_weight"].split([9, 9])
+    for r, s in enumerate(shards):
+        lgate, lup = s["layers.0.mlp.gate_up_weight"].split([3, 3])
+        assert torch.equal(lgate, gate[3 * r : 3 * r + 3])
+        assert torch.equal(lup, up[3 * r : 3 * r + 3])
+
+
+def test_vocab_shards_pad_and_concatenate_back() -> None:
+    full, shards = _shards()
+    rows = torch.cat([s["embed"] for s in shards])  # [3 * 4, E]
+    assert rows.shape[0] == 12
+    assert torch.equal(rows[:10], full["embed"])
+    assert not rows[10:].any()  # padding: zero rows no id points at
+    for s in shards:
+        assert torch.equal(s["norm.weight"], full["norm.weight"])
+
+
+def test_sizes_that_do_not_divide_the_heads_are_refused() -> None:
+    smollm = dataclasses.replace(CFG, num_heads=9, num_kv_heads=3, intermediate_size=1536)
+    check_tensor_parallel(smollm, 3)
+    check_tensor_parallel(smollm, 1)
+    with pytest.raises(ValueError, match=r"does not divide num_attention_heads \(9\) and "
+                       r"num_key_value_heads \(3\).*9 attention heads, 3 KV heads"):  # fmt: skip
+        check_tensor_parallel(smollm, 2)
+    with pytest.raises(ValueError, match="tensor_parallel_size must be an integer >= 1"):
+        check_tensor_parallel(smollm, 0)
+
+
+def test_engine_config_checks_tensor_parallel_size(model_path: Path) -> None:
+    """The default model (prepared: its config is read): 9 heads, 3 KV heads."""
+    assert EngineConfig(device="cpu", tensor_parallel_size=3).weights_for("cpu") == "dense"
+    with pytest.raises(ValueError, match=r"tensor_parallel_size: 2 does not divide .*\(9\)"):
+        EngineConfig(device="cpu", tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="weights=native: tensor parallelism runs dense"):
+        EngineConfig(device="cpu", weights="native", tensor_parallel_size=3)
+    with pytest.raises(ValueError, match="tensor_parallel_size must be an integer"):
+        EngineConfig(device="cpu", tensor_parallel_size=True)  # type: ignore[arg-type]
