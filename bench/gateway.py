@@ -27,6 +27,11 @@ event of a finished stream with a ``--backlog``-event log.
     .venv/bin/python -m bench.gateway          # 100 and 1,000 streams, 10 s each
     .venv/bin/python -m bench.gateway --quick  # 100 streams, 3 s
     .venv/bin/python -m bench.gateway --out    # also save the report in bench/results/
+    .venv/bin/python -m bench.gateway --quick --tracing  # + a gateway with --otlp-endpoint
+
+With ``--tracing`` each level also runs against a second gateway started with
+``--otlp-endpoint`` (its spans go to a sink process that answers every export with 200),
+in the same run: *gateway+tracing*, compared with *gateway* in the verdicts.
 """
 
 from __future__ import annotations
@@ -193,17 +198,35 @@ class Child:
         self._err.close()
 
 
-def start_gateway(redis_url: str, port: int, log: Path) -> subprocess.Popen[bytes]:
+def start_gateway(redis_url: str, port: int, log: Path, *extra: str) -> subprocess.Popen[bytes]:
     args = [
         sys.executable, "-m", "core.cli", "gateway",
         "--redis-url", redis_url, "--redis-prefix", PREFIX,
         "--host", "127.0.0.1", "--port", str(port),
         "--stream-ttl", "600", "--detach-timeout", "600",
         "--max-connections", "20000", "--log-level", "warning", "--log-format", "json",
+        *extra,
     ]  # fmt: skip
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     with open(log, "ab") as out:
         return subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+# An OTLP/HTTP sink for --tracing: answers every export with 200 and keeps nothing.
+SINK = """
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+class H(BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    def log_message(self, *a):
+        pass
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
 
 
 def wait_healthy(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
@@ -466,7 +489,7 @@ def level_table(results: list[LevelResult]) -> str:
         wait = " / ".join(f"{r.runq[k]:.0f}" if k in r.runq else "-" for k in who)
         rows.append(
             f"| {r.streams:,} | {r.server} | {r.events_per_s:,.0f} ({r.streams * r.rate:,.0f}) "
-            f"| {ratio if r.server == 'gateway' else '1.00x'} "
+            f"| {ratio if r.server.startswith('gateway') else '1.00x'} "
             f"| {r.lat_ms[0]:.1f} / {r.lat_ms[1]:.1f} / {r.lat_ms[2]:.1f} "
             f"| {r.first_ms[0]:.1f} / {r.first_ms[1]:.1f} "
             f"| {r.cpu['server']:.0f} | {r.rss['server']:.0f} | {redis_cpu} "
@@ -505,10 +528,21 @@ def verdicts(results: list[LevelResult], groups: int = 1) -> list[str]:
                 f"{r.streams:,} streams: the client process used {r.cpu['client']:.0f}% of a "
                 "core; the clients may be part of the bottleneck"
             )
+    plain = {r.streams: r for r in results if r.server == "gateway"}
+    for r in results:
+        ref = plain.get(r.streams)
+        if r.server == "gateway+tracing" and ref and ref.events_per_s:
+            out.append(
+                f"{r.streams:,} streams: tracing on / off (same run): events/s "
+                f"{r.events_per_s / ref.events_per_s:.3f}, added latency p50 "
+                f"{r.lat_ms[0]:.1f} / {ref.lat_ms[0]:.1f} ms, p99 {r.lat_ms[1]:.1f} / "
+                f"{ref.lat_ms[1]:.1f} ms, server CPU {r.cpu['server']:.0f}% / "
+                f"{ref.cpu['server']:.0f}%"
+            )
     for r in results:
         tick_ms = 1000 / r.rate / groups  # each group's hand-over has this long
         if r.source_ms[0] > tick_ms:
-            who = "token source's pipelined append" if r.server == "gateway" else (
+            who = "token source's pipelined append" if r.server != "bare" else (
                 "bare server's sends")  # fmt: skip
             out.append(
                 f"{r.streams:,} streams, {r.server}: the {who} took {r.source_ms[0]:.0f} ms "
@@ -525,22 +559,33 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     redis = EmbeddedRedis(tmp / "redis").start()
     port = free_port()
     gw = start_gateway(redis.url, port, tmp / "gateway.log")
+    servers = {"bare": (gw, port), "gateway": (gw, port)}
+    extra: list[subprocess.Popen[bytes]] = []
+    if args.tracing:  # a second gateway, tracing to a sink (same Redis, same run)
+        sink_port, traced_port = free_port(), free_port()
+        extra.append(subprocess.Popen([sys.executable, "-c", SINK, str(sink_port)]))
+        otlp = ("--otlp-endpoint", f"http://127.0.0.1:{sink_port}")
+        traced = start_gateway(redis.url, traced_port, tmp / "gateway-traced.log", *otlp)
+        extra.append(traced)
+        servers["gateway+tracing"] = (traced, traced_port)
     results: list[LevelResult] = []
     try:
-        wait_healthy(port, gw)
+        for proc, p in servers.values():
+            wait_healthy(p, proc)
         for n in levels:
-            for server in ("bare", "gateway"):
+            for server, (proc, p) in servers.items():
                 r = await run_level(
-                    server,
+                    "bare" if server == "bare" else "gateway",
                     n,
                     args.rate,
                     events,
                     redis=redis,
-                    gw_pid=gw.pid,
-                    gw_port=port,
+                    gw_pid=proc.pid,
+                    gw_port=p,
                     logs=tmp,
                     groups=args.groups,
                 )
+                r.server = server
                 print(
                     f"{n} streams, {server}: {r.events_per_s:,.0f} events/s, "
                     f"p50 {r.lat_ms[0]:.1f} ms, p99 {r.lat_ms[1]:.1f} ms, "
@@ -553,6 +598,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         resume_s, resume_errors = await measure_resume(redis, port, args.backlog, args.resume_reps)
     finally:
         stop_proc(gw)
+        for proc in extra:
+            stop_proc(proc)
         redis.stop()
         with contextlib.suppress(Exception):
             redis.cleanup()
@@ -581,6 +628,11 @@ def main() -> int:
         type=int,
         default=1,
         help="split the streams over G simulated engine workers with staggered steps (1)",
+    )
+    ap.add_argument(
+        "--tracing",
+        action="store_true",
+        help="also run each level against a gateway with --otlp-endpoint (a sink)",
     )
     ap.add_argument("--json", default=None, help="also write the results here (JSON)")
     ap.add_argument(
@@ -651,7 +703,15 @@ def main() -> int:
         "schedstat`), in ms per second of the window: what the processes sharing the "
         "machine's cores cost each other. The client process and the token source "
         "run with the cyclic GC frozen during the window (bench/common.py "
-        "`load_generator_gc`): their own pauses are not the server's latency.\n\n"
+        "`load_generator_gc`): their own pauses are not the server's latency."
+        + (
+            " *gateway+tracing*: a second gateway on the same Redis, started with "
+            "`--otlp-endpoint` (spans exported to a sink process that answers 200), each "
+            "client attachment one traced `gateway.resume` span."
+            if args.tracing
+            else ""
+        )
+        + "\n\n"
         f"{level_table(results)}\n\n"
         "Resume: a finished stream with a backlog, resumed with `after: 0` on an open "
         "socket; time from sending `resume` to receiving the last replayed token.\n\n"

@@ -66,6 +66,10 @@ WORKER_COUNTERS = {
 HISTOGRAMS = {
     "ttft": ("time_to_first_token_seconds", "Time from request to its first token."),
     "tpot": ("time_per_output_token_seconds", "Mean time between output tokens of a stream."),
+    "itl": (
+        "inter_token_latency_seconds",
+        "Time between consecutive token events of a stream (one observation per gap).",
+    ),
     "e2e": ("request_duration_seconds", "Time from request to its last event (end to end)."),
     "queue": ("queue_wait_seconds", "Time from request to its admission by an engine worker."),
     "upstream_ttft": (

@@ -58,6 +58,9 @@ def add(parser: argparse.ArgumentParser, flag: str, *, default: Any, help: str, 
 def add_common_options(p: argparse.ArgumentParser) -> None:
     add(p, "--log-level", default="info", help="debug, info, warning or error")
     add(p, "--log-format", default=None, help="json or text (default: text on a terminal)")
+    add(p, "--otlp-endpoint", default=None,
+        help="OTLP/HTTP collector to send request traces to, e.g. http://localhost:4318 "
+        "(needs tokenrelay[tracing]; default: no tracing)")  # fmt: skip
 
 
 def add_redis_url(p: argparse.ArgumentParser, *, required: bool) -> None:

@@ -85,6 +85,7 @@ WORKER_FLAGS = (
     "upstream_model",
     "upstream_timeout",
     "max_inflight",
+    "otlp_endpoint",
 )
 SECRET_FLAGS = ("--redis-url", "--upstream-api-key")  # passed in the environment, not argv
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from core import options
 from core.runtime import version
+from core.tracing import GATEWAY_SERVICE, check_endpoint, start_tracing
 from core.wire.keys import DEFAULT_PREFIX
 from gateway.access.auth import SecuritySettings
 from gateway.access.guard import Guard
@@ -49,6 +50,7 @@ class Settings:
     http_max_streams_per_client: int = options.HTTP_MAX_STREAMS_PER_CLIENT
     sse_keepalive: float = options.SSE_KEEPALIVE
     security: SecuritySettings = field(default_factory=SecuritySettings)
+    otlp_endpoint: str | None = None  # traces (core/tracing.py); None: off
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Settings:
@@ -73,6 +75,7 @@ class Settings:
             raise ValueError("--drain-timeout must be >= 0")
         if self.http_max_streams_per_client < 1 or not self.sse_keepalive > 0:
             raise ValueError("--http-max-streams-per-client must be >= 1, --sse-keepalive > 0")
+        check_endpoint(self.otlp_endpoint)
 
 
 class Gateway:
@@ -89,6 +92,10 @@ class Gateway:
             detach_timeout=settings.detach_timeout,
             max_pending=settings.max_pending,
         )
+        if settings.otlp_endpoint:  # else nothing of OpenTelemetry is imported
+            self.streams.tracing = start_tracing(
+                settings.otlp_endpoint, GATEWAY_SERVICE, self.streams.gateway_id
+            )
         self.models = ModelDirectory(self.streams, settings.model_name)  # who serves what
         self.guard = Guard(settings.security, self.streams.redis, settings.redis_prefix)
         self.connections: set[Connection] = set()
@@ -147,3 +154,6 @@ class Gateway:
         await self.readiness.stop()
         await self.close_connections()
         await self.streams.close()
+        if self.streams.tracing is not None:
+            # exports the spans still held (blocking HTTP: off the loop)
+            await asyncio.to_thread(self.streams.tracing.shutdown)

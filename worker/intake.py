@@ -92,6 +92,7 @@ class Intake:
             self.wlog.ack([req.entry_id], req.queue)
             return
         a = Active(req.stream_id, req.request_id, req.entry_id, dt, ttl, queue=req.queue)
+        a.traceparent = req.traceparent
         self.active[a.stream_id] = a
         self.counters["requests"] += 1
         if meta.get("cx") == "1":
@@ -202,7 +203,7 @@ class Intake:
             return
         a.in_engine = True
         a.tools = params.offered_tools
-        self.telemetry.admitted(a.stream_id, meta)
+        self.telemetry.admitted(a.stream_id, meta, a.traceparent)
         a.events.append(accepted_fields(n, self.worker_id))
         a.meta.update({"st": "running", "w": self.worker_id, "pt": str(n)})
         log.info("request started", extra={**extra, "prompt_tokens": n})

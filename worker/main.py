@@ -344,6 +344,11 @@ def _run_worker(args: argparse.Namespace, status: StatusPipe) -> int:
         raise ValueError("--redis-url is required (or TOKENRELAY_REDIS_URL)")
     worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
     stop = threading.Event()
+    tracing = None
+    if getattr(args, "otlp_endpoint", None):  # else nothing of OpenTelemetry is imported
+        from core.tracing import WORKER_SERVICE, start_tracing
+
+        tracing = start_tracing(args.otlp_endpoint, WORKER_SERVICE, worker_id)
     health = start_health(args, worker_id)  # --health-port: 503 "loading" until attached
     engine: EngineClient
     if getattr(args, "upstream", None):  # a relay to an upstream server (worker/upstream/)
@@ -360,6 +365,7 @@ def _run_worker(args: argparse.Namespace, status: StatusPipe) -> int:
     wlog = WorkerStore(args.redis_url, worker_id, prefix=prefix, models=models)
     worker = Worker(engine, wlog, detach_timeout=args.detach_timeout, stream_ttl=args.stream_ttl)
     worker.stopping = stop
+    worker.telemetry.tracing = tracing
     drain_timeout = float(getattr(args, "drain_timeout", 30.0))
     install_signals(lambda: worker.drain(drain_timeout), stop.set, worker.draining.is_set)
     worker._publish_stats()
@@ -369,6 +375,8 @@ def _run_worker(args: argparse.Namespace, status: StatusPipe) -> int:
     log.info("worker ready", extra={"worker": worker_id, **engine.stats()})
     status.ready()
     worker.run()
+    if worker.telemetry.tracing is not None:
+        worker.telemetry.tracing.shutdown()  # exports the spans still held
     close = getattr(engine, "close", None)  # a relay's calls and connections (worker/upstream/)
     if callable(close):
         close()

@@ -50,6 +50,7 @@ class Active:
     queue: str | None = None  # the request queue of ``entry`` (None: ``P requests``)
     tools: tuple[Tool, ...] = ()  # offered tools: the finished text's calls are parsed
     text: list[str] = field(default_factory=list)  # the completion text, kept with tools
+    traceparent: str | None = None  # the request entry's (--otlp-endpoint): spans' parent
 
     def done_event(
         self, reason: str, prompt_tokens: int, completion_tokens: int, message: str | None

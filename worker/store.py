@@ -36,7 +36,7 @@ from core.wire.scripts import (
     decode_append,
 )
 from core.wire.stats import STATS_FIELD, WorkerStats
-from core.wire.telemetry import DISCONNECTS_FIELD, RESUMES_FIELD
+from core.wire.telemetry import DISCONNECTS_FIELD, RESUMES_FIELD, TRACE_FIELD
 
 log = logging.getLogger("tokenrelay.workerlog")
 
@@ -56,6 +56,7 @@ class Request:
     detach_timeout: float | None
     meta: dict[str, str] | None  # the stream's metadata (None: unknown or expired)
     queue: str | None = None  # the request queue it came from (None: ``P requests``)
+    traceparent: str | None = None  # the gateway's enqueue span (--otlp-endpoint)
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,7 @@ class WorkerStore:
                     detach_timeout=dt,
                     meta={_s(k): _s(v) for k, v in meta.items()} if meta else None,
                     queue=None if queue == self.keys.requests else queue,
+                    traceparent=f.get(TRACE_FIELD),
                 )
             )
         return out

@@ -4,9 +4,17 @@ The worker tells :class:`WorkerTelemetry` when it admits a request, when a
 stream produces a token and when a stream's ``done`` event is confirmed in
 Redis. From that it keeps the histograms published with the worker's stats
 (core/wire/telemetry.py: queue wait, time to first token, time per output token,
-end-to-end latency; a relay's upstream time to first token) and writes the stream's
-summary line, with the resume and disconnect counts gateways keep in the stream's
-metadata.
+inter-token latency, end-to-end latency; a relay's upstream time to first token) and
+writes the stream's summary line, with the resume and disconnect counts gateways keep in
+the stream's metadata.
+
+With ``--otlp-endpoint`` (:attr:`WorkerTelemetry.tracing`, core/tracing.py) it also
+records the stream's spans, children of the gateway's enqueue span whose traceparent
+the request entry carries: ``worker.queue_wait`` (created -> admitted),
+``worker.prefill`` (admitted -> first token), ``worker.decode`` (first -> last token,
+one event every :data:`~core.tracing.TOKEN_EVENT_EVERY` token events) and
+``worker.finish`` (last token -> the ``done`` event confirmed by Redis). Without it
+a token costs one ``is None`` check more.
 
 Times are measured from the stream's creation by its gateway (the ``ts`` field
 of its metadata, epoch milliseconds), so queue wait and TTFT include the time
@@ -23,9 +31,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from core.tracing import TOKEN_EVENT_EVERY, TraceParent, parse_traceparent
 from core.wire.telemetry import Hist, as_int, log_summary, new_hists
 
 if TYPE_CHECKING:
+    from core.tracing import Span, Tracing
     from worker.outbox import Active
     from worker.store import WorkerStore
 
@@ -41,6 +51,45 @@ class Timing:
     first_token: float | None = None
     last_token: float | None = None
     upstream_ttft: float | None = None  # a relay's: upstream request to its first token
+    trace: StreamTrace | None = None  # with --otlp-endpoint
+
+
+class StreamTrace:
+    """The open spans of one stream on this worker (see the module doc)."""
+
+    __slots__ = ("decode", "parent", "prefill", "tokens")
+
+    def __init__(self, parent: TraceParent | str | None, prefill: Span) -> None:
+        self.parent = parent
+        self.prefill: Span | None = prefill
+        self.decode: Span | None = None
+        self.tokens = 0  # token events so far
+
+    def token(self, tracing: Tracing, now: float) -> None:
+        """One more token event at ``now``: the first ends the prefill, starts the decode."""
+        self.tokens += 1
+        ns = _ns(now)
+        if self.decode is None:
+            if self.prefill is not None:
+                self.prefill.end(ns)
+                self.prefill = None
+            self.decode = tracing.start("worker.decode", self.parent, start_ns=ns)
+        elif self.tokens % TOKEN_EVENT_EVERY == 0:
+            self.decode.event("tokens", {"tokenrelay.token_events": self.tokens}, ns)
+
+    def close(self, at: float | None, failure: str | None = None) -> None:
+        """End the open spans (at ``at``, epoch s; ``failure``: marked failed)."""
+        for span in (self.prefill, self.decode):
+            if span is not None:
+                if failure:
+                    span.fail(failure)
+                span.set({"tokenrelay.token_events": self.tokens})
+                span.end(None if at is None else _ns(at))
+        self.prefill = self.decode = None
+
+
+def _ns(t: float) -> int:
+    return int(t * 1e9)
 
 
 def _created(meta: Mapping[str, str] | None, default: float) -> float:
@@ -61,15 +110,35 @@ class WorkerTelemetry:
         self.hists: dict[str, Hist] = new_hists(backend)
         self.timings: dict[str, Timing] = {}
         self._json: dict[str, Any] | None = None
+        self.tracing: Tracing | None = None  # --otlp-endpoint (set by worker/main.py)
 
     # --- events ------------------------------------------------------------------------
 
-    def admitted(self, stream_id: str, meta: Mapping[str, str] | None) -> None:
-        """A request was taken into the engine: records its queue wait."""
+    def admitted(
+        self, stream_id: str, meta: Mapping[str, str] | None, traceparent: str | None = None
+    ) -> None:
+        """A request was taken into the engine: records its queue wait (and, tracing,
+        its queue-wait span under ``traceparent``, the request entry's)."""
         now = time.time()
         created = min(_created(meta, now), now)
-        self.timings[stream_id] = Timing(created, now)
+        t = self.timings[stream_id] = Timing(created, now)
         self._observe("queue", now - created)
+        if self.tracing is not None:
+            t.trace = self._trace(self.tracing, stream_id, t, traceparent)
+
+    @staticmethod
+    def _trace(tracing: Tracing, stream_id: str, t: Timing, traceparent: str | None) -> StreamTrace:
+        # None (a gateway without tracing, say): the queue wait starts a new trace, and
+        # is the parent of the stream's other spans
+        parent: TraceParent | str | None = parse_traceparent(traceparent)
+        attrs = {"tokenrelay.stream_id": stream_id}
+        queued = tracing.start(
+            "worker.queue_wait", parent, start_ns=_ns(t.created), kind="consumer", attributes=attrs
+        )
+        queued.end(_ns(t.admitted))
+        parent = parent or queued.traceparent
+        prefill = tracing.start("worker.prefill", parent, start_ns=_ns(t.admitted))
+        return StreamTrace(parent, prefill)
 
     def token(self, stream_id: str, upstream_ttft: float | None = None) -> None:
         """The stream produced a token in this step (a relay's first one: with the
@@ -84,12 +153,18 @@ class WorkerTelemetry:
         if t.first_token is None:
             t.first_token = now
             self._observe("ttft", now - t.created)
+        else:
+            self._observe("itl", now - (t.last_token or now))
         t.last_token = now
+        if t.trace is not None and self.tracing is not None:
+            t.trace.token(self.tracing, now)
 
     def prune(self, keep: set[str]) -> None:
         """Drop the timings of streams not in ``keep`` (ended elsewhere, dropped)."""
         for sid in [s for s in self.timings if s not in keep]:
-            del self.timings[sid]
+            t = self.timings.pop(sid)
+            if t.trace is not None:
+                t.trace.close(None, "stream dropped")
 
     def ended_foreign(
         self, stream_id: str, request_id: str | None, meta: Mapping[str, str]
@@ -107,7 +182,9 @@ class WorkerTelemetry:
 
     def forget(self, stream_id: str) -> None:
         """Drop a stream with no summary (handed back to another worker)."""
-        self.timings.pop(stream_id, None)
+        t = self.timings.pop(stream_id, None)
+        if t is not None and t.trace is not None:
+            t.trace.close(None, "handed back to the queue")
 
     def finished(self, streams: Iterable[Active]) -> None:
         """Streams whose ``done`` event Redis confirmed: histograms and summary lines."""
@@ -134,6 +211,8 @@ class WorkerTelemetry:
                         tpot = max(0.0, t.last_token - t.first_token) / (completion - 1)
                         self._observe("tpot", tpot)
                 self._observe("e2e", e2e)
+                if t.trace is not None and self.tracing is not None:
+                    self._trace_finish(self.tracing, a, t, t.trace, fields, now)
             log_summary(
                 stream_id=a.stream_id,
                 request_id=a.request_id,
@@ -149,6 +228,31 @@ class WorkerTelemetry:
                 backend=self.backend,
                 upstream_ttft_s=upstream_ttft,
             )
+
+    @staticmethod
+    def _trace_finish(
+        tracing: Tracing,
+        a: Active,
+        t: Timing,
+        trace: StreamTrace,
+        fields: dict[str, str],
+        now: float,
+    ) -> None:
+        """End the stream's spans: decode at its last token, then ``worker.finish``."""
+        ended = t.last_token or now
+        trace.close(ended)
+        finish = tracing.start(
+            "worker.finish",
+            trace.parent,
+            start_ns=_ns(ended),
+            attributes={
+                "tokenrelay.stream_id": a.stream_id,
+                "tokenrelay.finish_reason": fields.get("r", "error"),
+                "tokenrelay.prompt_tokens": as_int(fields.get("pt")),
+                "tokenrelay.completion_tokens": as_int(fields.get("n")),
+            },
+        )
+        finish.end(_ns(now))
 
     # --- publishing ----------------------------------------------------------------------
 

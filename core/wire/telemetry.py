@@ -1,12 +1,15 @@
 """Per-stream telemetry shared by engine workers and gateways.
 
 - :class:`Hist`: a latency histogram with fixed buckets that travels as JSON.
-  Engine workers record time to first token, time per output token,
-  end-to-end latency and queue wait in them (relay workers also the upstream's own
+  Engine workers record time to first token, time per output token, inter-token
+  latency (the gap between consecutive token events of a stream), end-to-end
+  latency and queue wait in them (relay workers also the upstream's own
   time to first token, from sending the upstream request to its first token) and
   publish the cumulative bucket counts with their stats snapshot (``P w:{worker_id}``
   field ``stats``, key ``hist``); gateways sum the histograms of the live workers for ``/metrics``
-  (gateway/observe/metrics.py).
+  (gateway/observe/metrics.py). Each gateway keeps one more of its own,
+  :data:`DELIVERY_BUCKETS`: from a worker's append (Redis' clock, carried by the live
+  feed's message) to the live event's handing to the client's socket.
 - The stream summary: exactly one ``stream summary`` log line per finished
   stream, written by whoever wrote its ``done`` event (the engine worker, or a
   gateway that ended the stream itself). Gateways count the stream's resumes
@@ -24,16 +27,22 @@ from typing import Any
 
 RESUMES_FIELD = "rs"  # resumes of the stream, counted by gateways in its meta hash
 DISCONNECTS_FIELD = "dc"  # clients that left the stream before its end
+# a traceparent (core/tracing.py), with --otlp-endpoint: in the stream's meta hash the
+# gateway's receive span (resumes join its trace), in the request entry the enqueue span
+TRACE_FIELD = "tp"
 
 # The histograms a worker publishes: name -> bucket upper bounds (seconds).
 BUCKETS: dict[str, tuple[float, ...]] = {
     "ttft": (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
     "tpot": (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+    "itl": (0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
     "e2e": (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0),
     "queue": (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
     "upstream_ttft": (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
 }
 RELAY_ONLY = ("upstream_ttft",)  # histograms only relay workers keep
+# a gateway's delivery latency: worker append -> socket (Redis' clock is in ms)
+DELIVERY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 summary_log = logging.getLogger("tokenrelay.summary")

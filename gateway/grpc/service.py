@@ -17,12 +17,15 @@ How a call ends:
 A call without a valid API key (``authorization: Bearer <key>`` metadata, when keys are
 configured) ends at once with ``UNAUTHENTICATED``; a call while more than
 ``--max-connections`` WebSockets and calls are open with ``RESOURCE_EXHAUSTED``.
+A ``traceparent`` in the call's metadata is the parent of every stream the call starts
+(core/tracing.py; with ``--otlp-endpoint``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 from typing import TYPE_CHECKING, Any
@@ -76,6 +79,7 @@ class ChatCall(StreamSession):
         self.rate = FrameRate()
         self._closing = False  # no new frames are taken (what is queued still goes)
         self._end: _End | None = None
+        self.traceparent: str | None = None  # the call's metadata: its streams' trace parent
 
     # --- delivery --------------------------------------------------------------------
 
@@ -165,7 +169,13 @@ class ChatCall(StreamSession):
                     return
                 await self.send(p.error_frame("rate_limited", "too many frames; slow down"))
                 continue
-            await self.answer(functools.partial(parse_client_frame, msg, self.gw.limits))
+            await self.answer(functools.partial(self._parse, msg))
+
+    def _parse(self, msg: Any) -> p.ClientFrame:
+        frame = parse_client_frame(msg, self.gw.limits)
+        if self.traceparent is not None and isinstance(frame, p.Generate):
+            frame = dataclasses.replace(frame, traceparent=self.traceparent)
+        return frame
 
 
 class RelayService:
@@ -192,6 +202,7 @@ class RelayService:
         if len(gw.connections) + len(self.calls) >= gw.settings.max_connections:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many connections")
         call = ChatCall(gw, self.pb2, context, who)
+        call.traceparent = metadata.get("traceparent")
         self.calls.add(call)
         try:
             await call.run()

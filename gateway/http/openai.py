@@ -201,6 +201,7 @@ class OpenAIApi:
 
     async def _generate(self, request: Request, kind: str) -> Response:
         rid = "req-" + secrets.token_hex(8)  # unless the client sent a valid X-Request-Id
+        received = time.time_ns() if self.gw.streams.tracing is not None else None
         client: str | None = None
         try:
             who = self._authenticate(request)
@@ -215,7 +216,13 @@ class OpenAIApi:
                 slot, client = client, None  # its slot goes with the answer
                 return await answer_choices(self, request, req, kind, rid, route.model, who, slot)
             try:
-                new = await self.gw.streams.create(req.body, rid, model=route.model)
+                new = await self.gw.streams.create(
+                    req.body,
+                    rid,
+                    model=route.model,
+                    traceparent=request.headers.get("traceparent"),
+                    received_ns=received,
+                )
             except STORE_ERRORS as exc:
                 raise store_error(exc) from None
         except ApiError as exc:

@@ -195,7 +195,14 @@ async def answer_choices(
         for _ in range(req.n - 1):  # the caller's slot is the first choice's
             slots.append(api.take_slot(who))
         for i in range(req.n):
-            made.append(await api.gw.streams.create(choice_body(req.body, i), rid, model=model))
+            made.append(
+                await api.gw.streams.create(
+                    choice_body(req.body, i),
+                    rid,
+                    model=model,
+                    traceparent=request.headers.get("traceparent"),
+                )
+            )
     except (ApiError, *STORE_ERRORS) as exc:
         for new in made:  # never leave a choice running for nobody
             with contextlib.suppress(*STORE_ERRORS):

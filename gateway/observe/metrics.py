@@ -16,7 +16,8 @@ custom collector then exposes:
   upstream TTFT), summed over the live workers by ``backend`` (these families are
   built in core/metrics.py, which a worker's own ``/metrics`` shares);
 - this gateway's own figures: open WebSockets, attached streams, resumes and
-  events replayed, cancels, disconnects, errors by code and transport.
+  events replayed, cancels, disconnects, errors by code and transport, and the
+  delivery latency of live events (a worker's append to the client's socket).
 
 docs/operations.md lists every metric.
 """
@@ -29,7 +30,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 from prometheus_client.registry import Collector
 
 from core.metrics import NS, histogram_families, worker_families
@@ -169,6 +174,14 @@ class _Collector(Collector):
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(NS + name, doc, value=float(value))
+        delivery = HistogramMetricFamily(
+            NS + "delivery_latency_seconds",
+            "Live events: from the worker's append (Redis' clock) to the client's socket, "
+            "one observation per append batch of a stream.",
+            labels=[],
+        )
+        delivery.add_metric([], slog.delivery.prometheus_buckets(), slog.delivery.sum)
+        yield delivery
 
     def _workers(self) -> Iterator[Metric]:
         yield from worker_families(self.metrics.view.workers)

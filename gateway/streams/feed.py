@@ -55,6 +55,7 @@ class LiveFeed:
         self.up = False  # subscribed now: published events reach on_batch
         self.messages = 0
         self.sheds = 0  # times the feed was dropped for falling behind
+        self.appended_at: float | None = None  # the message being handed on: its append time
         self._skew = float("inf")  # the least lag seen on this connection (clock skew)
         self._url = url
         self._on_batch = on_batch
@@ -131,6 +132,7 @@ class LiveFeed:
             return
         lag = time.time() - sent_ms / 1000
         self._skew = min(self._skew, lag)
+        self.appended_at = sent_ms / 1000
         self._on_batch(batch)
         if lag - self._skew > SHED_LAG:
             raise _Behind(f"{lag - self._skew:.1f} s behind")

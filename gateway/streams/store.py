@@ -7,6 +7,10 @@ no gap and no duplicate, cancel, and keep attachments alive so the worker
 knows whether anyone is still listening. core/wire/keys.py has the key
 layout; gateway/streams/tailer.py serves the live part.
 
+With ``--otlp-endpoint`` it is also where the gateway traces (core/tracing.py): the
+receive and enqueue spans in :meth:`StreamStore.create`, one span per client
+attachment in :meth:`StreamStore.tail`, which also keeps the delivery-latency histogram.
+
 Long: it is the one façade every transport calls, and each method is a few
 Redis calls with its error handling; split, the pieces would share all their
 state (client, keys, attachments, counters) through the class anyway.
@@ -14,6 +18,8 @@ state (client, keys, attachments, counters) through the class anyway.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -21,7 +27,7 @@ import secrets
 import time
 from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from core.redis.connection import (
     RedisHealth,
@@ -35,11 +41,21 @@ from core.wire.ids import hash_token, new_resume_token, new_stream_id, token_mat
 from core.wire.keys import ACTIVE_TTL, CONTROL_MAXLEN, DEFAULT_PREFIX, MAXLEN, Keys
 from core.wire.scripts import APPEND_LUA, COUNT_LUA, Append, append_call, decode_append
 from core.wire.stats import STATS_FIELD, WorkerStats
-from core.wire.telemetry import DISCONNECTS_FIELD, RESUMES_FIELD, log_summary
+from core.wire.telemetry import (
+    DELIVERY_BUCKETS,
+    DISCONNECTS_FIELD,
+    RESUMES_FIELD,
+    TRACE_FIELD,
+    Hist,
+    log_summary,
+)
 from gateway.streams.attachments import Attachments
 from gateway.streams.memory import ADMIT_BELOW, MemoryGauge
 from gateway.streams.subscription import RedisFull
 from gateway.streams.tailer import RedisUnavailable, StreamNotFound, Tailer
+
+if TYPE_CHECKING:
+    from core.tracing import Tracing
 
 log = logging.getLogger("tokenrelay.streamlog")
 
@@ -155,6 +171,9 @@ class StreamStore:
         self.events_replayed = 0
         self.cancels = 0
         self.disconnects = 0
+        # worker append -> handed to the client's socket, live events only (a histogram)
+        self.delivery = Hist(DELIVERY_BUCKETS)
+        self.tracing: Tracing | None = None  # --otlp-endpoint (set by gateway/state.py)
 
     async def start(self) -> None:
         self.tailer.start()
@@ -223,13 +242,49 @@ class StreamStore:
         *,
         attach: bool = True,
         model: str | None = None,
+        traceparent: str | None = None,
+        received_ns: int | None = None,
     ) -> NewStream:
         """Create a stream and queue its request for ``model`` (gateway/streams/models.py;
         ``None``: on ``P requests``, for workers that name no model).
 
+        With tracing on, the ``gateway.receive`` span (child of the client's
+        ``traceparent`` when it is a valid one; from ``received_ns``, epoch ns, when the
+        transport took the time) and its child ``gateway.enqueue`` (this call) are
+        recorded; the request entry carries the enqueue span's context to the worker.
         Raises :class:`Overloaded` or :class:`RedisFull` (Redis is at ``admit_memory`` of
         its maxmemory, or refused the write), :class:`NoWorker`, :class:`RedisUnavailable`.
         """
+        if self.tracing is None:
+            return await self._create(body, request_id, attach, model, None)
+        attrs = {"tokenrelay.request_id": request_id, "tokenrelay.model": model}
+        receive = self.tracing.start(
+            "gateway.receive", traceparent, start_ns=received_ns, kind="server", attributes=attrs
+        )
+        enqueue = self.tracing.start("gateway.enqueue", receive.traceparent, kind="producer")
+        try:
+            new = await self._create(
+                body, request_id, attach, model, (receive.traceparent, enqueue.traceparent)
+            )
+        except Exception as exc:
+            enqueue.fail(type(exc).__name__)
+            receive.fail(type(exc).__name__)
+            raise
+        else:
+            receive.set({"tokenrelay.stream_id": new.stream_id})
+        finally:
+            enqueue.end()
+            receive.end()
+        return new
+
+    async def _create(
+        self,
+        body: dict[str, Any],
+        request_id: str | None,
+        attach: bool,
+        model: str | None,
+        trace: tuple[str, str] | None,  # traceparents: the stream's (receive), the worker's
+    ) -> NewStream:
         if not self.accepting:
             raise ShuttingDown("this gateway is shutting down; retry (another gateway will answer)")
         if not await self.live_workers():
@@ -249,6 +304,8 @@ class StreamStore:
             "gw": self.gateway_id,
             "ttl": str(self.stream_ttl),
         }
+        if trace is not None:
+            meta[TRACE_FIELD] = trace[0]
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(self.keys.meta(sid), mapping=meta)
         pipe.expire(self.keys.meta(sid), int(ACTIVE_TTL))
@@ -261,6 +318,8 @@ class StreamStore:
             "dt": str(self.detach_timeout),
             "ttl": str(self.stream_ttl),
         }
+        if trace is not None:
+            request[TRACE_FIELD] = trace[1]
         pipe.xadd(queue, request)  # type: ignore[arg-type]
         await self._guard(pipe.execute())
         if attach_id:
@@ -314,7 +373,7 @@ class StreamStore:
         )
         return [decode_event(eid, fields) for eid, fields in raw]
 
-    async def tail(
+    def tail(
         self, stream_id: str, after: int, *, resumed: bool = False
     ) -> AsyncGenerator[Event, None]:
         """Every event with seq > ``after``: the replay, then live ones, until ``done``.
@@ -323,8 +382,39 @@ class StreamStore:
         ``resumed``: a client resumes the stream (counted, with the events
         replayed, in the metrics and the stream's summary line).
         Raises :class:`EventsTrimmed`, :class:`StreamNotFound` (expired while
-        waiting) or :class:`RedisUnavailable`.
+        waiting) or :class:`RedisUnavailable`. With tracing on, the attachment is one
+        ``gateway.deliver`` (``gateway.resume``) span in the stream's trace.
         """
+        if self.tracing is None:
+            return self._tail(stream_id, after, resumed)
+        return self._traced_tail(self.tracing, stream_id, after, resumed)
+
+    async def _traced_tail(
+        self, tracing: Tracing, stream_id: str, after: int, resumed: bool
+    ) -> AsyncGenerator[Event, None]:
+        parent = None
+        with contextlib.suppress(RedisUnavailable):  # the trace is best effort
+            raw = await self._guard(self.redis.hget(self.keys.meta(stream_id), TRACE_FIELD))
+            parent = _str(raw)
+        attrs = {"tokenrelay.stream_id": stream_id, "tokenrelay.after": after}
+        name = "gateway.resume" if resumed else "gateway.deliver"
+        span = tracing.start(name, parent, kind="producer", attributes=attrs)
+        last, count = after, 0
+        try:
+            async with contextlib.aclosing(self._tail(stream_id, after, resumed)) as events:
+                async for ev in events:
+                    last, count = ev.seq, count + 1
+                    yield ev
+        except (GeneratorExit, asyncio.CancelledError):
+            raise  # the client went, or took the done event and stopped reading
+        except BaseException as exc:
+            span.fail(type(exc).__name__)
+            raise
+        finally:
+            span.set({"tokenrelay.last_seq": last, "tokenrelay.events": count})
+            span.end()
+
+    async def _tail(self, stream_id: str, after: int, resumed: bool) -> AsyncGenerator[Event, None]:
         last = after
         if resumed:
             self.resumes += 1
@@ -346,12 +436,18 @@ class StreamStore:
             if len(page) < REPLAY_PAGE:
                 break
         sub = self.tailer.subscribe(stream_id, last)
+        delivery = self.delivery
         try:
             while True:
-                for ev in await sub.get():
+                events = await sub.get()
+                appended, sub.appended = sub.appended, None  # a live batch's append time
+                for ev in events:
                     yield ev
                     if ev.kind == "done":
                         return
+                    if appended is not None:  # its first event is out: delivered
+                        delivery.observe(time.time() - appended)
+                        appended = None
         finally:
             self.tailer.unsubscribe(sub)
 

@@ -53,6 +53,9 @@ class Subscription:
         self.error: BaseException | None = None
         self.quiet_since = time.monotonic()
         self.closed = False
+        # when the oldest live-fed batch in the buffer was appended (epoch s, Redis'
+        # clock); None for events read from the log. The tail takes it with the events.
+        self.appended: float | None = None
         # Catch-up state: while lagging, the tailer reads the log for this subscriber.
         # ``missed`` counts published batches it could not take; a catch-up read only
         # ends the lag if none was missed while the read was in flight.
@@ -82,11 +85,12 @@ class Subscription:
         self._ready.set()
         return True
 
-    def offer(self, first_seq: int, events: list[Event]) -> None:
+    def offer(self, first_seq: int, events: list[Event], appended: float | None = None) -> None:
         """Take a published batch (seqs ``first_seq``..) as far as it follows on.
 
         A batch that starts past ``last_seq + 1`` (this subscriber is behind)
         or does not fit in the buffer is left to a catch-up read of the log.
+        ``appended``: when the batch was appended (the delivery latency's start).
         """
         if self.closed or self.error is not None:
             return
@@ -101,6 +105,8 @@ class Subscription:
                 return
             self.buffer.append(ev)
             self.last_seq = ev.seq
+        if self.appended is None:
+            self.appended = appended
         self.quiet_since = time.monotonic()
         self._ready.set()
 

@@ -139,11 +139,12 @@ class Tailer:
     # --- the live feed ---------------------------------------------------------
 
     def _on_published(self, batch: list[tuple[str, int, list[Event]]]) -> None:
+        appended = self.feed.appended_at  # the message's append time (delivery latency)
         for stream_id, first_seq, events in batch:
             subs = self._subs.get(stream_id)
             if subs:
                 for sub in subs:
-                    sub.offer(first_seq, events)
+                    sub.offer(first_seq, events, appended)
 
     def _on_feed_gap(self) -> None:
         """Published events may have been missed: every subscriber catches up from its log."""

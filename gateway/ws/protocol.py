@@ -89,6 +89,9 @@ class Generate:
     prompt: str | None = None
     model: str | None = None  # None: the gateway's default model
     n: int = 1  # choices: streams started, each with its own ``started`` frame
+    # W3C trace context of the client (checked where it is used, core/tracing.py: a bad
+    # one starts a new trace, never an error)
+    traceparent: str | None = None
 
     def body(self, index: int = 0) -> dict[str, Any]:
         """The request of choice ``index`` as JSON-able data for the engine worker (with
@@ -239,7 +242,9 @@ def _parse_generate(obj: dict[str, Any], limits: Limits) -> Generate:
     if model is not None and (not isinstance(model, str) or not 0 < len(model) <= MAX_MODEL_NAME):
         message = f"model must be a string of 1 to {MAX_MODEL_NAME} characters"
         raise ProtocolError("bad_request", message, request_id=rid)
-    return Generate(rid, params, parsed, prompt if parsed is None else None, model, n)
+    tp = obj.get("traceparent")
+    traceparent = tp if isinstance(tp, str) else None
+    return Generate(rid, params, parsed, prompt if parsed is None else None, model, n, traceparent)
 
 
 # --- server frames ---------------------------------------------------------

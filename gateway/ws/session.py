@@ -135,7 +135,9 @@ class StreamSession:
         try:
             _, route = await self.gw.models.resolve(g.model)
             await self.gw.guard.admit(self.principal)
-            new = await self.gw.streams.create(g.body(index), rid, model=route.model)
+            new = await self.gw.streams.create(
+                g.body(index), rid, model=route.model, traceparent=g.traceparent
+            )
             created = True
         except RateLimited as exc:
             raise p.ProtocolError(

@@ -121,6 +121,11 @@ async def test_metrics_and_logs_follow_generate_cancel_resume(stack: Stack) -> N
     for hist in ("time_to_first_token", "request_duration", "queue_wait"):
         assert delta(f"tokenrelay_{hist}_seconds_count", backend="engine") >= 3, hist
     assert delta("tokenrelay_time_per_output_token_seconds_count", backend="engine") >= 2
+    # one observation per gap between token events (3 tokens: 2 gaps, and more)
+    assert delta("tokenrelay_inter_token_latency_seconds_count", backend="engine") >= 2
+    # live events handed to the sockets (the tails above), one per append batch
+    assert delta("tokenrelay_delivery_latency_seconds_count") >= 1
+    assert ("tokenrelay_delivery_latency_seconds_bucket", (("le", "0.001"),)) in after
     assert value(after, "tokenrelay_time_to_first_token_seconds_sum", backend="engine") > 0
     assert value(after, "tokenrelay_worker_info", worker_id=wid, backend="engine") == 1
     assert value(after, "tokenrelay_worker_models", worker_id=wid, model="default") == 1
