@@ -40,6 +40,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "worker.upstream": ("engine", "torch", "transformers", "tokenizers", "numpy"),
     "worker.upstream.openai": ("asyncio", "socket", "httpx", "redis"),
     "worker.upstream.failures": ("asyncio", "socket", "httpx", "redis"),
+    "worker.upstream.http1": ("asyncio", "socket", "ssl", "httpx", "redis"),
 }
 
 

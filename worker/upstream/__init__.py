@@ -9,6 +9,8 @@ vLLM, TGI, llama.cpp's server, Ollama or another tokenrelay. One concept per mod
 - ``openai``: request bodies, server-sent events and chunks in OpenAI's shapes (sans I/O);
 - ``failures``: what went wrong, typed (retry, refuse, or end mid-stream), and the
   backoff between attempts, ``Retry-After`` honoured (sans I/O);
+- ``http1``: HTTP/1.1 requests as bytes, responses parsed from bytes (sans I/O);
+- ``client``: the HTTP client over it (asyncio protocols, a keep-alive pool, timeouts);
 - ``inbox``: what the calls produced, handed from the HTTP thread to the worker loop;
 - ``call``: one request's HTTP exchange, with its retries;
 - ``engine``: the engine the worker drives, and the thread its calls run on.

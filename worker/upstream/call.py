@@ -6,7 +6,9 @@ inbox (worker/upstream/inbox.py) as they arrive. Failures follow
 worker/upstream/failures.py: before the first token, transient ones are tried again
 and then refuse the stream; after it, the stream ends
 with ``error`` and says why. Nothing waits forever: connecting, each read and the
-pool have the ``--upstream-timeout`` (connect at most 10 s).
+pool have the ``--upstream-timeout`` (connect at most 10 s). The HTTP client is
+worker/upstream/client.py; the bytes of the body become events in
+worker/upstream/openai.py (:class:`SSEStream`).
 
 Cancelling the call's task (an abort: a client's Stop, a detach timeout, a drain)
 closes its response, and with it the connection: vLLM and TGI stop generating
@@ -18,14 +20,14 @@ also asks it to cancel that stream, as does a call that gives up on an answer.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from core.wire.params import SamplingParams
+from worker.upstream.client import HttpClient, ReadTimeout, Response, TransportError
 from worker.upstream.config import UpstreamConfig
 from worker.upstream.failures import (
     Broken,
@@ -38,7 +40,7 @@ from worker.upstream.failures import (
 from worker.upstream.inbox import Inbox
 from worker.upstream.openai import (
     Chunk,
-    SSEDecoder,
+    SSEStream,
     mentions_stream_options,
     parse_chunk,
     request_body,
@@ -56,7 +58,7 @@ CANCEL_TIMEOUT = 5.0
 class Upstream:
     """What every call shares: the client, the settings, what was learnt of the server."""
 
-    http: httpx.AsyncClient
+    http: HttpClient
     cfg: UpstreamConfig
     inbox: Inbox
     model: str | None = None
@@ -93,13 +95,15 @@ class Upstream:
 
     async def _list_models(self) -> None:
         try:
-            resp = await self.http.get(f"{self.cfg.url}/models", headers=self.cfg.auth_headers())
-        except httpx.TransportError as exc:
+            resp, content = await self.http.request(
+                "GET", "/models", headers=self.cfg.auth_headers()
+            )
+        except TransportError as exc:
             raise Retryable("unavailable", f"upstream unreachable: {describe(exc)}") from None
         if resp.status_code >= 500:
-            raise status_error(resp.status_code, resp.content, None)
+            raise status_error(resp.status_code, content, None)
         try:
-            data = resp.json()["data"] if resp.status_code == 200 else []
+            data = json.loads(content)["data"] if resp.status_code == 200 else []
             self.listed = [str(m["id"]) for m in data] or None
         except (ValueError, KeyError, IndexError, TypeError):
             self.listed = None
@@ -184,38 +188,39 @@ class Call:
         served = self.body.get("model")
         model = await up.model_for(served if isinstance(served, str) else None)
         path, payload = request_body(self.body, params, model, include_usage=up.include_usage)
-        headers = {"Accept": "text/event-stream", **up.cfg.auth_headers()}
+        headers = {"Accept": "text/event-stream", "Content-Type": "application/json",
+                   **up.cfg.auth_headers()}  # fmt: skip
+        content = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         up.count("upstream_requests")
         self.sent_at = time.monotonic()
         try:
-            url = up.cfg.url + path
-            async with up.http.stream("POST", url, json=payload, headers=headers) as r:
+            async with up.http.stream("POST", path, body=content.encode(), headers=headers) as r:
                 if r.status_code != 200:
-                    raw = await _read_some(r)
+                    raw = await r.read_some(MAX_ERROR_BODY)
                     retry_after = parse_retry_after(r.headers.get("retry-after"))
                     raise status_error(r.status_code, raw, retry_after)
                 sid, token = r.headers.get("x-stream-id"), r.headers.get("x-resume-token")
                 if sid and token:
                     self.remote = (sid, token)
                 await self._read(r)
-        except httpx.ReadTimeout:
+        except ReadTimeout:
             silence = f"upstream sent nothing for {up.cfg.timeout:g} s"
             if self.started:
                 raise Broken(f"{silence}; the answer is cut short") from None
             raise Refused("unavailable", silence) from None
-        except httpx.TransportError as exc:
+        except TransportError as exc:
             if self.started:
                 raise Broken(f"upstream connection lost: {describe(exc)}") from None
             raise Retryable("unavailable", f"upstream unreachable: {describe(exc)}") from None
 
-    async def _read(self, resp: httpx.Response) -> None:
-        decoder = SSEDecoder()
-        async for line in resp.aiter_lines():
-            data = decoder.feed(line)
-            if data is not None and self._on_event(data):
-                return
-        data = decoder.close()
-        if data is not None and self._on_event(data):
+    async def _read(self, resp: Response) -> None:
+        events = SSEStream()
+        while body := await resp.read():
+            for data in events.feed(body):
+                if self._on_event(data):
+                    return
+        last = events.close()
+        if last is not None and self._on_event(last):
             return
         if self.finish_reason is not None:  # finished, but no [DONE]
             self._finish()
@@ -271,21 +276,13 @@ class Call:
         task.add_done_callback(self.up.background.discard)
 
     async def _post_cancel(self, sid: str, token: str) -> None:
-        url = f"{self.up.cfg.url}/streams/{sid}/cancel"
         headers = {"X-Resume-Token": token, **self.up.cfg.auth_headers()}
         try:
-            resp = await self.up.http.post(url, headers=headers, timeout=CANCEL_TIMEOUT)
+            resp, _ = await self.up.http.request(
+                "POST", f"/streams/{sid}/cancel", headers=headers, timeout=CANCEL_TIMEOUT,
+                limit=MAX_ERROR_BODY,
+            )  # fmt: skip
             extra = {**self.extra, "upstream_stream_id": sid, "status": resp.status_code}
             log.info("upstream stream cancelled", extra=extra)
-        except httpx.HTTPError as exc:
+        except TransportError as exc:
             log.info("upstream cancel failed: %s", describe(exc), extra=self.extra)
-
-
-async def _read_some(resp: httpx.Response) -> bytes:
-    """Up to :data:`MAX_ERROR_BODY` bytes of an error answer (its message)."""
-    out = b""
-    async for part in resp.aiter_bytes():
-        out += part
-        if len(out) >= MAX_ERROR_BODY:
-            break
-    return out[:MAX_ERROR_BODY]

@@ -4,7 +4,8 @@
 place of our engine, with the same worker loop (worker/main.py): the same
 consumer group, stream log, cancels, detach timeout, drain and heartbeat. Its
 calls (worker/upstream/call.py) run as tasks of one asyncio loop in a thread of
-its own, over one pooled ``httpx.AsyncClient`` (keep-alive connections, at most
+its own (uvloop's where installed, as the gateway's: ``TOKENRELAY_EVENT_LOOP``), over
+one pooled :class:`worker.upstream.client.HttpClient` (keep-alive connections, at most
 ``--max-inflight`` + a few), so many streams share a handful of threads and the
 worker loop never blocks on the network.
 
@@ -16,11 +17,10 @@ retried, or refuse the stream with ``unavailable``), the worker attaches it
 since the last step, waiting up to :data:`STEP_WAIT` when none has.
 :meth:`UpstreamEngine.abort` cancels the call's task, which closes its connection.
 
-Why httpx: it is the client the OpenAI SDK is built on (and already a test
-dependency), its timeouts are per read (the stall detector a stream needs, where
-a whole-request deadline would cut long answers), a response closed before its
-end closes its connection instead of returning it to the pool, and its pool is
-bounded; aiohttp would add a second HTTP stack for the same.
+Why a client of our own rather than httpx (the first one) or aiohttp: per streamed
+token their layers cost several times what the rest of the relay does
+(worker/upstream/client.py says what it keeps of httpx's behaviour: timeouts per
+read, a response closed early closes its connection, a bounded pool).
 """
 
 from __future__ import annotations
@@ -31,17 +31,17 @@ import concurrent.futures
 import contextlib
 import functools
 import logging
+import os
 import threading
 from collections.abc import Mapping
 from typing import Any
-
-import httpx
 
 from core.wire.params import SamplingParams
 from core.wire.tools import Tool
 from worker.client import Starter
 from worker.prepare import Prepared
 from worker.upstream.call import Call, Upstream
+from worker.upstream.client import HttpClient, TransportError
 from worker.upstream.config import UpstreamConfig, redact
 from worker.upstream.failures import UpstreamError
 from worker.upstream.inbox import ATTACHED, OPEN, OPENING, Inbox, Output
@@ -66,7 +66,7 @@ class UpstreamEngine:
         self.inbox = Inbox()
         self._tasks: dict[str, concurrent.futures.Future[None]] = {}
         self._lock = threading.Lock()  # _tasks: the loop's done callbacks and the worker
-        self._loop = asyncio.new_event_loop()
+        self._loop = new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="upstream", daemon=True)
         self._thread.start()
         self.up: Upstream = self._run(self._open())
@@ -82,12 +82,8 @@ class UpstreamEngine:
 
     async def _open(self) -> Upstream:
         cfg = self.cfg
-        limits = httpx.Limits(
-            max_connections=cfg.max_inflight + POOL_SPARE,
-            max_keepalive_connections=cfg.max_inflight + POOL_SPARE,
-        )
-        timeout = httpx.Timeout(cfg.timeout, connect=cfg.connect_timeout)
-        http = httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False)
+        http = HttpClient(cfg.url, timeout=cfg.timeout, connect_timeout=cfg.connect_timeout,
+                          max_connections=cfg.max_inflight + POOL_SPARE)  # fmt: skip
         return Upstream(http, cfg, self.inbox, cfg.model, cfg.model is not None)
 
     async def _learn_models(self, *, once: bool) -> None:
@@ -95,7 +91,7 @@ class UpstreamEngine:
         while True:
             try:
                 await self.up.list_models()
-            except (UpstreamError, httpx.HTTPError) as exc:
+            except (UpstreamError, TransportError) as exc:
                 log.info("the upstream's model list is not known yet: %s", exc)
             if once or self.up.listed is not None:
                 return
@@ -229,6 +225,19 @@ class _Starter:
         inbox = self.engine.inbox
         for sid in [s for s, phase in inbox.phases().items() if phase != ATTACHED]:
             self.engine.abort(sid)
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """The calls' event loop: uvloop's where installed (cheaper reads, writes and timers),
+    else asyncio's; ``TOKENRELAY_EVENT_LOOP=asyncio`` forces the standard one."""
+    if os.environ.get("TOKENRELAY_EVENT_LOOP", "auto") != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
 
 
 def upstream_engine(args: argparse.Namespace) -> UpstreamEngine:

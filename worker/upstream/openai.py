@@ -17,10 +17,12 @@ upstream sends in the stream (``{"error": {...}}``, as vLLM and tokenrelay do).
 The chunks come as server-sent events (the WHATWG event-stream format):
 ``data: {json}`` events separated by blank lines, ending with ``data: [DONE]``,
 with comments (``: keep-alive``, tokenrelay's gateway sends some) and ``id:``
-lines between. :class:`SSEDecoder` takes the lines (without their line ends:
-httpx's ``aiter_lines`` splits on ``\n``, ``\r\n`` and ``\r`` alike) and
-gives back each event's data, multi-line data joined with ``\n``; event
-names, ids and retry hints are read past.
+lines between. :class:`SSEDecoder` takes the lines (without their line ends)
+and gives back each event's data, multi-line data joined with ``\n``; event
+names, ids and retry hints are read past. :class:`SSEStream` takes the body's
+bytes as they arrive, splits them into lines (on ``\n``, ``\r\n`` and ``\r``
+alike, a line end split across two reads included), decodes each line as UTF-8
+and feeds the decoder.
 """
 
 from __future__ import annotations
@@ -95,6 +97,43 @@ class SSEDecoder:
             return None
         data, self._data = "\n".join(self._data), []
         return data
+
+
+class SSEStream:
+    """Server-sent events from a body's bytes: the data of each event they complete."""
+
+    def __init__(self) -> None:
+        self.decoder = SSEDecoder()
+        self._rest = b""  # the start of a line not ended yet
+        self._cr = False  # the last byte was a CR: a LF right after it ends nothing
+
+    def feed(self, data: bytes) -> list[str]:
+        """Take the next bytes; the data of the events they end (often none or one)."""
+        if self._cr:
+            self._cr = False
+            if data[:1] == b"\n":
+                data = data[1:]
+        buf = self._rest + data if self._rest else data
+        if b"\r" in buf:
+            self._cr = buf.endswith(b"\r")
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        *lines, self._rest = buf.split(b"\n")
+        out = []
+        feed = self.decoder.feed
+        for line in lines:
+            got = feed(line.decode("utf-8", "replace"))
+            if got is not None:
+                out.append(got)
+        return out
+
+    def close(self) -> str | None:
+        """The body ended: what :meth:`SSEDecoder.close` gives, after a last unended line."""
+        if self._rest:
+            rest, self._rest = self._rest, b""
+            got = self.decoder.feed(rest.decode("utf-8", "replace"))
+            if got is not None:
+                return got
+        return self.decoder.close()
 
 
 def request_body(
