@@ -127,7 +127,7 @@ def test_sdk_errors(api_stack: ApiStack) -> None:
         client.chat.completions.create(model="nope", messages=msgs)
     assert nf.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as br:
-        client.chat.completions.create(model="default", messages=msgs, n=2)
+        client.chat.completions.create(model="default", messages=msgs, n=17)
     assert br.value.param == "n"
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model="default", prompt="x", temperature=7)
