@@ -319,7 +319,9 @@ async def case_takeover(stack: Stack, n: int) -> Row:
     """Requests read by a consumer that died before starting them are claimed and run."""
     row = Row("takeover (dead consumer's requests)", 1, 0, 0, 0)
     live = next(iter(stack.workers.values()))
-    ghost = WorkerStore(stack.redis.url, "ghost", prefix=PREFIX)
+    # a consumer of the queue the live worker reads: its model's (the default model)
+    ghost = WorkerStore(stack.redis.url, "ghost", prefix=PREFIX, models=["default"])
+    ghost.ensure_group()
     gots = [Got(i) for i in range(n)]
     live.signal(signal.SIGSTOP)  # so that the ghost, not the live worker, reads them
     try:

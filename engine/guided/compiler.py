@@ -114,9 +114,9 @@ class GrammarCompiler:
         try:
             if fmt.type == "tool_calls" and fmt.schema is not None:  # Lark (core/wire/tools.py)
                 text = matcher_cls.grammar_from_lark(fmt.schema)
-            elif fmt.type in ("json_object", "json_schema"):
-                schema = fmt.schema if fmt.type == "json_schema" else None
-                schema = schema or JSON_OBJECT_SCHEMA
+            elif fmt.type == "json_object" or (fmt.type == "json_schema" and fmt.schema):
+                schema = fmt.schema if fmt.type == "json_schema" else JSON_OBJECT_SCHEMA
+                assert schema is not None
                 text = matcher_cls.grammar_from_json_schema(schema, overrides=GRAMMAR_OPTIONS)
             else:
                 raise ValueError(f"cannot compile type {fmt.type!r}")

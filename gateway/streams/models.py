@@ -101,10 +101,11 @@ class Served:
 
     def names(self) -> list[str]:
         """The model names ``GET /v1/models`` lists: the served ones, and the gateway's
-        ``--model-name`` (or ``default``) where it names what requests naming none get."""
+        ``--model-name`` (or ``default``) where it names what requests naming none get,
+        also while no worker has announced a model yet (one still loading it)."""
         out = list(self.models)
         alias = self.alias or DEFAULT_NAME
-        if alias not in out and (self.unnamed or (self.alias is not None and self.models)):
+        if alias not in out and (self.unnamed or not self.models or self.alias is not None):
             out.insert(0, alias)
         return out
 

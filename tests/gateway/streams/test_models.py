@@ -54,11 +54,12 @@ def test_workers_that_name_no_model_serve_the_requests_that_name_none() -> None:
         served.resolve("other")
 
 
-def test_no_live_worker_lists_nothing_and_refuses_every_name() -> None:
-    served = Served.of([])
-    assert served.names() == [] and not served.live
+def test_no_live_worker_lists_the_default_name_and_refuses_every_other() -> None:
+    served = Served.of([])  # e.g. the one worker still loading its model
+    assert served.names() == ["default"] and not served.live
+    assert Served.of([], alias="mine").names() == ["mine"]
     assert served.resolve(None) == Route("default", None)  # the store says: no worker
-    with pytest.raises(UnknownModel, match="Served models: none"):
+    with pytest.raises(UnknownModel, match="Served models: `default`"):
         served.resolve("x")
 
 
