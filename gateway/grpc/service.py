@@ -14,8 +14,10 @@ How a call ends:
 - the gateway shuts down: a ``shutting_down`` notice, the drain, then ``UNAVAILABLE``;
 - a client that keeps sending while rate limited: ``RESOURCE_EXHAUSTED``.
 
-A call without a valid API key (``authorization: Bearer <key>`` metadata, when keys are
-configured) ends at once with ``UNAUTHENTICATED``; a call while more than
+A call whose ``origin`` metadata (a browser's, through a gRPC-Web proxy) the WebSocket
+would refuse ends at once with ``PERMISSION_DENIED``; a call without a valid API key
+(``authorization: Bearer <key>`` metadata, when keys are configured) with
+``UNAUTHENTICATED``; a call while more than
 ``--max-connections`` WebSockets and calls are open with ``RESOURCE_EXHAUSTED``.
 A ``traceparent`` in the call's metadata is the parent of every stream the call starts
 (core/tracing.py; with ``--otlp-endpoint``).
@@ -192,6 +194,12 @@ class RelayService:
         address = peer_address(context.peer())
         metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ())
                     if isinstance(v, str)}  # fmt: skip
+        origin = metadata.get("origin")  # a browser's call through a gRPC-Web proxy
+        if not gw.guard.origins.allows(origin, metadata.get("host")):
+            log.info("grpc origin refused", extra={"origin": (origin or "")[:200],
+                                                   "client": address})  # fmt: skip
+            gw.metrics.count_error("forbidden", "grpc")
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "origin not allowed")
         try:
             who = gw.guard.authenticate(metadata, {}, address)
         except AuthError as exc:

@@ -47,9 +47,13 @@ class GrpcClient:
         self.hello: dict[str, Any] = {}
 
     @classmethod
-    async def open(cls, addr: str, key: str | None = None, *, hello: bool = True) -> GrpcClient:
+    async def open(
+        cls, addr: str, key: str | None = None, *, hello: bool = True, origin: str | None = None
+    ) -> GrpcClient:
         channel = grpc.aio.insecure_channel(addr)
-        metadata = (("authorization", f"Bearer {key}"),) if key else None
+        pairs = [("authorization", f"Bearer {key}")] if key else []
+        pairs += [("origin", origin)] if origin else []
+        metadata = tuple(pairs) or None
         client = cls(channel, CODE.pb2_grpc.RelayStub(channel).Chat(metadata=metadata))
         if hello:
             client.hello = await client.recv(10)

@@ -57,6 +57,21 @@ async def test_a_call_without_a_valid_key_ends_unauthenticated(addr: str, key: s
         await c.close()
 
 
+async def test_origins_are_checked_as_for_the_websocket(addr: str) -> None:
+    c = await GrpcClient.open(addr, KEY, hello=False, origin="https://evil.example")
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await c.recv(10)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        await c.close()
+    local = await GrpcClient.open(addr, KEY, origin="http://localhost:5173")  # a dev server
+    try:
+        assert local.hello["type"] == "hello"
+    finally:
+        await local.close()
+
+
 async def test_hello_ping_and_bad_frames_leave_the_call_usable(addr: str) -> None:
     c = await GrpcClient.open(addr, KEY)
     try:
