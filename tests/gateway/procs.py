@@ -112,7 +112,24 @@ def wait_ready(addr: str, proc: Proc, timeout: float = 120.0, *, need_worker: bo
     raise TimeoutError(f"{addr}{path} not ready in {timeout}s:\n{proc.log_text()[-3000:]}")
 
 
-class Client:
+class FrameReader:
+    """``recv_until`` for a protocol v1 client that has ``recv(timeout)``."""
+
+    async def recv(self, timeout: float = 30.0) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def recv_until(self, pred: Any, timeout: float = 60.0) -> list[dict[str, Any]]:
+        """Frames up to and including the first one for which ``pred`` is true."""
+        out: list[dict[str, Any]] = []
+        deadline = time.monotonic() + timeout
+        while True:
+            frame = await self.recv(max(0.1, deadline - time.monotonic()))
+            out.append(frame)
+            if pred(frame):
+                return out
+
+
+class Client(FrameReader):
     """A protocol v1 client over a real WebSocket."""
 
     def __init__(self, ws: ClientConnection, hello: dict[str, Any]) -> None:
@@ -131,16 +148,6 @@ class Client:
 
     async def recv(self, timeout: float = 30.0) -> dict[str, Any]:
         return dict(json.loads(await asyncio.wait_for(self.ws.recv(), timeout)))
-
-    async def recv_until(self, pred: Any, timeout: float = 60.0) -> list[dict[str, Any]]:
-        """Frames up to and including the first one for which ``pred`` is true."""
-        out: list[dict[str, Any]] = []
-        deadline = time.monotonic() + timeout
-        while True:
-            frame = await self.recv(max(0.1, deadline - time.monotonic()))
-            out.append(frame)
-            if pred(frame):
-                return out
 
     async def close(self) -> None:
         await self.ws.close()

@@ -84,6 +84,21 @@ async def reference(addr: str, streams: int = STREAMS, tokens: int = TOKENS) -> 
     return [out[i] for i in range(streams)]
 
 
+async def read_some(c: Any, out: Outcome, budget: int) -> None:
+    """Read up to ``budget`` token frames of a protocol v1 client ``c`` (a WebSocket or a
+    gRPC call) into ``out``, or up to its ``done``."""
+    while budget > 0 and out.done is None:
+        f = await c.recv(120)
+        if f["type"] == "token":
+            out.seqs.append(f["seq"])
+            out.text.append(f["text"])
+            budget -= 1
+        elif f["type"] == "done":
+            out.done = f
+        elif f["type"] != "resumed":
+            raise AssertionError(f)
+
+
 async def chaos_client(
     stack: Gateways, i: int, rng: random.Random, tokens: int = TOKENS
 ) -> Outcome:
@@ -96,16 +111,7 @@ async def chaos_client(
     drops = rng.randint(1, 3)
     while True:
         budget = rng.randint(0, 12) if drops > 0 else 10**9
-        while budget > 0 and out.done is None:
-            f = await c.recv(120)
-            if f["type"] == "token":
-                out.seqs.append(f["seq"])
-                out.text.append(f["text"])
-                budget -= 1
-            elif f["type"] == "done":
-                out.done = f
-            elif f["type"] != "resumed":
-                raise AssertionError(f)
+        await read_some(c, out, budget)
         if out.done is not None:
             await c.close()
             return out

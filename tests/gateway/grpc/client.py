@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import grpc
 
 from gateway.grpc.codegen import load
+from tests.gateway.procs import FrameReader
 
 CODE = load()
 pb2 = CODE.pb2
@@ -38,7 +38,7 @@ def generate(prompt: str, request_id: str, **params: Any) -> Any:
     return pb2.ClientFrame(generate=gen)
 
 
-class GrpcClient:
+class GrpcClient(FrameReader):
     """One ``Chat`` call on a channel of its own."""
 
     def __init__(self, channel: grpc.aio.Channel, call: Any) -> None:
@@ -68,16 +68,6 @@ class GrpcClient:
         if msg is grpc.aio.EOF:
             raise EOFError("the call ended")
         return frame_dict(msg)
-
-    async def recv_until(self, pred: Any, timeout: float = 60.0) -> list[dict[str, Any]]:
-        """Frames up to and including the first one for which ``pred`` is true."""
-        out: list[dict[str, Any]] = []
-        deadline = time.monotonic() + timeout
-        while True:
-            frame = await self.recv(max(0.1, deadline - time.monotonic()))
-            out.append(frame)
-            if pred(frame):
-                return out
 
     async def close(self) -> None:
         """Drop the call (a detach: its streams go on), then the channel."""

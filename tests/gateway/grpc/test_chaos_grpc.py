@@ -27,7 +27,14 @@ import pytest
 from tests.gateway.conftest import Stack
 from tests.gateway.grpc.client import GrpcClient, generate, pb2
 from tests.gateway.procs import Proc, free_port, start_gateway, stop_all, wait_ready
-from tests.gateway.test_chaos import Outcome, check_assembled, params, prompt, reference
+from tests.gateway.test_chaos import (
+    Outcome,
+    check_assembled,
+    params,
+    prompt,
+    read_some,
+    reference,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -80,16 +87,7 @@ async def grpc_chaos_client(pair: Pair, i: int, rng: random.Random, tokens: int)
     drops = rng.randint(1, 3)
     while True:
         budget = rng.randint(0, 12) if drops > 0 else 10**9
-        while budget > 0 and out.done is None:
-            f = await c.recv(120)
-            if f["type"] == "token":
-                out.seqs.append(f["seq"])
-                out.text.append(f["text"])
-                budget -= 1
-            elif f["type"] == "done":
-                out.done = f
-            elif f["type"] != "resumed":
-                raise AssertionError(f)
+        await read_some(c, out, budget)
         if out.done is not None:
             await c.close()
             return out
