@@ -51,6 +51,7 @@ from worker.upstream.openai import (
 log = logging.getLogger("tokenrelay.upstream")
 
 MAX_ERROR_BODY = 16_384  # bytes of an error answer read for its message
+CANCEL_ATTEMPTS = 3  # tries of a cancel POST (0.1 s, then 0.3 s apart)
 CANCEL_TIMEOUT = 5.0
 
 
@@ -276,13 +277,20 @@ class Call:
         task.add_done_callback(self.up.background.discard)
 
     async def _post_cancel(self, sid: str, token: str) -> None:
+        """POST the cancel; a cancel is idempotent, so a failed try is tried again (a
+        pooled connection the upstream had just closed, a proxy's hiccup)."""
         headers = {"X-Resume-Token": token, **self.up.cfg.auth_headers()}
-        try:
-            resp, _ = await self.up.http.request(
-                "POST", f"/streams/{sid}/cancel", headers=headers, timeout=CANCEL_TIMEOUT,
-                limit=MAX_ERROR_BODY,
-            )  # fmt: skip
+        for attempt in range(CANCEL_ATTEMPTS):
+            try:
+                resp, _ = await self.up.http.request(
+                    "POST", f"/streams/{sid}/cancel", headers=headers, timeout=CANCEL_TIMEOUT,
+                    limit=MAX_ERROR_BODY,
+                )  # fmt: skip
+            except TransportError as exc:
+                extra = {**self.extra, "attempt": attempt + 1}
+                log.info("upstream cancel failed: %s", describe(exc), extra=extra)
+                await asyncio.sleep(0.1 * 3**attempt)
+                continue
             extra = {**self.extra, "upstream_stream_id": sid, "status": resp.status_code}
             log.info("upstream stream cancelled", extra=extra)
-        except TransportError as exc:
-            log.info("upstream cancel failed: %s", describe(exc), extra=self.extra)
+            return
