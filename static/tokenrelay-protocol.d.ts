@@ -74,6 +74,8 @@ export interface GenerateRequest {
   params?: GenerateParams;
   /** defaults to a random id */
   requestId?: string;
+  /** a W3C trace context (`00-<trace id>-<span id>-<flags>`): the request joins that trace */
+  traceparent?: string;
 }
 
 export interface ResumeRequest {

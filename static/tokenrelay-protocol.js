@@ -54,7 +54,7 @@ export const PROTOCOL_VERSION = 1;
  *   tool_choice?: "none"|"auto"|"required"|{type: "function", function: {name: string}},
  *   parallel_tool_calls?: boolean, n?: 1}} GenerateParams
  * @typedef {{messages?: ChatMessage[], prompt?: string, params?: GenerateParams,
- *   requestId?: string}} GenerateRequest
+ *   requestId?: string, traceparent?: string}} GenerateRequest
  * @typedef {{streamId: string, resumeToken: string, after?: number, text?: string}} ResumeRequest
  * @typedef {{prompt_tokens: number, completion_tokens: number}} Usage
  * @typedef {{code: string, message: string, retryAfter?: number}} StreamError

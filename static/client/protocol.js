@@ -60,6 +60,7 @@ export class ClientProtocol extends ProtocolState {
     if (request.messages != null) frame.messages = request.messages;
     else frame.prompt = request.prompt;
     if (request.params) frame.params = request.params;
+    if (request.traceparent) frame.traceparent = request.traceparent; // docs/operations.md, Tracing
     const s = new ProtocolStream(++this._nextId, { requestId, frame });
     this._track(s);
     if (how.cancelled) {

@@ -136,6 +136,15 @@ describe("generate", () => {
     assert.ok(machine().generate({ ...ask, params: { n: 1 } }));
   });
 
+  test("a traceparent goes out with the generate frame", () => {
+    const p = machine();
+    p.opened(1);
+    const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    p.generate({ ...ask, requestId: "r1", traceparent: tp });
+    const [[, frame]] = sends(p);
+    assert.equal(frame.traceparent, tp);
+  });
+
   test("a done frame's tool_calls reach the done event as toolCalls", () => {
     const p = machine();
     started(p);
