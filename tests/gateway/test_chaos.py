@@ -14,8 +14,10 @@ test_chaos_relay.py runs them over a relay.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import random
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -99,13 +101,28 @@ async def read_some(c: Any, out: Outcome, budget: int) -> None:
             raise AssertionError(f)
 
 
+@dataclass(frozen=True)
+class Channel:
+    """How a chaos client speaks protocol v1: over a WebSocket unless told otherwise
+    (tests/gateway/grpc/test_chaos_grpc.py gives the gRPC call's)."""
+
+    open: Callable[[str], Awaitable[Any]] = Client.open
+    generate: Callable[[str, str, dict[str, Any]], Any] = lambda text, rid, p: generate_frame(
+        text, rid, **p
+    )
+    resume: Callable[[str, str, int], Any] = lambda sid, token, after: {
+        "type": "resume", "stream_id": sid, "resume_token": token, "after": after
+    }  # fmt: skip
+
+
 async def chaos_client(
-    stack: Gateways, i: int, rng: random.Random, tokens: int = TOKENS
+    stack: Gateways, i: int, rng: random.Random, tokens: int = TOKENS, via: Channel = Channel()
 ) -> Outcome:
-    """Stream prompt ``i``, dropping the socket 1 to 3 times and resuming on either gateway."""
+    """Stream prompt ``i``, dropping the channel 1 to 3 times (a close, or the connection
+    cut under it) and resuming on either gateway."""
     out = Outcome()
-    c = await Client.open(stack.a)
-    await c.send(generate_frame(prompt(i), f"chaos{i}", **params(tokens)))
+    c = await via.open(stack.a)
+    await c.send(via.generate(prompt(i), f"chaos{i}", params(tokens)))
     started = (await c.recv_until(lambda f: f["type"] == "started", 120))[-1]
     sid, token = started["stream_id"], started["resume_token"]
     drops = rng.randint(1, 3)
@@ -117,17 +134,18 @@ async def chaos_client(
             return out
         drops -= 1
         if rng.random() < 0.5:
-            out.drops.append("close")
+            out.drops.append("close")  # a detach
             await c.close()
         else:
             out.drops.append("cut")
-            c.cut()
+            if inspect.isawaitable(cut := c.cut()):  # a gRPC channel closes asynchronously
+                await cut
         await asyncio.sleep(rng.uniform(0, 0.4))
         addr = rng.choice([stack.a, stack.b])
         out.resumed_on.append("a" if addr == stack.a else "b")
-        c = await Client.open(addr)
+        c = await via.open(addr)
         after = out.seqs[-1] if out.seqs else 0
-        await c.send({"type": "resume", "stream_id": sid, "resume_token": token, "after": after})
+        await c.send(via.resume(sid, token, after))
         first = await c.recv(30)
         assert first == {"type": "resumed", "stream_id": sid, "after": after}, first
 

@@ -27,14 +27,7 @@ import pytest
 from tests.gateway.conftest import Stack
 from tests.gateway.grpc.client import GrpcClient, generate, pb2
 from tests.gateway.procs import Proc, free_port, start_gateway, stop_all, wait_ready
-from tests.gateway.test_chaos import (
-    Outcome,
-    check_assembled,
-    params,
-    prompt,
-    read_some,
-    reference,
-)
+from tests.gateway.test_chaos import Channel, chaos_client, check_assembled, reference
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -76,43 +69,20 @@ def pair(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pai
         stop_all([a.proc, b.proc])
 
 
-async def grpc_chaos_client(pair: Pair, i: int, rng: random.Random, tokens: int) -> Outcome:
-    """Stream prompt ``i`` over gRPC, dropping the call 1 to 3 times and resuming on either
-    gateway with a new call."""
-    out = Outcome()
-    c = await GrpcClient.open(pair.a)
-    await c.send(generate(prompt(i), f"chaos{i}", **params(tokens)))
-    started = (await c.recv_until(lambda f: f["type"] == "started", 120))[-1]
-    sid, token = started["stream_id"], started["resume_token"]
-    drops = rng.randint(1, 3)
-    while True:
-        budget = rng.randint(0, 12) if drops > 0 else 10**9
-        await read_some(c, out, budget)
-        if out.done is not None:
-            await c.close()
-            return out
-        drops -= 1
-        if rng.random() < 0.5:
-            out.drops.append("close")  # the call cancelled: a detach
-            await c.close()
-        else:
-            out.drops.append("cut")  # the channel closed under the open call
-            await c.cut()
-        await asyncio.sleep(rng.uniform(0, 0.4))
-        addr = rng.choice([pair.a, pair.b])
-        out.resumed_on.append("a" if addr == pair.a else "b")
-        c = await GrpcClient.open(addr)
-        after = out.seqs[-1] if out.seqs else 0
-        await c.send(resume=pb2.Resume(stream_id=sid, resume_token=token, after=after))
-        first = await c.recv(30)
-        assert first == {"type": "resumed", "stream_id": sid, "after": after}, first
+GRPC = Channel(
+    open=GrpcClient.open,
+    generate=lambda text, rid, p: generate(text, rid, **p),
+    resume=lambda sid, token, after: pb2.ClientFrame(
+        resume=pb2.Resume(stream_id=sid, resume_token=token, after=after)
+    ),
+)
 
 
 async def test_grpc_chaos_drops_and_resumes(stack: Stack, pair: Pair) -> None:
     rng = random.Random(2323)
     seeds = [rng.randrange(2**32) for _ in range(STREAMS)]
     ref_task = asyncio.create_task(reference(stack.a, STREAMS, TOKENS))
-    clients = (grpc_chaos_client(pair, i, random.Random(seeds[i]), TOKENS) for i in range(STREAMS))
+    clients = (chaos_client(pair, i, random.Random(seeds[i]), TOKENS, GRPC) for i in range(STREAMS))
     chaos = await asyncio.wait_for(asyncio.gather(*clients), 900)
     check_assembled(chaos, await asyncio.wait_for(ref_task, 300), TOKENS)
 
