@@ -1,9 +1,11 @@
-"""Suite-wide fixtures: offline Hugging Face, a real redis-server per session."""
+"""Suite-wide fixtures: offline Hugging Face, a real redis-server per session, and a
+real Redis Cluster (three redis-server >= 7 masters; skipped where there is none)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +15,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: see engine/__init__
 
 from core.redis.embedded import EmbeddedRedis
+from core.redis.local_cluster import LocalCluster, cluster_unsupported_reason
 
 
 def _cuda_available() -> bool:
@@ -41,3 +44,29 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedR
         yield server
     finally:
         server.cleanup()
+
+
+def _cluster(folder: Path) -> Iterator[LocalCluster]:
+    reason = cluster_unsupported_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    cluster = LocalCluster(folder).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A 3-master Redis Cluster for the whole session (skipped without redis-server >= 7).
+
+    Shared: tests use keys of their own and never kill a node (``fresh_redis_cluster``).
+    """
+    yield from _cluster(tmp_path_factory.mktemp("redis-cluster"))
+
+
+@pytest.fixture
+def fresh_redis_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    """A 3-master Redis Cluster of the test's own, for one that kills or restarts masters."""
+    yield from _cluster(tmp_path / "redis-cluster")

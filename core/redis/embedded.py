@@ -83,6 +83,13 @@ def find_redis_server() -> str:
     )
 
 
+def log_tail(path: Path, chars: int = 500) -> str:
+    """The last ``chars`` characters of a server's log file (``""`` if unreadable), for errors."""
+    with contextlib.suppress(OSError):
+        return path.read_text(errors="replace")[-chars:].strip()
+    return ""
+
+
 def _exit_unless(parent_alive: bool) -> None:
     """preexec_fn helper: the child exits at once when its parent is already gone."""
     if not parent_alive:
@@ -230,9 +237,7 @@ class EmbeddedRedis:
         raise RuntimeError(f"redis-server did not answer PING within {self.startup_timeout}s")
 
     def _log_tail(self) -> str:
-        with contextlib.suppress(OSError):
-            return (self.data_dir / "redis.log").read_text()[-500:].strip()
-        return ""
+        return log_tail(self.data_dir / "redis.log")
 
     def stop(self, timeout: float = 5.0) -> None:
         """Shut the server down (SIGTERM: Redis flushes its AOF), then reap it."""
