@@ -59,7 +59,8 @@ def _init_kwargs(
         # flash-attn is absent; never let transformers try to fetch a kernel from the Hub
         cb: dict[str, Any] = {"auto_switch_to_flash": False}
         if hf.device.type == "cpu":  # it would size its cache from host RAM (GiBs): keep it small
-            cb["max_memory_percent"] = 0.02
+            # (a fixed size: transformers 5.25 infers a negative one from a small RAM share)
+            cb["num_blocks"], cb["max_batch_tokens"] = 512, 512
         kwargs["continuous_batching_config"] = ContinuousBatchingConfig(**cb)
     except (ImportError, TypeError):
         notes.append("default ContinuousBatchingConfig")
