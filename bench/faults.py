@@ -38,6 +38,7 @@ from typing import Any
 
 from bench.netproxy import TcpProxy
 from core.redis.embedded import EmbeddedRedis
+from core.wire.keys import Keys
 from tests.gateway.procs import Client, start_gateway, start_worker, wait_ready
 from worker.store import WorkerStore
 
@@ -294,7 +295,7 @@ async def case_worker_kill(stack: Stack, n: int) -> Row:
     clients = [await start(stack.a, g, long) for g in gots]
     await asyncio.gather(*(read(c, g, 2) for c, g in zip(clients, gots, strict=True)))
     r = stack.redis.client()
-    owner = {g.i: (r.hget(f"{PREFIX}m:{g.sid}", "w") or b"").decode() for g in gots}
+    owner = {g.i: (r.hget(Keys(PREFIX).meta(g.sid), "w") or b"").decode() for g in gots}
     victim = max(("w1", "w2"), key=lambda w: sum(o == w for o in owner.values()))
     stack.workers[victim].signal(signal.SIGKILL)
     await asyncio.gather(*(finish(c, g, stack.a) for c, g in zip(clients, gots, strict=True)))

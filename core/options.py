@@ -72,6 +72,9 @@ def add_redis_url(p: argparse.ArgumentParser, *, required: bool) -> None:
         default=DEFAULT_PREFIX,
         help="prefix of every Redis key (one namespace)",
     )
+    add(p, "--redis-cluster", default=False, action="store_true",
+        help="--redis-url names a node of a Redis Cluster (Redis >= 7: sharded pub/sub); "
+        "every gateway and worker of the fleet must say so")  # fmt: skip
 
 
 def add_stream_options(p: argparse.ArgumentParser) -> None:

@@ -65,6 +65,7 @@ WORKER_FLAGS = (
     "log_level",
     "log_format",
     "redis_prefix",
+    "redis_cluster",
     "model",
     "model_name",
     "device",
@@ -298,6 +299,8 @@ def main(args: argparse.Namespace) -> int:
     code = 130
     try:
         url = args.redis_url
+        if not url and getattr(args, "redis_cluster", False):
+            raise ValueError("--redis-cluster needs --redis-url (a node of the cluster)")
         if not url:
             data_dir = Path(args.data_dir) if args.data_dir else tokenrelay_home() / "redis"
             redis = EmbeddedRedis(data_dir, maxmemory=maxmemory).start()

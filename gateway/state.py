@@ -37,6 +37,7 @@ class Settings:
 
     redis_url: str
     redis_prefix: str = DEFAULT_PREFIX
+    redis_cluster: bool = False
     heartbeat: float = options.HEARTBEAT
     max_frame_bytes: int = options.MAX_FRAME_BYTES
     detach_timeout: float = options.DETACH_TIMEOUT
@@ -88,6 +89,7 @@ class Gateway:
         self.streams = StreamStore(
             settings.redis_url,
             prefix=settings.redis_prefix,
+            cluster=settings.redis_cluster,
             stream_ttl=settings.stream_ttl,
             detach_timeout=settings.detach_timeout,
             max_pending=settings.max_pending,

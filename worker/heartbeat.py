@@ -31,10 +31,10 @@ class Heartbeat(threading.Thread):
     iteration and waits for it at most :data:`STATS_WAIT` (a long step delays no more).
     """
 
-    def __init__(self, worker: Worker, url: str, prefix: str) -> None:
+    def __init__(self, worker: Worker, url: str, prefix: str, *, cluster: bool = False) -> None:
         super().__init__(name="heartbeat", daemon=True)
         self.worker = worker
-        self.wlog = WorkerStore(url, worker.worker_id, prefix=prefix)
+        self.wlog = WorkerStore(url, worker.worker_id, prefix=prefix, cluster=cluster)
         self.health = RedisHealth("heartbeat")
 
     def run(self) -> None:

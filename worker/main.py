@@ -362,7 +362,8 @@ def _run_worker(args: argparse.Namespace, status: StatusPipe) -> int:
         engine = local_engine(args)  # a signal while loading just ends the process
 
     prefix = getattr(args, "redis_prefix", "tr:")
-    wlog = WorkerStore(args.redis_url, worker_id, prefix=prefix, models=models)
+    cluster = bool(getattr(args, "redis_cluster", False))
+    wlog = WorkerStore(args.redis_url, worker_id, prefix=prefix, models=models, cluster=cluster)
     worker = Worker(engine, wlog, detach_timeout=args.detach_timeout, stream_ttl=args.stream_ttl)
     worker.stopping = stop
     worker.telemetry.tracing = tracing
@@ -371,7 +372,7 @@ def _run_worker(args: argparse.Namespace, status: StatusPipe) -> int:
     worker._publish_stats()
     if health is not None:
         health.attach(worker)  # its loop runs in this thread
-    Heartbeat(worker, args.redis_url, prefix).start()
+    Heartbeat(worker, args.redis_url, prefix, cluster=cluster).start()
     log.info("worker ready", extra={"worker": worker_id, **engine.stats()})
     status.ready()
     worker.run()

@@ -1,17 +1,22 @@
 """The stream log as engine workers see it (blocking redis-py, no asyncio).
 
 A worker takes requests from the request queues of the models it serves
-(``P requests:{model}``; ``P requests`` for a worker that names none) as a member of
+(``P requests:<model>``; ``P requests`` for a worker that names none) as a member of
 the consumer group, appends each engine step's events for all its streams in one
 pipelined round trip (:meth:`WorkerStore.flush`), learns about cancels from the
 ``control`` stream and the stream metadata, checks whether clients are still
 attached, publishes a heartbeat with its stats, and claims the requests of
 workers that died. core/wire/keys.py has the key layout.
+
+On a Redis Cluster (``cluster=True``) the same calls are split by slot: a queue is
+:data:`~core.wire.keys.QUEUE_SHARDS` streams read one ``XREADGROUP`` each (an idle
+worker blocks on them in turn, :data:`CLUSTER_BLOCK_MS` at a time), and an append call holds
+the streams of one master (:data:`~core.wire.scripts.APPEND_CLUSTER_LUA`), all calls in
+one pipeline that redis-py sends to the masters concurrently.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -22,41 +27,33 @@ from typing import Any
 
 import redis
 
-from core.redis.connection import connect_sync, is_full, queue_script
+from core.redis.connection import (
+    atomic_pipeline,
+    connect_sync,
+    is_full,
+    queue_script,
+    xreadgroup_one,
+)
 from core.wire.events import plan_finish, seq_of
 from core.wire.keys import DEFAULT_PREFIX, GROUP, HEARTBEAT_TTL, MAXLEN, WORKER_DEAD_GRACE, Keys
 from core.wire.scripts import (
-    APPEND_CHUNK,
+    APPEND_CLUSTER_LUA,
     APPEND_LUA,
     ATTACHED_LUA,
     RELEASE_LUA,
     Append,
     AppendResult,
     append_call,
+    append_groups,
     decode_append,
 )
 from core.wire.stats import STATS_FIELD, WorkerStats
-from core.wire.telemetry import DISCONNECTS_FIELD, RESUMES_FIELD, TRACE_FIELD
+from core.wire.telemetry import DISCONNECTS_FIELD, RESUMES_FIELD
+from worker.requests import Request, entries_of, parse_request, text
 
 log = logging.getLogger("tokenrelay.workerlog")
 
-
-def _s(raw: Any) -> str:
-    return raw.decode() if isinstance(raw, bytes) else str(raw)
-
-
-@dataclass
-class Request:
-    """One generate request taken from the request stream."""
-
-    entry_id: str
-    stream_id: str
-    request_id: str | None
-    body: dict[str, Any] | None  # None when the entry is not valid JSON
-    detach_timeout: float | None
-    meta: dict[str, str] | None  # the stream's metadata (None: unknown or expired)
-    queue: str | None = None  # the request queue it came from (None: ``P requests``)
-    traceparent: str | None = None  # the gateway's enqueue span (--otlp-endpoint)
+CLUSTER_BLOCK_MS = 10  # an idle worker's blocking read of one queue shard, on a cluster
 
 
 @dataclass(frozen=True)
@@ -77,13 +74,16 @@ class WorkerStore:
         *,
         prefix: str = DEFAULT_PREFIX,
         models: list[str] | None = None,
+        cluster: bool = False,
     ) -> None:
-        self.keys = Keys(prefix)
+        self.keys = Keys(prefix, cluster=cluster)
+        self.cluster = cluster
         self.worker_id = worker_id
         self.models: list[str] = []  # the names announced: the queues read
         self.queues = [self.keys.requests]
         self.serve(models or [])
-        self.redis = connect_sync(url)
+        self._turn = 0  # the queue shard an idle worker blocks on next (cluster)
+        self.redis = connect_sync(url, cluster=cluster)
         self._release = self.redis.register_script(RELEASE_LUA)
         self._control_cursor: str | None = None
         self._control_ahead: list[str] | None = None  # read by read_new(), not yet returned
@@ -98,7 +98,8 @@ class WorkerStore:
         read are still acknowledged in theirs (:class:`Request` knows its queue).
         """
         self.models = list(models)
-        self.queues = [self.keys.queue(m) for m in models] or [self.keys.requests]
+        named: list[str | None] = [*models] or [None]
+        self.queues = [q for m in named for q in self.keys.queue_shards(m)]
 
     def follow(self, served: Callable[[], list[str] | None] | None) -> None:
         """Serve what ``served()`` says, when it says (a relay learns its upstream's list)."""
@@ -130,12 +131,33 @@ class WorkerStore:
 
     def read_requests(self, count: int, block_ms: int | None) -> list[Request]:
         """Up to ``count`` new requests for this worker (waits ``block_ms`` when idle)."""
-        streams: dict[Any, Any] = dict.fromkeys(self.queues, ">")
         count = self._read_count(count)
-        reply: Any = self.redis.xreadgroup(
-            GROUP, self.worker_id, streams, count=count, block=block_ms
-        )
-        return self._with_meta(_entries(reply))
+        if self.cluster:
+            return self._with_meta(self._read_shards(count, block_ms))
+        streams: dict[Any, Any] = dict.fromkeys(self.queues, ">")
+        reply = self.redis.xreadgroup(GROUP, self.worker_id, streams, count, block_ms)
+        return self._with_meta(entries_of(reply))
+
+    def _queue_reads(self, pipe: Any, count: int, after: str = ">") -> None:
+        """Queue the read of every request queue: one ``XREADGROUP`` (one per shard on a
+        cluster, where a command's keys share a slot)."""
+        if not self.cluster:
+            pipe.xreadgroup(GROUP, self.worker_id, dict.fromkeys(self.queues, after), count)
+            return
+        for queue in self.queues:
+            xreadgroup_one(pipe, GROUP, self.worker_id, queue, after, count, None)
+
+    def _read_shards(self, count: int, block_ms: int | None) -> list[tuple[str, Any, Any]]:
+        """A cluster's read: every shard at once, then (nothing there) a short block on one."""
+        pipe = self.redis.pipeline(transaction=False)
+        self._queue_reads(pipe, count)
+        found = [e for reply in pipe.execute() for e in entries_of(reply)]
+        if found or not block_ms:
+            return found
+        self._turn = (self._turn + 1) % len(self.queues)
+        queue, block = self.queues[self._turn], min(block_ms, CLUSTER_BLOCK_MS)
+        reply = xreadgroup_one(self.redis, GROUP, self.worker_id, queue, ">", count, block)
+        return entries_of(reply)
 
     def read_new(self, count: int) -> list[Request]:
         """:meth:`read_requests` without blocking, and the read of :meth:`read_control`
@@ -145,22 +167,22 @@ class WorkerStore:
         read failed, that call reads them itself, as it would have anyway.
         """
         pipe = self.redis.pipeline(transaction=False)
-        streams: dict[Any, Any] = dict.fromkeys(self.queues, ">")
-        pipe.xreadgroup(GROUP, self.worker_id, streams, count=self._read_count(count))
+        self._queue_reads(pipe, self._read_count(count))
         self._control_read(pipe)
-        reply, control = pipe.execute(raise_on_error=False)
-        if isinstance(reply, Exception):
-            raise reply
-        requests = self._with_meta(_entries(reply))
+        *replies, control = pipe.execute(raise_on_error=False)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        requests = self._with_meta([e for reply in replies for e in entries_of(reply)])
         if not isinstance(control, Exception):  # the cursor moves only once nothing can fail
             self._control_ahead = (self._control_ahead or []) + self._control_taken(control)
         return requests
 
     def read_own_pending(self) -> list[Request]:
         """Requests this worker id took before (a restart with a fixed ``--worker-id``)."""
-        streams: dict[Any, Any] = dict.fromkeys(self.queues, "0")
-        reply: Any = self.redis.xreadgroup(GROUP, self.worker_id, streams, count=1000)
-        return self._with_meta([e for e in _entries(reply) if e[2]])
+        pipe = self.redis.pipeline(transaction=False)
+        self._queue_reads(pipe, 1000, after="0")
+        return self._with_meta([e for r in pipe.execute() for e in entries_of(r) if e[2]])
 
     def _with_meta(self, entries: list[tuple[str, Any, Any]]) -> list[Request]:
         """Requests of ``(queue, entry id, fields)`` entries, with their streams' metadata."""
@@ -168,34 +190,13 @@ class WorkerStore:
             return []
         pipe = self.redis.pipeline(transaction=False)
         for _, _, fields in entries:
-            pipe.hgetall(self.keys.meta(_s(fields.get(b"sid", b""))))
+            pipe.hgetall(self.keys.meta(text(fields.get(b"sid", b""))))
         metas = pipe.execute()
-        out = []
-        for (queue, eid, fields), meta in zip(entries, metas, strict=True):
-            f = {_s(k): _s(v) for k, v in fields.items()}
-            try:
-                body = json.loads(f.get("body", ""))
-                if not isinstance(body, dict):
-                    body = None
-            except ValueError:
-                body = None
-            try:
-                dt: float | None = float(f["dt"]) if f.get("dt") else None
-            except ValueError:
-                dt = None
-            out.append(
-                Request(
-                    entry_id=_s(eid),
-                    stream_id=f.get("sid", ""),
-                    request_id=f.get("rid") or None,
-                    body=body,
-                    detach_timeout=dt,
-                    meta={_s(k): _s(v) for k, v in meta.items()} if meta else None,
-                    queue=None if queue == self.keys.requests else queue,
-                    traceparent=f.get(TRACE_FIELD),
-                )
-            )
-        return out
+        plain = self.keys.requests  # Request.queue None: this one
+        return [
+            parse_request(None if queue == plain else queue, eid, fields, meta)
+            for (queue, eid, fields), meta in zip(entries, metas, strict=True)
+        ]
 
     def ack(self, entry_ids: list[str], queue: str | None = None) -> None:
         """Acknowledge and delete finished requests of ``queue`` (None: ``P requests``)."""
@@ -209,18 +210,17 @@ class WorkerStore:
     # --- appending -----------------------------------------------------------------------
 
     def flush(self, batches: list[Batch]) -> list[AppendResult]:
-        """Append every batch in one pipelined round trip; one result per batch.
-
-        The batches go to Redis as a few :data:`APPEND_LUA` calls of up to
-        ``APPEND_CHUNK`` streams each, every call publishing what it wrote.
-        """
+        """Append every batch in one pipelined round trip; one result per batch: a few
+        script calls of up to ``APPEND_CHUNK`` streams each (of one master each on a
+        cluster), every call publishing what it wrote."""
         if not batches:
             return []
         pipe = self.redis.pipeline(transaction=False)
-        for at in range(0, len(batches), APPEND_CHUNK):
-            keys, args = append_call(self.keys, batches[at : at + APPEND_CHUNK], maxlen=MAXLEN)
-            queue_script(pipe, APPEND_LUA, keys, args)
-        calls = (len(batches) + APPEND_CHUNK - 1) // APPEND_CHUNK
+        groups = append_groups(self.keys, batches, self._master_of if self.cluster else None)
+        for group in groups:
+            keys, args = append_call(self.keys, [batches[i] for i in group], maxlen=MAXLEN)
+            many = self.cluster and len(group) > 1  # one master's streams, several slots
+            queue_script(pipe, APPEND_CLUSTER_LUA if many else APPEND_LUA, keys, args)
         acks: dict[str, list[str]] = {}
         for b in batches:
             if b.ack_entry:
@@ -229,12 +229,15 @@ class WorkerStore:
             pipe.xack(key, GROUP, *ids)
             pipe.xdel(key, *ids)
         replies = pipe.execute(raise_on_error=False)
-        out: list[AppendResult] = []
-        for raw in replies[:calls]:
+        out: dict[int, AppendResult] = {}
+        for group, raw in zip(groups, replies, strict=False):
             if isinstance(raw, Exception):
                 raise raw
-            out.extend(decode_append(answer) for answer in raw)
-        return out
+            out.update((i, decode_append(answer)) for i, answer in zip(group, raw, strict=True))
+        return [out[i] for i in range(len(batches))]
+
+    def _master_of(self, slot: int) -> str:
+        return str(self.redis.nodes_manager.get_node_from_slot(slot).name)  # type: ignore[attr-defined]
 
     def finish_foreign(self, stream_id: str, reason: str, message: str) -> bool:
         """End a stream this worker does not run (its worker died); race-safe."""
@@ -276,15 +279,15 @@ class WorkerStore:
     def _control_taken(self, reply: Any) -> list[str]:
         """The stream ids in a reply to :meth:`_control_read`; moves the cursor past them."""
         if self._control_cursor is None:
-            self._control_cursor = _s(reply[0][0]) if reply else "0-0"
+            self._control_cursor = text(reply[0][0]) if reply else "0-0"
             return []
         out = []
         for _, entries in reply or []:
             for eid, fields in entries:
-                self._control_cursor = _s(eid)
+                self._control_cursor = text(eid)
                 sid = fields.get(b"cancel")
                 if sid:
-                    out.append(_s(sid))
+                    out.append(text(sid))
         return out
 
     def poll(self, stream_ids: list[str]) -> dict[str, tuple[int, bool]]:
@@ -292,11 +295,15 @@ class WorkerStore:
         if not stream_ids:
             return {}
         pipe = self.redis.pipeline(transaction=False)
-        queue_script(pipe, ATTACHED_LUA, [self.keys.attach(s) for s in stream_ids], [])
+        attach = [self.keys.attach(s) for s in stream_ids]
+        groups = [[k] for k in attach] if self.cluster else [attach]
+        for keys in groups:
+            queue_script(pipe, ATTACHED_LUA, keys, [])
         for sid in stream_ids:
             pipe.hget(self.keys.meta(sid), "cx")
         replies = pipe.execute()
-        counts, flags = replies[0], replies[1:]
+        counts = [n for reply in replies[: len(groups)] for n in reply]
+        flags = replies[len(groups) :]
         return {
             sid: (int(n), flag == b"1")
             for sid, n, flag in zip(stream_ids, counts, flags, strict=True)
@@ -308,7 +315,7 @@ class WorkerStore:
         for sid in stream_ids:
             pipe.hmget(self.keys.meta(sid), RESUMES_FIELD, DISCONNECTS_FIELD)
         return [
-            {RESUMES_FIELD: _s(rs or b"0"), DISCONNECTS_FIELD: _s(dc or b"0")}
+            {RESUMES_FIELD: text(rs or b"0"), DISCONNECTS_FIELD: text(dc or b"0")}
             for rs, dc in pipe.execute()
         ]
 
@@ -331,7 +338,7 @@ class WorkerStore:
         for dead, and the error is raised for the caller to report.
         """
         key = self.keys.worker(self.worker_id)
-        pipe = self.redis.pipeline(transaction=True)
+        pipe = atomic_pipeline(self.redis)
         pipe.hset(
             key,
             mapping={
@@ -367,7 +374,7 @@ class WorkerStore:
 
     def _claim_dead(self, queue: str) -> list[Request]:
         pending: Any = self.redis.xpending_range(queue, GROUP, "-", "+", 200)
-        owners = sorted({_s(p["consumer"]) for p in pending} - {self.worker_id})
+        owners = sorted({text(p["consumer"]) for p in pending} - {self.worker_id})
         if not owners:
             return []
         pipe = self.redis.pipeline(transaction=False)
@@ -376,23 +383,18 @@ class WorkerStore:
         dead = {w for w, up in zip(owners, pipe.execute(), strict=True) if not up}
         min_idle = int(WORKER_DEAD_GRACE * 1000)
         ids = [
-            _s(p["message_id"])
+            text(p["message_id"])
             for p in pending
-            if _s(p["consumer"]) in dead and p["time_since_delivered"] >= min_idle
+            if text(p["consumer"]) in dead and p["time_since_delivered"] >= min_idle
         ]
         if not ids:
             return []
         claimed: Any = self.redis.xclaim(queue, GROUP, self.worker_id, min_idle, list[Any](ids))
         live = [(queue, eid, f) for eid, f in claimed if f]
-        gone = [_s(eid) for eid, f in claimed if not f]  # deleted entries: just ack
+        gone = [text(eid) for eid, f in claimed if not f]  # deleted entries: just ack
         if gone:
             self.redis.xack(queue, GROUP, *gone)
         for w in dead:
             log.warning("claimed the requests of a dead worker", extra={"dead_worker": w})
             self.redis.srem(self.keys.workers, w)
         return self._with_meta(live)
-
-
-def _entries(reply: Any) -> list[tuple[str, Any, Any]]:
-    """``(queue, entry id, fields)`` of an ``XREADGROUP`` reply (several streams)."""
-    return [(_s(key), eid, fields) for key, es in (reply or []) for eid, fields in es]

@@ -6,6 +6,11 @@ quick retry, so an outage surfaces in well under a second instead of after
 redis-py's default ten retries. :class:`RedisHealth` logs one line when Redis
 goes away and one when it is back, however many calls fail in between.
 
+With ``cluster=True`` (``--redis-cluster``) the clients are redis-py's cluster clients:
+they route each command by its key's hash slot (core/wire/keys.py tags every key of a
+stream alike), follow ``MOVED``/``ASK`` and refresh the slot map after a failure. A shard
+whose master is down is an outage like any other, for the streams on that shard only.
+
 A Redis at its ``maxmemory`` (``noeviction``: the embedded one, core/redis/embedded.py)
 refuses writes with ``OOM`` but still answers reads: :func:`is_full` tells that apart,
 and :func:`is_outage` counts it as an outage, so every caller that waits out an outage
@@ -24,8 +29,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 import redis.asyncio as aioredis
+import redis.asyncio.cluster as aiocluster
+import redis.cluster
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ConstantBackoff
 from redis.retry import Retry
+
+from core.wire.keys import slot_of
 
 log = logging.getLogger("tokenrelay.redis")
 
@@ -34,6 +44,9 @@ OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
     redis.ConnectionError,
     redis.TimeoutError,
     redis.BusyLoadingError,
+    redis.exceptions.ClusterError,  # CLUSTERDOWN, MASTERDOWN: a shard has no master
+    redis.exceptions.SlotNotCoveredError,  # no node serves the key's slot
+    redis.exceptions.TryAgainError,
     ConnectionError,
     OSError,
 )
@@ -71,7 +84,8 @@ def is_outage(exc: BaseException) -> bool:
         return True
     if isinstance(exc, redis.ResponseError):
         msg = str(exc)
-        return msg.startswith(("LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN")) or is_full(exc)
+        outage = ("LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN")
+        return msg.startswith(outage) or is_full(exc)
     return False
 
 
@@ -83,18 +97,80 @@ def queue_script(pipe: Any, script: str, keys: list[str], args: list[Any]) -> No
     ``EVAL`` carries the text, so the pipeline stays one round trip and can never meet
     ``NOSCRIPT``; Redis still compiles the script once and finds it again by its SHA.
     An engine step's append is such a pipeline (bench/redis_append.py measures it).
+    On a cluster pipeline the call names its node (the master of its first key's slot,
+    as the client's slot map has it): redis-py would otherwise ask Redis for the keys of
+    every ``EVAL`` (``COMMAND GETKEYS``), a round trip per call before the pipeline is
+    sent. A slot that moved meanwhile answers ``MOVED``, which the pipeline follows.
     """
-    pipe.eval(script, len(keys), *keys, *args)
+    # execute_command, not eval(): redis-py's blocking cluster pipeline refuses eval()
+    route = routed(pipe, keys[0]) if keys else {}
+    pipe.execute_command("EVAL", script, len(keys), *keys, *args, **route)
+
+
+def routed(client: Any, key: str) -> dict[str, Any]:
+    """``target_nodes=`` for a command on ``key`` by a cluster client or pipeline: the
+    master of its slot, as the client's slot map has it ({} for a plain client).
+
+    redis-py finds the keys of a command whose keys move (``EVAL``, ``XREAD``,
+    ``XREADGROUP``) by asking Redis (``COMMAND GETKEYS``), one round trip per command,
+    before it sends a pipeline; a command that names its node skips that. A slot that
+    moved meanwhile answers ``MOVED``, which redis-py follows.
+    """
+    if not is_cluster(client):
+        return {}
+    return {"target_nodes": client.nodes_manager.get_node_from_slot(slot_of(key))}
+
+
+def xread_one(client: Any, key: str, after: str, count: int, block: int | None = None) -> Any:
+    """``XREAD`` of one stream (sent, or queued on a pipeline), routed (:func:`routed`)."""
+    blocking = ("BLOCK", block) if block is not None else ()
+    args = ("XREAD", "COUNT", count, *blocking, "STREAMS", key, after)
+    return client.execute_command(*args, **routed(client, key))
+
+
+def xreadgroup_one(
+    client: Any, group: str, consumer: str, key: str, after: str, count: int, block: int | None
+) -> Any:
+    """``XREADGROUP`` of one stream (sent, or queued on a pipeline), routed (:func:`routed`)."""
+    blocking = ("BLOCK", block) if block is not None else ()
+    args = ("XREADGROUP", "GROUP", group, consumer, "COUNT", count, *blocking)
+    return client.execute_command(*args, "STREAMS", key, after, **routed(client, key))
 
 
 def _retry() -> Retry:
     return Retry(ConstantBackoff(0.05), retries=1)
 
 
+def is_cluster(client: Any) -> bool:
+    """True for a Redis Cluster client (sync or asyncio), a pipeline of one included."""
+    return isinstance(
+        client,
+        redis.cluster.RedisCluster
+        | redis.cluster.ClusterPipeline
+        | aiocluster.RedisCluster
+        | aiocluster.ClusterPipeline,
+    )
+
+
+def atomic_pipeline(client: Any) -> Any:
+    """A ``MULTI`` pipeline; on a cluster, whose keys span slots, a plain one.
+
+    Callers use it where atomicity is a convenience (one writer per key), not a
+    guarantee they rely on.
+    """
+    return client.pipeline(transaction=not is_cluster(client))
+
+
 def connect_async(
-    url: str, *, socket_timeout: float | None = 5.0, max_connections: int = 4096
+    url: str,
+    *,
+    socket_timeout: float | None = 5.0,
+    max_connections: int = 4096,
+    cluster: bool = False,
 ) -> aioredis.Redis:
-    """An asyncio client (connection pool) for ``url``.
+    """An asyncio client (connection pool) for ``url``; ``cluster``: a Redis Cluster
+    client, ``url`` naming any of its nodes (typed as a plain client: the commands the
+    gateway uses are the same, and every key of one stream shares a slot).
 
     The pool is large: redis-py's own default (100 in redis-py 8) fails calls at
     once beyond it, which a burst of a few hundred resumes reaches
@@ -104,6 +180,17 @@ def connect_async(
     least) often swallows the cancellation of a task awaiting a command, so
     long-running loops here also stop on a ``_closed`` flag, not on cancel alone.
     """
+    if cluster:
+        return aiocluster.RedisCluster.from_url(  # type: ignore[return-value]
+            url,
+            protocol=2,
+            socket_connect_timeout=1.0,
+            socket_timeout=socket_timeout,
+            retry=AsyncRetry(ConstantBackoff(0.05), retries=2),
+            health_check_interval=0,
+            max_connections=max_connections,
+            **_identity(),
+        )
     return aioredis.Redis.from_url(
         url,
         protocol=2,
@@ -116,8 +203,20 @@ def connect_async(
     )
 
 
-def connect_sync(url: str, *, socket_timeout: float | None = 5.0) -> redis.Redis:
-    """A blocking client (connection pool) for ``url``."""
+def connect_sync(
+    url: str, *, socket_timeout: float | None = 5.0, cluster: bool = False
+) -> redis.Redis:
+    """A blocking client (connection pool) for ``url``; ``cluster``: see :func:`connect_async`."""
+    if cluster:
+        return redis.cluster.RedisCluster.from_url(  # type: ignore[return-value]
+            url,
+            protocol=2,
+            socket_connect_timeout=1.0,
+            socket_timeout=socket_timeout,
+            retry=Retry(ConstantBackoff(0.05), retries=2),
+            health_check_interval=0,
+            **_identity(),
+        )
     return redis.Redis.from_url(
         url,
         protocol=2,

@@ -2,13 +2,14 @@
 
 Key layout (``P`` is the key prefix, ``tr:`` by default):
 
-- ``P requests:{model}``: a Redis Stream of the generate requests for one model
+- ``P requests:<model>``: a Redis Stream of the generate requests for one model
   (:meth:`Keys.queue`); the workers that serve the model (they announce its name in
   their stats, core/wire/stats.py) read it as the consumer group ``workers`` (each
   request goes to exactly one worker, which acknowledges it when its stream is
   finished). ``P requests`` is the queue of workers that name no model.
 - ``P control``: a Redis Stream of cancel notices that every worker reads.
-- ``P s:{stream_id}``: the event log of one response. Entry ids *are* the
+- ``P s:{stream_id}``: the event log of one response (the braces are literal: a
+  Redis Cluster hash tag, so every key of one stream lives in one slot). Entry ids *are* the
   offsets: the event with seq ``n`` has the id ``n-1``. Seq 0 is the worker's
   ``accepted`` marker; token events are 1..n-1 and the ``done`` event is the
   last. Every append goes through :data:`APPEND_LUA`, which checks that the
@@ -19,12 +20,17 @@ Key layout (``P`` is the key prefix, ``tr:`` by default):
   id, score = expiry in Redis server milliseconds).
 - ``P events``: a pub/sub channel on which every append is published as
   it lands (:func:`decode_published`), so gateways need not poll the logs.
-- ``P w:{worker_id}``: a worker's heartbeat hash (stats), expiring after a
+  On a Redis Cluster (``--redis-cluster``) each stream has its own sharded
+  channel ``P e:{stream_id}`` instead (``SPUBLISH`` on the stream's shard only),
+  and each request queue is split over :data:`QUEUE_SHARDS` streams
+  ``P requests:{qN}[:<model>]``, spread over the slot space, so no shard is hot.
+- ``P w:<worker_id>``: a worker's heartbeat hash (stats), expiring after a
   few seconds unless refreshed; ``P workers`` is the set of worker ids.
 """
 
 from __future__ import annotations
 
+import binascii
 import re
 
 GROUP = "workers"
@@ -61,29 +67,76 @@ ACTIVE_TTL = 86400.0  # safety expiry of a stream that never finishes
 MAXLEN = 100_000  # events kept per stream, at most (max_tokens is capped far below)
 CONTROL_MAXLEN = 10_000  # cancel notices kept on the control stream
 
+SLOTS = 16384  # Redis Cluster hash slots
+QUEUE_SHARDS = 16  # request-queue streams per model on a Redis Cluster
+
+
+def slot_of(key: str) -> int:
+    """The Redis Cluster hash slot of ``key`` (CRC16/XMODEM of its hash tag, mod 16384)."""
+    raw = key.encode()
+    start = raw.find(b"{")
+    if start >= 0:
+        end = raw.find(b"}", start + 1)
+        if end > start + 1:
+            raw = raw[start + 1 : end]
+    return binascii.crc_hqx(raw, 0) % SLOTS
+
+
+def _shard_tags(n: int) -> list[str]:
+    """``n`` hash tags ``q…`` whose slots fall one in each n-th of the slot space, so the
+    queue shards spread over the masters of an evenly split cluster."""
+    tags: list[str] = []
+    i = 0
+    for shard in range(n):
+        low, high = shard * SLOTS // n, (shard + 1) * SLOTS // n
+        while not low <= slot_of(f"{{q{i}}}") < high:
+            i += 1
+        tags.append(f"q{i}")
+    return tags
+
+
+SHARD_TAGS = _shard_tags(QUEUE_SHARDS)
+
 
 class Keys:
-    """Redis key names under one prefix."""
+    """Redis key names under one prefix; ``cluster``: the Redis Cluster layout."""
 
-    def __init__(self, prefix: str = DEFAULT_PREFIX) -> None:
+    def __init__(self, prefix: str = DEFAULT_PREFIX, *, cluster: bool = False) -> None:
+        if "{" in prefix or "}" in prefix:
+            raise ValueError(f"--redis-prefix {prefix!r}: braces are Redis Cluster hash tags")
         self.prefix = prefix
+        self.cluster = cluster
         self.requests = prefix + "requests"
         self.control = prefix + "control"
         self.workers = prefix + "workers"
         self.events = prefix + "events"  # pub/sub channel: every append, as it lands
 
     def queue(self, model: str | None) -> str:
-        """The request queue of ``model``; ``None`` (or ""): that of workers naming none."""
-        return f"{self.requests}:{model}" if model else self.requests
+        """The request queue of ``model``; ``None`` (or ""): that of workers naming none.
+
+        On a cluster, the first of its :meth:`queue_shards`.
+        """
+        return self.queue_shards(model)[0]
+
+    def queue_shards(self, model: str | None) -> list[str]:
+        """Every stream of ``model``'s request queue: one, or :data:`QUEUE_SHARDS` on a cluster."""
+        if not self.cluster:
+            return [f"{self.requests}:{model}" if model else self.requests]
+        tail = f":{model}" if model else ""
+        return [f"{self.requests}:{{{tag}}}{tail}" for tag in SHARD_TAGS]
 
     def stream(self, stream_id: str) -> str:
-        return f"{self.prefix}s:{stream_id}"
+        return f"{self.prefix}s:{{{stream_id}}}"
 
     def meta(self, stream_id: str) -> str:
-        return f"{self.prefix}m:{stream_id}"
+        return f"{self.prefix}m:{{{stream_id}}}"
 
     def attach(self, stream_id: str) -> str:
-        return f"{self.prefix}a:{stream_id}"
+        return f"{self.prefix}a:{{{stream_id}}}"
+
+    def channel(self, stream_id: str) -> str:
+        """The stream's own sharded pub/sub channel (cluster only; see the module doc)."""
+        return f"{self.prefix}e:{{{stream_id}}}"
 
     def worker(self, worker_id: str) -> str:
         return f"{self.prefix}w:{worker_id}"

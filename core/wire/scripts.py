@@ -13,16 +13,20 @@ Scripts run atomically, so each one is a rule that no race can break:
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from core.wire.events import TOKEN, Event, decode_event, entry_id, event_from_fields
-from core.wire.keys import Keys
+from core.wire.keys import Keys, slot_of
 
 # KEYS: per stream: its log, meta and attach keys (3 per stream).
 # ARGV: channel ('' = publish nothing), maxlen, then one JSON array with an entry
 #   per stream (in KEYS order): [stream_id, first_seq, done_ttl_s, events, meta],
+#   then '1' on a Redis Cluster (see APPEND_CLUSTER_LUA), with the key prefix P: KEYS
+#   are then the first stream's only (they route the call), the script names each
+#   stream's keys itself, ARGV[1] is the prefix of the streams' own channels, and each
+#   stream's events are published with SPUBLISH on its channel (in its slot),
 #   events a list of flat [f1, v1, ...] lists, meta a flat [m1, v1, ...] list.
 #   One JSON argument, not a dozen per stream: cheaper to build and send, and
 #   cjson decodes it in C (bench/redis_append.py).
@@ -41,12 +45,18 @@ APPEND_LUA = """
 local channel = ARGV[1]
 local maxlen = ARGV[2]
 local streams = cjson.decode(ARGV[3])
+local sharded = ARGV[4] == '1'
+local prefix = ARGV[5]
 local call = redis.call
 local answers = {}
 local published = {}
 for s = 1, #streams do
   local one = streams[s]
-  local klog, kmeta = KEYS[3 * s - 2], KEYS[3 * s - 1]
+  local klog, kmeta, kattach = KEYS[3 * s - 2], KEYS[3 * s - 1], KEYS[3 * s]
+  if sharded then
+    local tag = '{' .. one[1] .. '}'
+    klog, kmeta, kattach = prefix .. 's:' .. tag, prefix .. 'm:' .. tag, prefix .. 'a:' .. tag
+  end
   local first, evs = one[2], one[4]
   local st = call('HGET', kmeta, 'st')
   if not st then
@@ -91,7 +101,7 @@ for s = 1, #streams do
         call('HSET', kmeta, 'st', 'done', 'last', seq - 1, 'fr', reason)
         call('EXPIRE', klog, ttl)
         call('EXPIRE', kmeta, ttl)
-        call('EXPIRE', KEYS[3 * s], ttl)
+        call('EXPIRE', kattach, ttl)
       end
       if #evs > 0 then published[#published + 1] = {one[1], first, evs} end
       answers[s] = {1, seq - 1}
@@ -101,10 +111,24 @@ end
 if channel ~= '' and #published > 0 then
   local t = call('TIME')
   local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  call('PUBLISH', channel, cjson.encode({ms, published}))
+  if sharded then
+    for p = 1, #published do
+      local one = published[p]
+      call('SPUBLISH', channel .. '{' .. one[1] .. '}', cjson.encode({ms, {one}}))
+    end
+  else
+    call('PUBLISH', channel, cjson.encode({ms, published}))
+  end
 end
 return answers
 """
+
+# The same script for a Redis Cluster (Redis >= 7): the keys it touches may span slots, as
+# long as the master it runs on serves them all, so one call appends a step's events for
+# every stream of one master (worker/store.py groups them by the slot map). Redis still
+# wants a call's declared KEYS in one slot: the first stream's are declared, the script
+# names the others. A single stream's call needs no flag; the plain script serves it.
+APPEND_CLUSTER_LUA = "#!lua flags=allow-cross-slot-keys\n" + APPEND_LUA
 
 
 APPEND_CHUNK = 128  # streams per APPEND_LUA call: bounds how long one call holds Redis
@@ -130,7 +154,11 @@ _encode_streams = json.JSONEncoder(
 def append_call(
     keys: Keys, appends: Sequence[Append], *, maxlen: int
 ) -> tuple[list[str], list[str]]:
-    """``(KEYS, ARGV)`` of one :data:`APPEND_LUA` call for ``appends``."""
+    """``(KEYS, ARGV)`` of one :data:`APPEND_LUA` call for ``appends``.
+
+    On a cluster (``keys.cluster``) each stream is published on its own channel; a call
+    of several streams must be :data:`APPEND_CLUSTER_LUA`, on the master of them all.
+    """
     key_list: list[str] = []
     rows: list[list[Any]] = []
     for a in appends:
@@ -138,7 +166,25 @@ def append_call(
         key_list += (keys.stream(sid), keys.meta(sid), keys.attach(sid))
         pairs = [x for kv in a.meta.items() for x in kv] if a.meta else []
         rows.append([sid, a.first_seq, max(1, round(a.done_ttl)), a.events, pairs])
-    return key_list, [keys.events, str(maxlen), _encode_streams(rows)]
+    rows_arg = _encode_streams(rows)
+    if keys.cluster:  # "P e:": the script adds "{id}"; KEYS: the first stream's
+        return key_list[:3], [keys.channel("")[:-2], str(maxlen), rows_arg, "1", keys.prefix]
+    return key_list, [keys.events, str(maxlen), rows_arg, ""]
+
+
+def append_groups(
+    keys: Keys, appends: Sequence[Append], master_of: Callable[[int], str] | None = None
+) -> list[list[int]]:
+    """Indices of ``appends``, one list per :data:`APPEND_LUA` call: chunks of
+    :data:`APPEND_CHUNK`; with ``master_of`` (a cluster: slot -> its master's name), of
+    streams of one master each, in their order."""
+    groups: dict[str, list[int]] = {}
+    for i, a in enumerate(appends):
+        node = master_of(slot_of(keys.stream(a.stream_id))) if master_of else ""
+        groups.setdefault(node, []).append(i)
+    return [
+        g[at : at + APPEND_CHUNK] for g in groups.values() for at in range(0, len(g), APPEND_CHUNK)
+    ]
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The stats snapshot a worker publishes in its heartbeat, as one typed schema.
 
 A worker writes it (``worker/main.py``) into the ``stats`` field of its
-heartbeat hash ``P w:{worker_id}`` (core/wire/keys.py) every second; gateways
+heartbeat hash ``P w:<worker_id>`` (core/wire/keys.py) every second; gateways
 read it for ``/metrics`` and ``/readyz``. On the wire it is one flat JSON
 object (the engine's counters, the worker's :data:`COUNTERS`, ``active_streams``,
 ``worker_id``, ``draining``, the latency histograms under ``hist``, the ``backend``

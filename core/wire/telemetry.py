@@ -5,7 +5,7 @@
   latency (the gap between consecutive token events of a stream), end-to-end
   latency and queue wait in them (relay workers also the upstream's own
   time to first token, from sending the upstream request to its first token) and
-  publish the cumulative bucket counts with their stats snapshot (``P w:{worker_id}``
+  publish the cumulative bucket counts with their stats snapshot (``P w:<worker_id>``
   field ``stats``, key ``hist``); gateways sum the histograms of the live workers for ``/metrics``
   (gateway/observe/metrics.py). Each gateway keeps one more of its own,
   :data:`DELIVERY_BUCKETS`: from a worker's append (Redis' clock, carried by the live

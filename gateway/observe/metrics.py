@@ -3,7 +3,7 @@
 Each :class:`GatewayMetrics` has its own ``CollectorRegistry`` (several apps in
 one process never collide). A scrape of ``/metrics`` (gateway/observe/metrics_route.py)
 first reads, in one Redis round trip or two, the stats snapshot every live
-engine worker publishes once a second (``P w:{worker_id}`` field ``stats``)
+engine worker publishes once a second (``P w:<worker_id>`` field ``stats``)
 and the depth of the request queues (every served model's, and ``P requests``); a
 custom collector then exposes:
 
@@ -91,7 +91,7 @@ class GatewayMetrics:
             models = {
                 m for raw in replies for m in getattr(WorkerStats.from_json(raw), "models", [])
             }
-            queues = [slog.keys.queue(m) for m in sorted(models)] + [slog.keys.requests]
+            queues = [q for m in [*sorted(models), None] for q in slog.keys.queue_shards(m)]
             pipe = slog.redis.pipeline(transaction=False)
             for queue in queues:
                 pipe.xlen(queue)

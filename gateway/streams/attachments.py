@@ -11,6 +11,9 @@ Detaches are coalesced: the ones that arrive together (a burst of disconnects,
 a load balancer dropping every socket) go to Redis as a few script calls of
 :data:`DETACH_CHUNK` instead of two commands each. One at a time, a detach is
 still one round trip.
+
+On a Redis Cluster a script call's keys must share a slot, so there each stream is a
+call of its own; the calls of a refresh or a detach burst still go as one pipeline.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from core.redis.connection import queue_script
+from core.redis.connection import is_cluster, queue_script
 from core.wire.keys import ATTACH_REFRESH, ATTACH_TTL, Keys
 from core.wire.scripts import ATTACH_LUA, DETACH_LUA
 from core.wire.telemetry import DISCONNECTS_FIELD
@@ -46,6 +49,7 @@ class Attachments:
         self.keys = keys
         self.owner = owner
         self._guard = guard
+        self._cluster = is_cluster(redis)
         self._script = redis.register_script(ATTACH_LUA)
         self._detach_script = redis.register_script(DETACH_LUA)
         self.tracked: dict[str, str] = {}  # attach id -> stream id
@@ -89,9 +93,19 @@ class Attachments:
         return keys, [int(ATTACH_TTL * 1000), *(aid for aid, _ in items)]
 
     def _call(self, items: list[tuple[str, str]]) -> Awaitable[Any]:
-        """One script call adding/refreshing ``(attach id, stream id)`` items."""
+        """One script call adding/refreshing ``(attach id, stream id)`` items (one
+        pipeline of a call per item on a cluster)."""
+        if self._cluster and len(items) > 1:
+            return self._each(ATTACH_LUA, [self._keys_args([it]) for it in items])
         keys, args = self._keys_args(items)
         return self._script(keys=keys, args=args)  # type: ignore[no-any-return]
+
+    async def _each(self, script: str, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
+        """Replies of one pipeline of ``script`` calls (a cluster: one stream each)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for keys, args in calls:
+            queue_script(pipe, script, keys, args)
+        return list(await pipe.execute())
 
     def track(self, stream_id: str, attach_id: str) -> None:
         self.tracked[attach_id] = stream_id
@@ -130,12 +144,20 @@ class Attachments:
         while self._detaching:
             batch = self._detaching[:DETACH_CHUNK]
             del self._detaching[:DETACH_CHUNK]
-            keys = [k for sid, _, _ in batch for k in (self.keys.attach(sid), self.keys.meta(sid))]
+            calls = [
+                ([self.keys.attach(sid), self.keys.meta(sid)], [DISCONNECTS_FIELD, aid])
+                for sid, aid, _ in batch
+            ]
+            keys = [k for ks, _ in calls for k in ks]
             args = [DISCONNECTS_FIELD, *(aid for _, aid, _ in batch)]
             counted: list[Any] = []
             try:
                 self.detach_calls += 1
-                counted = list(await self._guard(self._detach_script(keys=keys, args=args)))
+                if self._cluster and len(batch) > 1:
+                    replies = await self._guard(self._each(DETACH_LUA, calls))
+                    counted = [n for reply in replies for n in reply]
+                else:
+                    counted = list(await self._guard(self._detach_script(keys=keys, args=args)))
             except RedisUnavailable:
                 pass
             except Exception:  # best effort

@@ -8,6 +8,9 @@ reaches :data:`ADMIT_BELOW` of its ``maxmemory``, which leaves the last tenth to
 the events of running streams, until finished streams expire (``--stream-ttl``)
 and free memory. ``INFO memory`` is read at most every :data:`MAX_AGE` seconds.
 
+On a Redis Cluster every master is read and the fullest one counts: a stream lands on
+any shard, so new streams wait while one of them is nearly full.
+
 A Redis with no limit, or one that evicts (its operator's choice: it may then drop
 streams), is never counted full here; a write it refuses still becomes
 :class:`RedisFull` in the stream store.
@@ -23,6 +26,9 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+
+from core.redis.connection import is_cluster
 
 log = logging.getLogger("tokenrelay.gateway")
 
@@ -58,15 +64,18 @@ class MemoryGauge:
         if time.monotonic() - self._at < self.max_age:
             return self._full
         try:
-            info: dict[str, Any] = await self._guard(self.redis.info("memory"))
+            if is_cluster(self.redis):
+                per_node = self.redis.info("memory", target_nodes=RedisCluster.PRIMARIES)
+                infos = list((await self._guard(per_node)).values())
+            else:
+                infos = [await self._guard(self.redis.info("memory"))]
         except redis.ResponseError as exc:  # INFO refused (a managed Redis): stop asking
             log.warning("redis memory use is unknown (INFO refused): %s", str(exc)[:200])
             self.admit_below = None
             return False
         self._at = time.monotonic()
-        self.used, self.limit = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
-        evicts = str(info.get("maxmemory_policy", "noeviction")) != "noeviction"
-        full = self.limit > 0 and not evicts and self.used >= self.limit * self.admit_below
+        self.used, self.limit = _fullest([i for i in infos if isinstance(i, dict)])
+        full = self.limit > 0 and self.used >= self.limit * self.admit_below
         if full != self._full:
             self._full = full
             extra = {"used_memory": self.used, "maxmemory": self.limit}
@@ -75,3 +84,15 @@ class MemoryGauge:
             else:
                 log.warning("redis has room again: new streams are taken", extra=extra)
         return full
+
+
+def _fullest(infos: list[dict[str, Any]]) -> tuple[int, int]:
+    """``(used_memory, maxmemory)`` of the fullest ``noeviction`` server; (0, 0): none."""
+    best, fill = (0, 0), -1.0
+    for info in infos:
+        used, limit = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
+        if limit <= 0 or str(info.get("maxmemory_policy", "noeviction")) != "noeviction":
+            continue
+        if used / limit > fill:
+            best, fill = (used, limit), used / limit
+    return best

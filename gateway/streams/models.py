@@ -3,7 +3,7 @@
 Every worker announces the names of the models it serves in its stats snapshot
 (core/wire/stats.py ``models``: an engine worker its ``--model-name`` or ``--model``,
 a relay its ``--upstream-model`` names or the upstream's list) and reads their
-request queues (``P requests:{model}``, core/wire/keys.py). A gateway reads the
+request queues (``P requests:<model>``, core/wire/keys.py). A gateway reads the
 announcements with the heartbeats it already follows and routes each request:
 
 - a request that names a served model goes to that model's queue;

@@ -22,7 +22,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
+import random
 import secrets
 import time
 from collections.abc import AsyncGenerator, Awaitable
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from core.redis.connection import (
     RedisHealth,
+    atomic_pipeline,
     connect_async,
     is_full,
     is_outage,
@@ -151,13 +154,14 @@ class StreamStore:
         max_pending: int = 4096,
         name: str = "gateway",
         admit_memory: float | None = ADMIT_BELOW,
+        cluster: bool = False,
     ) -> None:
-        self.keys = Keys(prefix)
+        self.keys = Keys(prefix, cluster=cluster)
         self.stream_ttl = stream_ttl
         self.detach_timeout = detach_timeout
         self.max_pending = max_pending
         self.gateway_id = f"{name}-{os.getpid()}-{secrets.token_hex(3)}"
-        self.redis = connect_async(url)
+        self.redis = connect_async(url, cluster=cluster)
         self.health = RedisHealth(name)
         self.tailer = Tailer(url, self.keys, self.redis, self.health, self._end_abandoned)
         self._append = self.redis.register_script(APPEND_LUA)
@@ -289,8 +293,9 @@ class StreamStore:
             raise ShuttingDown("this gateway is shutting down; retry (another gateway will answer)")
         if not await self.live_workers():
             raise NoWorker("no engine worker is running")
-        queue = self.keys.queue(model)
-        if await self._guard(self.redis.xlen(queue)) >= self.max_pending:
+        shards = self.keys.queue_shards(model)  # one, or a cluster's: any, at random
+        queue = random.choice(shards)
+        if await self._guard(self.redis.xlen(queue)) >= math.ceil(self.max_pending / len(shards)):
             raise Overloaded("too many requests are waiting")
         if await self.memory.full():  # the room left is for the streams already running
             raise RedisFull("redis is nearly full (maxmemory)")
@@ -306,7 +311,7 @@ class StreamStore:
         }
         if trace is not None:
             meta[TRACE_FIELD] = trace[0]
-        pipe = self.redis.pipeline(transaction=True)
+        pipe = atomic_pipeline(self.redis)
         pipe.hset(self.keys.meta(sid), mapping=meta)
         pipe.expire(self.keys.meta(sid), int(ACTIVE_TTL))
         if attach_id:

@@ -13,6 +13,12 @@ the feed is down the loop reads every subscribed log with ``XREAD BLOCK``, as
 it would without a feed; a new subscriber interrupts a blocked read
 (``CLIENT UNBLOCK``) so it starts being served at once.
 
+On a Redis Cluster (``keys.cluster``) the feed is each stream's own sharded channel
+(gateway/streams/shardfeed.py), subscribed while the stream has subscribers; a
+subscriber stays lagging until its channel is confirmed. Catch-up reads are one
+``XREAD`` per log (a command's keys share a slot) in one pipeline, never blocking: a
+read that brought nothing waits :data:`CLUSTER_POLL` or a wake-up before the next.
+
 Once a second, the tailer also looks at subscribed streams that have been
 quiet: one whose engine worker stopped heartbeating (or that waits with no
 worker alive at all) is ended with ``done``/``error``; one that expired fails
@@ -27,16 +33,20 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
+
+if TYPE_CHECKING:
+    from redis.asyncio.cluster import RedisCluster
 from redis.retry import Retry
 
-from core.redis.connection import Backoff, RedisHealth, is_outage
+from core.redis.connection import Backoff, RedisHealth, is_outage, xread_one
 from core.wire.events import Event, decode_event, entry_id
 from core.wire.keys import WORKER_DEAD_GRACE, Keys
 from gateway.streams.feed import LiveFeed
+from gateway.streams.shardfeed import ShardedFeed
 from gateway.streams.subscription import (
     BUFFER_LIMIT,
     RedisUnavailable,
@@ -50,6 +60,7 @@ BLOCK_MS = 1000
 READ_COUNT = 64  # entries per stream per read
 CHECK_INTERVAL = 1.0  # seconds between liveness checks of quiet streams
 NO_WORKER_GRACE = 5.0  # a queued stream with no live worker this long is ended
+CLUSTER_POLL = 0.05  # seconds between catch-up reads that found nothing (cluster)
 
 __all__ = [
     "BUFFER_LIMIT",
@@ -85,7 +96,13 @@ class Tailer:
         )
         self._health = health
         self._finish = finisher
-        self.feed = LiveFeed(url, keys.events, self._on_published, self._on_feed_gap)
+        self.sharded = keys.cluster
+        self.feed: LiveFeed | ShardedFeed
+        if self.sharded:
+            cluster = cast("RedisCluster", pool)  # connect_async(cluster=True) made it
+            self.feed = ShardedFeed(url, cluster, keys, self._on_published, self._on_streams_gap)
+        else:
+            self.feed = LiveFeed(url, keys.events, self._on_published, self._on_feed_gap)
         self._subs: dict[str, set[Subscription]] = {}  # stream id -> its subscribers
         self._reading: dict[Subscription, int] = {}  # the current read's subscribers: missed
         self._wake_event = asyncio.Event()
@@ -125,6 +142,8 @@ class Tailer:
         sub = Subscription(stream_id, self.keys.stream(stream_id), last_seq)
         sub._wake = self._wake
         self._subs.setdefault(stream_id, set()).add(sub)
+        if isinstance(self.feed, ShardedFeed):
+            self.feed.watch(stream_id)
         self._wake()
         return sub
 
@@ -135,6 +154,8 @@ class Tailer:
             subs.discard(sub)
             if not subs:
                 del self._subs[sub.stream_id]
+                if isinstance(self.feed, ShardedFeed):
+                    self.feed.unwatch(sub.stream_id)
 
     # --- the live feed ---------------------------------------------------------
 
@@ -145,6 +166,13 @@ class Tailer:
             if subs:
                 for sub in subs:
                     sub.offer(first_seq, events, appended)
+
+    def _on_streams_gap(self, stream_ids: list[str]) -> None:
+        """The sharded feed may have missed events of these streams: they catch up."""
+        for sid in stream_ids:
+            for sub in self._subs.get(sid, ()):
+                sub.mark_lagging()
+        self._wake()
 
     def _on_feed_gap(self) -> None:
         """Published events may have been missed: every subscriber catches up from its log."""
@@ -212,7 +240,10 @@ class Tailer:
                         await asyncio.wait_for(self._wake_event.wait(), CHECK_INTERVAL)
                     continue
                 self.catch_up_reads += 1
-                if live:  # catching up: read what is there, the feed brings the rest
+                reply: Any
+                if self.sharded:
+                    reply = await self._read_each(wanted)
+                elif live:  # catching up: read what is there, the feed brings the rest
                     reply = await self._conn.xread(wanted, count=READ_COUNT)
                 else:
                     if self._client_id is None:
@@ -236,6 +267,16 @@ class Tailer:
                 await asyncio.sleep(backoff.next())
                 continue
             self._dispatch(reply, caught_up_ok=live)
+            if self.sharded and not any(entries for _, entries in reply):
+                with contextlib.suppress(TimeoutError):  # nothing new: don't spin
+                    await asyncio.wait_for(self._wake_event.wait(), CLUSTER_POLL)
+
+    async def _read_each(self, wanted: dict[Any, Any]) -> list[tuple[Any, Any]]:
+        """``XREAD`` of each log on its own, in one pipeline (a cluster's slots)."""
+        pipe = self._pool.pipeline(transaction=False)
+        for key, after in wanted.items():
+            xread_one(pipe, key, after, READ_COUNT)
+        return [pair for reply in await pipe.execute() for pair in reply or ()]
 
     def _dispatch(self, reply: object, *, caught_up_ok: bool) -> None:
         """Hand a read's entries to the subscribers it was for.
@@ -260,6 +301,7 @@ class Tailer:
                 and sub.missed == missed
                 and sub.error is None
                 and self.feed.up
+                and (not isinstance(self.feed, ShardedFeed) or self.feed.covers(sub.stream_id))
             ):
                 sub.lagging = False
         self._reading = {}

@@ -108,3 +108,22 @@ def test_serve_with_a_bad_upstream_url_is_one_line() -> None:
     out = run_cli("serve", "--upstream", "localhost:11434", "--port", "0")
     assert out.returncode == 2, out.stderr
     assert out.stderr.count("\n") == 1 and "--upstream" in out.stderr
+
+
+def test_serve_hands_redis_cluster_to_the_worker_and_needs_a_url() -> None:
+    from core.cli import build_parser
+    from core.serve import worker_command
+
+    args = build_parser().parse_args(["serve", "--redis-url", "redis://h:7000", "--redis-cluster"])
+    cmd = worker_command(args)
+    worker_args = build_parser().parse_args(cmd[cmd.index("worker") :])
+    assert worker_args.redis_cluster is True
+    out = run_cli("serve", "--redis-cluster", "--port", "0")
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.count("\n") == 1 and "--redis-cluster needs --redis-url" in out.stderr
+
+
+def test_a_prefix_with_braces_is_one_line() -> None:
+    out = run_cli("gateway", "--redis-url", "redis://127.0.0.1:1", "--redis-prefix", "a{b}:")
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr and "braces" in out.stderr

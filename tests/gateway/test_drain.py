@@ -21,6 +21,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from core.redis.embedded import EmbeddedRedis
+from core.wire.keys import Keys
 from tests.gateway.procs import (
     Client,
     Proc,
@@ -175,7 +176,7 @@ async def test_sigterm_worker_finishes_running_and_hands_back_unstarted(cluster:
         ln["stream_id"] for ln in logged(cluster.worker, "request handed back to the queue")
     ] == [sid_b]
     assert logged(cluster.worker, "worker stopped")[-1]["drained"] is True
-    meta = cluster.redis.client().hgetall(f"{PREFIX}m:{sid_b}")
+    meta = cluster.redis.client().hgetall(Keys(PREFIX).meta(sid_b))
     assert meta[b"st"] == b"queued" and b"w" not in meta
 
     # another worker takes the handed-back request and runs it from scratch
@@ -195,5 +196,5 @@ async def test_sigterm_worker_finishes_running_and_hands_back_unstarted(cluster:
         assert done["usage"]["completion_tokens"] == 3
     finally:
         await r.close()
-    info = cluster.redis.client().hget(f"{PREFIX}m:{sid_b}", "w")
+    info = cluster.redis.client().hget(Keys(PREFIX).meta(sid_b), "w")
     assert info == b"drain-w2"

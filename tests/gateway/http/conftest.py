@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from core.redis.embedded import EmbeddedRedis
+from core.wire.keys import Keys
 from tests.gateway.procs import Proc, free_port, start_worker, wait_ready
 
 PREFIX = "api:"
@@ -56,7 +57,7 @@ class ApiStack:
         return dict(json.loads(raw)) if raw else {}
 
     def stream_meta(self, stream_id: str) -> dict[str, str]:
-        raw: dict[bytes, bytes] = self.redis.client().hgetall(f"{self.prefix}m:{stream_id}")  # type: ignore[assignment]
+        raw: dict[bytes, bytes] = self.redis.client().hgetall(Keys(self.prefix).meta(stream_id))  # type: ignore[assignment]
         return {k.decode(): v.decode() for k, v in raw.items()}
 
     def find_stream(self, request_id: str, timeout: float = 10.0) -> str:
@@ -66,7 +67,7 @@ class ApiStack:
         while time.monotonic() < deadline:
             for key in client.scan_iter(match=f"{self.prefix}m:*", count=1000):
                 if client.hget(key, "rid") == request_id.encode():
-                    return key.decode()[len(self.prefix) + 2 :]
+                    return key.decode()[len(self.prefix) + 3 : -1]  # P m:{stream_id}
             time.sleep(0.1)
         raise AssertionError(f"no stream for request {request_id}")
 

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from core.redis.embedded import EmbeddedRedis
+from core.wire.keys import Keys
 from tests.gateway.procs import Client, Proc, free_port, generate_frame, stop_all, wait_ready
 from tests.worker.upstream.conftest import Server, text_of, wait_for
 
@@ -45,7 +46,7 @@ class Fleet:
         return [m["id"] for m in resp.json()["data"]]
 
     def worker_of(self, stream_id: str) -> str:
-        raw = self.redis.client().hget(f"{PREFIX}m:{stream_id}", "w")
+        raw = self.redis.client().hget(Keys(PREFIX).meta(stream_id), "w")
         return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 

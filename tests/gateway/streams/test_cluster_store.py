@@ -1,0 +1,158 @@
+"""The stream store and the worker store on a real 3-master Redis Cluster.
+
+Requests spread over the queue shards and reach the worker from all of them; each
+stream's keys share one slot; live events come from each stream's sharded channel
+(no log reads), whose subscription ends with the stream's last subscriber; attachments
+and the worker's poll work across slots. (tests/gateway/cluster/ runs whole fleets.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from core.redis.local_cluster import LocalCluster
+from core.wire.events import token_fields
+from core.wire.keys import QUEUE_SHARDS, Keys, slot_of
+from core.wire.stats import WorkerStats
+from gateway.streams.memory import _fullest
+from gateway.streams.store import StreamStore
+from tests.gateway.streams.test_store import BODY, collect, start_stream, write_done
+from worker.store import Batch, WorkerStore
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def cprefix() -> str:
+    return f"c{secrets.token_hex(4)}:"
+
+
+@pytest.fixture
+async def cslog(redis_cluster: LocalCluster, cprefix: str) -> AsyncIterator[StreamStore]:
+    log = StreamStore(redis_cluster.url, prefix=cprefix, stream_ttl=60, cluster=True)
+    await log.start()
+    try:
+        yield log
+    finally:
+        await asyncio.wait_for(log.close(), 20)
+
+
+@pytest.fixture
+def cwlog(redis_cluster: LocalCluster, cprefix: str) -> Iterator[WorkerStore]:
+    log = WorkerStore(redis_cluster.url, "w-test", prefix=cprefix, cluster=True)
+    log.ensure_group()
+    log.heartbeat(WorkerStats())
+    try:
+        yield log
+    finally:
+        log.close()
+
+
+def test_slots_and_queue_shards() -> None:
+    assert slot_of("123456789") == 12739  # CRC16/XMODEM, as Redis Cluster's spec says
+    assert slot_of("{user1000}.following") == slot_of("{user1000}.followers")
+    assert slot_of("foo{}{bar}") == slot_of("foo{}{bar}".replace("{", "{", 1))
+    assert slot_of("foo{bar}{zap}") == slot_of("bar")
+    keys = Keys("tr:", cluster=True)
+    shards = keys.queue_shards("m")
+    assert len(shards) == QUEUE_SHARDS == len(set(shards))
+    slots = [slot_of(q) for q in shards]
+    assert [s * QUEUE_SHARDS // 16384 for s in slots] == list(range(QUEUE_SHARDS))
+    assert Keys("tr:").queue_shards("m") == ["tr:requests:m"]
+    sid = "a" * 22
+    assert len({slot_of(k) for k in (keys.stream(sid), keys.meta(sid), keys.attach(sid))}) == 1
+    assert slot_of(keys.channel(sid)) == slot_of(keys.stream(sid))
+    with pytest.raises(ValueError, match="braces"):
+        Keys("t{x}:")
+
+
+def test_fullest_master_counts() -> None:
+    infos: list[dict[str, Any]] = [
+        {"used_memory": 10, "maxmemory": 100, "maxmemory_policy": "noeviction"},
+        {"used_memory": 95, "maxmemory": 100, "maxmemory_policy": "noeviction"},
+        {"used_memory": 99, "maxmemory": 100, "maxmemory_policy": "allkeys-lru"},
+        {"used_memory": 50, "maxmemory": 0},
+    ]
+    assert _fullest(infos) == (95, 100)
+    assert _fullest(infos[2:]) == (0, 0)
+
+
+async def test_requests_spread_over_shards_and_all_reach_the_worker(
+    cslog: StreamStore, cwlog: WorkerStore
+) -> None:
+    assert await cslog.live_workers(max_age=0) == ["w-test"]
+    created = {(await cslog.create(BODY, f"r{i}")).stream_id for i in range(48)}
+    client = redis.RedisCluster.from_url(_url(cslog))
+    lengths = [client.xlen(q) for q in cwlog.queues]
+    assert sum(lengths) == 48 and sum(1 for n in lengths if n) >= 8, lengths
+    got: set[str] = set()
+    for _ in range(40):
+        got |= {r.stream_id for r in cwlog.read_requests(64, 50)}
+        if got == created:
+            break
+    assert got == created
+    assert cwlog.read_new(64) == []
+
+
+def _url(slog: StreamStore) -> str:
+    node = slog.redis.get_default_node()  # type: ignore[attr-defined]
+    return f"redis://{node.host}:{node.port}"
+
+
+async def test_live_events_come_from_each_streams_channel(
+    cslog: StreamStore, cwlog: WorkerStore
+) -> None:
+    sids = [(await start_stream(cslog, cwlog))[0] for _ in range(6)]
+    tails = [asyncio.create_task(collect(cslog, sid, 0)) for sid in sids]
+    for _ in range(300):  # every channel confirmed: the feed covers them
+        if all(cslog.tailer.feed.covers(sid) for sid in sids):  # type: ignore[union-attr]
+            break
+        await asyncio.sleep(0.01)
+    assert all(cslog.tailer.feed.covers(sid) for sid in sids)  # type: ignore[union-attr]
+    await asyncio.sleep(0.1)
+    reads, messages = cslog.tailer.catch_up_reads, cslog.tailer.feed.messages
+
+    def write_all() -> None:
+        for seq in range(1, 41):
+            batches = [Batch(sid, seq, [token_fields(f"{sid}:{seq}")]) for sid in sids]
+            assert [r.status for r in cwlog.flush(batches)] == [1] * len(sids)
+        for sid in sids:
+            write_done(cwlog, sid, 41)
+
+    await asyncio.get_running_loop().run_in_executor(None, write_all)
+    for sid, tail in zip(sids, tails, strict=True):
+        events = await asyncio.wait_for(tail, 10)
+        assert [e.seq for e in events] == list(range(1, 42))
+        assert [e.text for e in events[:-1]] == [f"{sid}:{s}" for s in range(1, 41)]
+    assert cslog.tailer.feed.messages - messages >= 6 * 41
+    assert cslog.tailer.catch_up_reads - reads <= 12  # the feed served them, not the logs
+    client = redis.RedisCluster.from_url(_url(cslog))
+    channels = [cslog.keys.channel(sid) for sid in sids]
+    for _ in range(100):  # the last subscriber gone: unsubscribed
+        counts = [
+            client.pubsub_shardnumsub(ch, target_nodes=client.get_node_from_key(ch))
+            for ch in channels
+        ]
+        if all(n == 0 for [(_, n)] in counts):
+            break
+        await asyncio.sleep(0.02)
+    assert all(n == 0 for [(_, n)] in counts), counts
+
+
+async def test_attachments_and_poll_across_slots(cslog: StreamStore, cwlog: WorkerStore) -> None:
+    sids = [(await start_stream(cslog, cwlog))[0] for _ in range(12)]
+    ids = [await cslog.attach(sid) for sid in sids]
+    await cslog.attachments._call(list(cslog.attachments.tracked.items()))  # a refresh
+    # each stream: its creator's attachment and the one made here
+    assert cwlog.poll(sids) == dict.fromkeys(sids, (2, False))
+    await asyncio.gather(*(cslog.detach(sid, aid) for sid, aid in zip(sids, ids, strict=True)))
+    assert cslog.disconnects == 12
+    assert cwlog.poll(sids) == dict.fromkeys(sids, (1, False))
+    await cslog.cancel(sids[0])
+    assert cwlog.poll(sids[:1]) == {sids[0]: (1, True)}
