@@ -180,52 +180,34 @@ def connect_async(
     least) often swallows the cancellation of a task awaiting a command, so
     long-running loops here also stop on a ``_closed`` flag, not on cancel alone.
     """
+    opts = _options(socket_timeout) | {"max_connections": max_connections}
     if cluster:
-        return aiocluster.RedisCluster.from_url(  # type: ignore[return-value]
-            url,
-            protocol=2,
-            socket_connect_timeout=1.0,
-            socket_timeout=socket_timeout,
-            retry=AsyncRetry(ConstantBackoff(0.05), retries=2),
-            health_check_interval=0,
-            max_connections=max_connections,
-            **_identity(),
-        )
-    return aioredis.Redis.from_url(
-        url,
-        protocol=2,
-        socket_connect_timeout=1.0,
-        socket_timeout=socket_timeout,
-        retry=_retry(),
-        health_check_interval=0,
-        max_connections=max_connections,
-        **_identity(),
-    )
+        retry = AsyncRetry(ConstantBackoff(0.05), retries=2)
+        return aiocluster.RedisCluster.from_url(url, retry=retry, **opts)  # type: ignore[return-value]
+    return aioredis.Redis.from_url(url, retry=_retry(), **opts)
 
 
 def connect_sync(
     url: str, *, socket_timeout: float | None = 5.0, cluster: bool = False
 ) -> redis.Redis:
     """A blocking client (connection pool) for ``url``; ``cluster``: see :func:`connect_async`."""
+    opts = _options(socket_timeout)
     if cluster:
-        return redis.cluster.RedisCluster.from_url(  # type: ignore[return-value]
-            url,
-            protocol=2,
-            socket_connect_timeout=1.0,
-            socket_timeout=socket_timeout,
-            retry=Retry(ConstantBackoff(0.05), retries=2),
-            health_check_interval=0,
-            **_identity(),
-        )
-    return redis.Redis.from_url(
-        url,
-        protocol=2,
-        socket_connect_timeout=1.0,
-        socket_timeout=socket_timeout,
-        retry=_retry(),
-        health_check_interval=0,
+        retry = Retry(ConstantBackoff(0.05), retries=2)
+        return redis.cluster.RedisCluster.from_url(url, retry=retry, **opts)  # type: ignore[return-value]
+    return redis.Redis.from_url(url, retry=_retry(), **opts)
+
+
+def _options(socket_timeout: float | None) -> dict[str, Any]:
+    """What every client here is made with (RESP2, a short connect timeout, no health
+    checks), besides its retry policy."""
+    return {
+        "protocol": 2,
+        "socket_connect_timeout": 1.0,
+        "socket_timeout": socket_timeout,
+        "health_check_interval": 0,
         **_identity(),
-    )
+    }
 
 
 def raise_if_cancel_swallowed() -> None:

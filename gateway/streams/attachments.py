@@ -101,11 +101,17 @@ class Attachments:
         return self._script(keys=keys, args=args)  # type: ignore[no-any-return]
 
     async def _each(self, script: str, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
-        """Replies of one pipeline of ``script`` calls (a cluster: one stream each)."""
+        """Replies of one pipeline of ``script`` calls (a cluster: one stream each). A shard
+        that does not answer costs only its own calls (their replies are the errors), unless
+        none answered: then the first error is raised."""
         pipe = self.redis.pipeline(transaction=False)
         for keys, args in calls:
             queue_script(pipe, script, keys, args)
-        return list(await pipe.execute())
+        replies = list(await pipe.execute(raise_on_error=False))
+        errors = [r for r in replies if isinstance(r, Exception)]
+        if errors and len(errors) == len(replies):
+            raise errors[0]
+        return replies
 
     def track(self, stream_id: str, attach_id: str) -> None:
         self.tracked[attach_id] = stream_id
@@ -155,7 +161,7 @@ class Attachments:
                 self.detach_calls += 1
                 if self._cluster and len(batch) > 1:
                     replies = await self._guard(self._each(DETACH_LUA, calls))
-                    counted = [n for reply in replies for n in reply]
+                    counted = [0 if isinstance(r, Exception) else r[0] for r in replies]
                 else:
                     counted = list(await self._guard(self._detach_script(keys=keys, args=args)))
             except RedisUnavailable:

@@ -272,11 +272,24 @@ class Tailer:
                     await asyncio.wait_for(self._wake_event.wait(), CLUSTER_POLL)
 
     async def _read_each(self, wanted: dict[Any, Any]) -> list[tuple[Any, Any]]:
-        """``XREAD`` of each log on its own, in one pipeline (a cluster's slots)."""
+        """``XREAD`` of each log on its own, in one pipeline (a cluster's slots).
+
+        A log whose shard does not answer fails only its own subscribers (``unavailable``):
+        the streams of the other shards go on.
+        """
         pipe = self._pool.pipeline(transaction=False)
         for key, after in wanted.items():
             xread_one(pipe, key, after, READ_COUNT)
-        return [pair for reply in await pipe.execute() for pair in reply or ()]
+        replies = await pipe.execute(raise_on_error=False)
+        failed = {k: r for k, r in zip(wanted, replies, strict=True) if isinstance(r, Exception)}
+        for key, exc in failed.items():
+            if not is_outage(exc):
+                raise exc
+            for sub in [s for s in self._reading if s.key == key]:
+                sub.fail(RedisUnavailable("redis is unreachable (the stream's shard)"))
+                del self._reading[sub]
+        ok = (r for r in replies if not isinstance(r, Exception))
+        return [pair for reply in ok for pair in reply or ()]
 
     def _dispatch(self, reply: object, *, caught_up_ok: bool) -> None:
         """Hand a read's entries to the subscribers it was for.
@@ -330,14 +343,21 @@ class Tailer:
         for sid in quiet:
             pipe.hmget(self.keys.meta(sid), "st", "w", "rid")
         pipe.smembers(self.keys.workers)
-        replies = await pipe.execute()
-        metas, members = replies[:-1], replies[-1]
-        named = {w.decode() for _, w, _ in metas if w}
+        # on a cluster, a shard that does not answer leaves out only what lives there
+        replies = await pipe.execute(raise_on_error=not self.sharded)
+        members = replies[-1]
+        if isinstance(members, Exception):
+            return  # the worker set's shard is down: judge nothing now
+        metas = [(sid, m) for sid, m in zip(quiet, replies[:-1], strict=True) if type(m) is list]
+        named = {w.decode() for _, (_, w, _) in metas if w}
         workers = sorted({m.decode() for m in members} | named)
         pipe = self._pool.pipeline(transaction=False)
         for w in workers:
             pipe.exists(self.keys.worker(w))
-        alive = dict(zip(workers, [bool(x) for x in await pipe.execute()], strict=True))
+        found = await pipe.execute(raise_on_error=not self.sharded)
+        alive = {
+            w: bool(x) for w, x in zip(workers, found, strict=True) if not isinstance(x, Exception)
+        }
         for w, up in alive.items():
             if up:
                 self._missing_since.pop(w, None)
@@ -348,7 +368,7 @@ class Tailer:
             self._no_worker_since = None
         elif self._no_worker_since is None:
             self._no_worker_since = now
-        for sid, (st, w, rid) in zip(quiet, metas, strict=True):
+        for sid, (st, w, rid) in metas:
             await self._judge(sid, st, w, rid.decode() if rid else None, now)
 
     async def _judge(

@@ -5,7 +5,8 @@ worker and one gateway stream a long greedy response. The master holding that st
 slot is SIGKILLed: the client gets an ``error`` frame with code ``unavailable``; the
 worker keeps the events Redis did not confirm. The master restarts from its AOF, the
 client resumes from the last seq it saw, and the assembled text equals the same prompt's
-uninterrupted text, with seqs 1..n-1: nothing lost, nothing doubled.
+uninterrupted text, with seqs 1..n-1: nothing lost, nothing doubled. A stream on another
+shard gets no error: it waits (the worker's appends are one pipeline) and completes.
 """
 
 from __future__ import annotations
@@ -65,7 +66,22 @@ async def test_master_killed_mid_stream_then_resumed(
         await _rest(ref, [], ref_text)
         await ref.close()
 
+        client, keys = redis.RedisCluster.from_url(cluster.url), Keys(PREFIX, cluster=True)
+
+        def master(stream_id: str) -> int:
+            return cluster.ports.index(int(client.get_node_from_key(keys.meta(stream_id)).port))
+
         c, sid, token = await _stream(addr, "victim")
+        node = master(sid)
+        while True:  # a bystander: a stream on another shard, which must see no error
+            b, bsid, _ = await _stream(addr, "bystander")
+            if master(bsid) != node:
+                break
+            await b.send({"type": "cancel", "stream_id": bsid})
+            await b.close()
+        bseqs: list[int] = []
+        btext: list[str] = []
+        bystander = asyncio.create_task(_rest(b, bseqs, btext))
         seqs: list[int] = []
         text: list[str] = []
         while len(seqs) < 8:
@@ -73,10 +89,6 @@ async def test_master_killed_mid_stream_then_resumed(
             assert f["type"] == "token", f
             seqs.append(f["seq"])
             text.append(f["text"])
-        owner = redis.RedisCluster.from_url(cluster.url).get_node_from_key(
-            Keys(PREFIX, cluster=True).meta(sid)
-        )
-        node = cluster.ports.index(int(owner.port))
         cluster.kill(node)
         # the client hears of the outage (the tokens already on their way come first)
         while True:
@@ -97,6 +109,9 @@ async def test_master_killed_mid_stream_then_resumed(
         assert done["finish_reason"] == "length", done
         assert done["usage"]["completion_tokens"] == TOKENS
         assert "".join(text) == "".join(ref_text)
+        bdone = await asyncio.wait_for(bystander, 120)  # no error frame on the way
+        assert bseqs == list(range(1, bdone["seq"])) and "".join(btext) == "".join(ref_text)
+        await b.close()
         assert workers[0].alive() and gw.alive()
     finally:
         stop_all(procs)
