@@ -9,8 +9,8 @@ attached, publishes a heartbeat with its stats, and claims the requests of
 workers that died. core/wire/keys.py has the key layout.
 
 On a Redis Cluster (``cluster=True``) the same calls are split by slot: a queue is
-:data:`~core.wire.keys.QUEUE_SHARDS` streams read one ``XREADGROUP`` each (an idle
-worker blocks on them in turn, :data:`CLUSTER_BLOCK_MS` at a time), and an append call holds
+:data:`~core.wire.keys.QUEUE_SHARDS` streams (worker/shards.py reads them, and wakes an
+idle worker when a gateway queues a request), and an append call holds
 the streams of one master (:data:`~core.wire.scripts.APPEND_CLUSTER_LUA`), all calls in
 one pipeline that redis-py sends to the masters concurrently.
 """
@@ -32,7 +32,6 @@ from core.redis.connection import (
     connect_sync,
     is_full,
     queue_script,
-    xreadgroup_one,
 )
 from core.wire.events import plan_finish, seq_of
 from core.wire.keys import DEFAULT_PREFIX, GROUP, HEARTBEAT_TTL, MAXLEN, WORKER_DEAD_GRACE, Keys
@@ -50,10 +49,9 @@ from core.wire.scripts import (
 from core.wire.stats import STATS_FIELD, WorkerStats
 from core.wire.telemetry import DISCONNECTS_FIELD, RESUMES_FIELD
 from worker.requests import Request, entries_of, parse_request, text
+from worker.shards import ShardReader
 
 log = logging.getLogger("tokenrelay.workerlog")
-
-CLUSTER_BLOCK_MS = 10  # an idle worker's blocking read of one queue shard, on a cluster
 
 
 @dataclass(frozen=True)
@@ -81,9 +79,9 @@ class WorkerStore:
         self.worker_id = worker_id
         self.models: list[str] = []  # the names announced: the queues read
         self.queues = [self.keys.requests]
-        self.serve(models or [])
-        self._turn = 0  # the queue shard an idle worker blocks on next (cluster)
         self.redis = connect_sync(url, cluster=cluster)
+        self.shards = ShardReader(self.redis, url, worker_id) if cluster else None
+        self.serve(models or [])
         self._release = self.redis.register_script(RELEASE_LUA)
         self._control_cursor: str | None = None
         self._control_ahead: list[str] | None = None  # read by read_new(), not yet returned
@@ -100,6 +98,9 @@ class WorkerStore:
         self.models = list(models)
         named: list[str | None] = [*models] or [None]
         self.queues = [q for m in named for q in self.keys.queue_shards(m)]
+        self.wake_channels = [self.keys.wake(m) for m in named]
+        if self.shards is not None:
+            self.shards.reset()
 
     def follow(self, served: Callable[[], list[str] | None] | None) -> None:
         """Serve what ``served()`` says, when it says (a relay learns its upstream's list)."""
@@ -132,8 +133,10 @@ class WorkerStore:
     def read_requests(self, count: int, block_ms: int | None) -> list[Request]:
         """Up to ``count`` new requests for this worker (waits ``block_ms`` when idle)."""
         count = self._read_count(count)
-        if self.cluster:
-            return self._with_meta(self._read_shards(count, block_ms))
+        if self.shards is not None:
+            return self._with_meta(
+                self.shards.read(self.queues, self.wake_channels, count, block_ms)
+            )
         streams: dict[Any, Any] = dict.fromkeys(self.queues, ">")
         reply = self.redis.xreadgroup(GROUP, self.worker_id, streams, count, block_ms)
         return self._with_meta(entries_of(reply))
@@ -141,23 +144,10 @@ class WorkerStore:
     def _queue_reads(self, pipe: Any, count: int, after: str = ">") -> None:
         """Queue the read of every request queue: one ``XREADGROUP`` (one per shard on a
         cluster, where a command's keys share a slot)."""
-        if not self.cluster:
+        if self.shards is not None:
+            self.shards.queue(pipe, self.queues, count, after)
+        else:
             pipe.xreadgroup(GROUP, self.worker_id, dict.fromkeys(self.queues, after), count)
-            return
-        for queue in self.queues:
-            xreadgroup_one(pipe, GROUP, self.worker_id, queue, after, count, None)
-
-    def _read_shards(self, count: int, block_ms: int | None) -> list[tuple[str, Any, Any]]:
-        """A cluster's read: every shard at once, then (nothing there) a short block on one."""
-        pipe = self.redis.pipeline(transaction=False)
-        self._queue_reads(pipe, count)
-        found = [e for reply in pipe.execute() for e in entries_of(reply)]
-        if found or not block_ms:
-            return found
-        self._turn = (self._turn + 1) % len(self.queues)
-        queue, block = self.queues[self._turn], min(block_ms, CLUSTER_BLOCK_MS)
-        reply = xreadgroup_one(self.redis, GROUP, self.worker_id, queue, ">", count, block)
-        return entries_of(reply)
 
     def read_new(self, count: int) -> list[Request]:
         """:meth:`read_requests` without blocking, and the read of :meth:`read_control`

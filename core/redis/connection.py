@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis
 import redis.asyncio as aioredis
@@ -65,6 +65,17 @@ def redact_url(url: str) -> str:
         host = f"[{host}]"
     port = f":{parts.port}" if parts.port is not None else ""
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
+
+
+def credentials(url: str) -> dict[str, Any]:
+    """``username``, ``password`` and ``ssl`` of ``url``: what a client of one node of a
+    cluster (a pub/sub connection to a given master) needs besides its host and port."""
+    parts = urlsplit(url)
+    return {
+        "username": unquote(parts.username) if parts.username else None,
+        "password": unquote(parts.password) if parts.password else None,
+        "ssl": parts.scheme == "rediss",
+    }
 
 
 def is_full(exc: BaseException) -> bool:

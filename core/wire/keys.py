@@ -134,6 +134,11 @@ class Keys:
     def attach(self, stream_id: str) -> str:
         return f"{self.prefix}a:{{{stream_id}}}"
 
+    def wake(self, model: str | None) -> str:
+        """The sharded channel on which a gateway wakes idle workers of ``model`` when it
+        queues a request (cluster only: worker/wake.py)."""
+        return f"{self.prefix}wake:{{w}}" + (f":{model}" if model else "")
+
     def channel(self, stream_id: str) -> str:
         """The stream's own sharded pub/sub channel (cluster only; see the module doc)."""
         return f"{self.prefix}e:{{{stream_id}}}"

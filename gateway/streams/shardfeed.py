@@ -23,14 +23,13 @@ import logging
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from core.redis.connection import Backoff, is_outage
+from core.redis.connection import Backoff, credentials, is_outage
 from core.wire.events import Event
 from core.wire.keys import Keys, slot_of
 from core.wire.scripts import decode_published
@@ -69,10 +68,7 @@ class ShardedFeed:
         self._keys = keys
         self._on_batch = on_batch
         self._on_gap = on_gap
-        parts = urlsplit(url)
-        self._username = unquote(parts.username) if parts.username else None
-        self._password = unquote(parts.password) if parts.password else None
-        self._ssl = parts.scheme == "rediss"
+        self._credentials = credentials(url)
         self._watched: set[str] = set()
         self._links: dict[str, _Link] = {}
         self._routes: dict[str, _Link] = {}  # stream id -> its link
@@ -213,9 +209,7 @@ class ShardedFeed:
             socket_timeout=None,  # a quiet channel is not a failure
             socket_read_size=READ_SIZE,
             retry=Retry(NoBackoff(), 0),
-            username=self._username,
-            password=self._password,
-            ssl=self._ssl,
+            **self._credentials,
         )
         pubsub = link.conn.pubsub()
         await pubsub.connect()

@@ -325,7 +325,15 @@ class StreamStore:
         }
         if trace is not None:
             request[TRACE_FIELD] = trace[1]
-        pipe.xadd(queue, request)  # type: ignore[arg-type]
+        if self.keys.cluster:
+            # The metadata must be there before a worker can take the request: a cluster
+            # pipeline sends to each master at once, so it is a round trip of its own.
+            await self._guard(pipe.execute())
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.xadd(queue, request)  # type: ignore[arg-type]
+            pipe.spublish(self.keys.wake(model), "1")  # type: ignore[attr-defined]
+        else:
+            pipe.xadd(queue, request)  # type: ignore[arg-type]
         await self._guard(pipe.execute())
         if attach_id:
             self.attachments.track(sid, attach_id)

@@ -6,7 +6,7 @@ every process runs with ``--redis-cluster`` against three masters: each client d
 uninterrupted greedy text of its prompt with seqs 1..n-1. The streams' keys must have
 landed on every master (one slot per stream), the requests on both workers.
 
-TOKENRELAY_CLUSTER_CHAOS_STREAMS / _TOKENS resize it (default 16 x 24: CPU inference).
+TOKENRELAY_CLUSTER_CHAOS_STREAMS / _TOKENS resize it (default 24 x 32: CPU inference).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from tests.gateway.test_chaos import Outcome, chaos_client, check_assembled, ref
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-STREAMS = int(os.environ.get("TOKENRELAY_CLUSTER_CHAOS_STREAMS", "16"))
-TOKENS = int(os.environ.get("TOKENRELAY_CLUSTER_CHAOS_TOKENS", "24"))
+STREAMS = int(os.environ.get("TOKENRELAY_CLUSTER_CHAOS_STREAMS", "24"))
+TOKENS = int(os.environ.get("TOKENRELAY_CLUSTER_CHAOS_TOKENS", "32"))
 
 
 async def test_chaos_on_a_cluster_assembles_every_text(fleet: ClusterFleet) -> None:

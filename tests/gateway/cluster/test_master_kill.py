@@ -26,7 +26,7 @@ from tests.gateway.procs import Client, generate_frame, stop_all, wait_ready
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 PREFIX = "kill:"
-TOKENS = 160
+TOKENS = 96
 PROMPT = "Write a long story about a lighthouse keeper and a storm."
 PARAMS = {"max_tokens": TOKENS, "temperature": 0, "ignore_eos": True}
 

@@ -84,11 +84,11 @@ def test_fullest_master_counts() -> None:
 
 
 async def test_requests_spread_over_shards_and_all_reach_the_worker(
-    cslog: StreamStore, cwlog: WorkerStore
+    cslog: StreamStore, cwlog: WorkerStore, redis_cluster: LocalCluster
 ) -> None:
     assert await cslog.live_workers(max_age=0) == ["w-test"]
     created = {(await cslog.create(BODY, f"r{i}")).stream_id for i in range(48)}
-    client = redis.RedisCluster.from_url(_url(cslog))
+    client = redis.RedisCluster.from_url(redis_cluster.url)
     lengths = [client.xlen(q) for q in cwlog.queues]
     assert sum(lengths) == 48 and sum(1 for n in lengths if n) >= 8, lengths
     got: set[str] = set()
@@ -100,13 +100,8 @@ async def test_requests_spread_over_shards_and_all_reach_the_worker(
     assert cwlog.read_new(64) == []
 
 
-def _url(slog: StreamStore) -> str:
-    node = slog.redis.get_default_node()  # type: ignore[attr-defined]
-    return f"redis://{node.host}:{node.port}"
-
-
 async def test_live_events_come_from_each_streams_channel(
-    cslog: StreamStore, cwlog: WorkerStore
+    cslog: StreamStore, cwlog: WorkerStore, redis_cluster: LocalCluster
 ) -> None:
     sids = [(await start_stream(cslog, cwlog))[0] for _ in range(6)]
     tails = [asyncio.create_task(collect(cslog, sid, 0)) for sid in sids]
@@ -132,7 +127,7 @@ async def test_live_events_come_from_each_streams_channel(
         assert [e.text for e in events[:-1]] == [f"{sid}:{s}" for s in range(1, 41)]
     assert cslog.tailer.feed.messages - messages >= 6 * 41
     assert cslog.tailer.catch_up_reads - reads <= 12  # the feed served them, not the logs
-    client = redis.RedisCluster.from_url(_url(cslog))
+    client = redis.RedisCluster.from_url(redis_cluster.url)
     channels = [cslog.keys.channel(sid) for sid in sids]
     for _ in range(100):  # the last subscriber gone: unsubscribed
         counts = [
@@ -156,3 +151,27 @@ async def test_attachments_and_poll_across_slots(cslog: StreamStore, cwlog: Work
     assert cwlog.poll(sids) == dict.fromkeys(sids, (1, False))
     await cslog.cancel(sids[0])
     assert cwlog.poll(sids[:1]) == {sids[0]: (1, True)}
+
+
+def _xreadgroup_calls(client: redis.RedisCluster) -> int:
+    stats = client.info("commandstats", target_nodes=client.PRIMARIES)
+    return sum(int(s.get("cmdstat_xreadgroup", {}).get("calls", 0)) for s in stats.values())
+
+
+async def test_an_idle_worker_waits_for_a_wake_up_not_a_poll(
+    cslog: StreamStore, cwlog: WorkerStore, redis_cluster: LocalCluster
+) -> None:
+    """Between sweeps of its 16 queue shards an idle worker waits on the wake channel: a
+    request queued meanwhile wakes it long before its wait ends, and while nothing comes
+    it sweeps once per wait, not in a loop."""
+    loop = asyncio.get_running_loop()
+    assert await loop.run_in_executor(None, cwlog.read_requests, 64, 200) == []  # subscribes
+    client = redis.RedisCluster.from_url(redis_cluster.url)
+    before = _xreadgroup_calls(client)
+    assert await loop.run_in_executor(None, cwlog.read_requests, 64, 1000) == []
+    assert _xreadgroup_calls(client) - before <= QUEUE_SHARDS  # one sweep: no polling
+    waiting = loop.run_in_executor(None, cwlog.read_requests, 64, 30_000)
+    await asyncio.sleep(0.3)
+    new = await cslog.create(BODY, "woken")
+    got = await asyncio.wait_for(waiting, 20)  # well before the 30 s wait would end
+    assert [r.stream_id for r in got] == [new.stream_id]
