@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import uvicorn
 
 from core.exposure import exposure_error, insecure_banner
+from core.redis.connection import check_cluster_mode
 from gateway.app import Gateway, Settings, create_app
 from gateway.drain import drain
 from gateway.gcpolicy import freeze_startup_heap
@@ -177,6 +178,7 @@ def main(args: argparse.Namespace) -> int:
     if banner is not None:
         log.warning(banner)
     settings = Settings.from_args(args)
+    check_cluster_mode(settings.redis_url, settings.redis_cluster)
     server = build_server(
         settings,
         args.host,

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 
-from core.redis.connection import Backoff, RedisHealth, is_outage
+from core.redis.connection import Backoff, RedisHealth, check_cluster_mode, is_outage
 from core.wire.events import token_fields
 from core.wire.logprobs import encode_logprobs
 from core.wire.stats import COUNTERS, WorkerStats
@@ -342,6 +342,7 @@ def main(args: argparse.Namespace) -> int:
 def _run_worker(args: argparse.Namespace, status: StatusPipe) -> int:
     if not args.redis_url:
         raise ValueError("--redis-url is required (or TOKENRELAY_REDIS_URL)")
+    check_cluster_mode(args.redis_url, bool(getattr(args, "redis_cluster", False)))
     worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
     stop = threading.Event()
     tracing = None

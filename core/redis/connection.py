@@ -152,6 +152,32 @@ def _retry() -> Retry:
     return Retry(ConstantBackoff(0.05), retries=1)
 
 
+def check_cluster_mode(url: str, cluster: bool) -> None:
+    """Raise ``ValueError`` when ``--redis-cluster`` and what ``url`` serves disagree.
+
+    Either way round the process would only fail later, key by key (``MOVED`` from a
+    cluster node; no slot map from a plain Redis). A Redis that does not answer yet, or
+    refuses ``INFO``, passes: the outage handling waits for it as for any other.
+    """
+    client = redis.Redis.from_url(url, socket_connect_timeout=1.0, socket_timeout=2.0)
+    try:
+        enabled = str(client.info("cluster").get("cluster_enabled", 0)) == "1"
+    except redis.RedisError:
+        return
+    finally:
+        client.close()
+    if cluster and not enabled:
+        raise ValueError(
+            f"--redis-cluster: {redact_url(url)} is not a Redis Cluster node "
+            "(cluster_enabled:0); drop --redis-cluster or point --redis-url at a cluster node"
+        )
+    if enabled and not cluster:
+        raise ValueError(
+            f"{redact_url(url)} is a Redis Cluster node: add --redis-cluster "
+            "(TOKENRELAY_REDIS_CLUSTER=1) to every gateway and worker"
+        )
+
+
 def is_cluster(client: Any) -> bool:
     """True for a Redis Cluster client (sync or asyncio), a pipeline of one included."""
     return isinstance(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ import redis
 
 from core.redis.connection import (
     RedisHealth,
+    check_cluster_mode,
     connect_async,
     connect_sync,
     is_full,
@@ -19,6 +22,7 @@ from core.redis.connection import (
     redact_url,
 )
 from core.redis.embedded import EmbeddedRedis
+from core.redis.local_cluster import LocalCluster
 
 FILLER = "filler:"
 
@@ -104,3 +108,27 @@ def test_a_full_redis_refuses_writes_reads_go_on(
         said = [r.getMessage() for r in caplog.records if r.name == "tokenrelay.redis"]
         assert said == ["redis is full (maxmemory): writes are refused", "redis takes writes again"]
         client.close()
+
+
+def test_cluster_mode_must_match_the_server(
+    redis_server: EmbeddedRedis, redis_cluster: LocalCluster
+) -> None:
+    """--redis-cluster against a plain Redis, or its absence against a cluster node, is a
+    clear ValueError at start; matching modes and an unreachable Redis pass."""
+    check_cluster_mode(redis_server.url, False)
+    check_cluster_mode(redis_cluster.url, True)
+    with pytest.raises(ValueError, match="is not a Redis Cluster node"):
+        check_cluster_mode(redis_server.url, True)
+    with pytest.raises(ValueError, match="add --redis-cluster"):
+        check_cluster_mode(redis_cluster.url, False)
+    check_cluster_mode("redis://127.0.0.1:1", True)  # not up (yet): waited for later
+
+
+def test_a_gateway_told_cluster_on_a_plain_redis_says_so(redis_server: EmbeddedRedis) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "core.cli", "gateway", "--redis-url", redis_server.url,
+         "--redis-cluster", "--port", "0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr and "is not a Redis Cluster node" in out.stderr
