@@ -87,6 +87,8 @@ class WorkerStore:
         self._control_ahead: list[str] | None = None  # read by read_new(), not yet returned
 
     def close(self) -> None:
+        if self.shards is not None:
+            self.shards.reset()  # its wake-channel connection
         self.redis.close()
 
     def serve(self, models: list[str]) -> None:

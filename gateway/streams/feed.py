@@ -66,6 +66,16 @@ class LiveFeed:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="livefeed")
 
+    def watch(self, stream_id: str) -> None:
+        """Nothing to do: the one channel carries every stream (shardfeed.py subscribes)."""
+
+    def unwatch(self, stream_id: str) -> None:
+        """Nothing to do (see :meth:`watch`)."""
+
+    def covers(self, stream_id: str) -> bool:
+        """True while subscribed: every stream's appends arrive."""
+        return self.up
+
     async def close(self) -> None:
         self._closed = True
         if self._task is not None:

@@ -33,13 +33,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.backoff import NoBackoff
-
-if TYPE_CHECKING:
-    from redis.asyncio.cluster import RedisCluster
 from redis.retry import Retry
 
 from core.redis.connection import Backoff, RedisHealth, is_outage, xread_one
@@ -99,7 +97,7 @@ class Tailer:
         self.sharded = keys.cluster
         self.feed: LiveFeed | ShardedFeed
         if self.sharded:
-            cluster = cast("RedisCluster", pool)  # connect_async(cluster=True) made it
+            cluster = cast(RedisCluster, pool)  # connect_async(cluster=True) made it
             self.feed = ShardedFeed(url, cluster, keys, self._on_published, self._on_streams_gap)
         else:
             self.feed = LiveFeed(url, keys.events, self._on_published, self._on_feed_gap)
@@ -142,8 +140,7 @@ class Tailer:
         sub = Subscription(stream_id, self.keys.stream(stream_id), last_seq)
         sub._wake = self._wake
         self._subs.setdefault(stream_id, set()).add(sub)
-        if isinstance(self.feed, ShardedFeed):
-            self.feed.watch(stream_id)
+        self.feed.watch(stream_id)
         self._wake()
         return sub
 
@@ -154,8 +151,7 @@ class Tailer:
             subs.discard(sub)
             if not subs:
                 del self._subs[sub.stream_id]
-                if isinstance(self.feed, ShardedFeed):
-                    self.feed.unwatch(sub.stream_id)
+                self.feed.unwatch(sub.stream_id)
 
     # --- the live feed ---------------------------------------------------------
 
@@ -313,8 +309,7 @@ class Tailer:
                 and len(events) < READ_COUNT
                 and sub.missed == missed
                 and sub.error is None
-                and self.feed.up
-                and (not isinstance(self.feed, ShardedFeed) or self.feed.covers(sub.stream_id))
+                and self.feed.covers(sub.stream_id)
             ):
                 sub.lagging = False
         self._reading = {}

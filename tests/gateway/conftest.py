@@ -7,6 +7,7 @@ see each other's streams, requests or workers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 from collections.abc import AsyncIterator, Iterator
@@ -27,9 +28,10 @@ def prefix() -> str:
     return f"t{secrets.token_hex(4)}:"
 
 
-@pytest.fixture
-async def slog(redis_server: EmbeddedRedis, prefix: str) -> AsyncIterator[StreamStore]:
-    log = StreamStore(redis_server.url, prefix=prefix, stream_ttl=60, detach_timeout=30)
+@contextlib.asynccontextmanager
+async def open_slog(url: str, prefix: str, *, cluster: bool = False) -> AsyncIterator[StreamStore]:
+    """A started stream store (a gateway's), closed on leaving; a hang on close says where."""
+    log = StreamStore(url, prefix=prefix, stream_ttl=60, detach_timeout=30, cluster=cluster)
     await log.start()
     try:
         yield log
@@ -43,15 +45,28 @@ async def slog(redis_server: EmbeddedRedis, prefix: str) -> AsyncIterator[Stream
             raise AssertionError("StreamStore.close() hangs")
 
 
-@pytest.fixture
-def wlog(redis_server: EmbeddedRedis, prefix: str) -> Iterator[WorkerStore]:
-    log = WorkerStore(redis_server.url, "w-test", prefix=prefix)
+@contextlib.contextmanager
+def open_wlog(url: str, prefix: str, *, cluster: bool = False) -> Iterator[WorkerStore]:
+    """Worker ``w-test``'s store, its queues' group made and its heartbeat published."""
+    log = WorkerStore(url, "w-test", prefix=prefix, cluster=cluster)
     log.ensure_group()
     log.heartbeat(WorkerStats())
     try:
         yield log
     finally:
         log.close()
+
+
+@pytest.fixture
+async def slog(redis_server: EmbeddedRedis, prefix: str) -> AsyncIterator[StreamStore]:
+    async with open_slog(redis_server.url, prefix) as log:
+        yield log
+
+
+@pytest.fixture
+def wlog(redis_server: EmbeddedRedis, prefix: str) -> Iterator[WorkerStore]:
+    with open_wlog(redis_server.url, prefix) as log:
+        yield log
 
 
 @dataclass

@@ -19,9 +19,9 @@ import redis
 from core.redis.local_cluster import LocalCluster
 from core.wire.events import token_fields
 from core.wire.keys import QUEUE_SHARDS, Keys, slot_of
-from core.wire.stats import WorkerStats
 from gateway.streams.memory import _fullest
 from gateway.streams.store import StreamStore
+from tests.gateway.conftest import open_slog, open_wlog
 from tests.gateway.streams.test_store import BODY, collect, start_stream, write_done
 from worker.store import Batch, WorkerStore
 
@@ -35,23 +35,14 @@ def cprefix() -> str:
 
 @pytest.fixture
 async def cslog(redis_cluster: LocalCluster, cprefix: str) -> AsyncIterator[StreamStore]:
-    log = StreamStore(redis_cluster.url, prefix=cprefix, stream_ttl=60, cluster=True)
-    await log.start()
-    try:
+    async with open_slog(redis_cluster.url, cprefix, cluster=True) as log:
         yield log
-    finally:
-        await asyncio.wait_for(log.close(), 20)
 
 
 @pytest.fixture
 def cwlog(redis_cluster: LocalCluster, cprefix: str) -> Iterator[WorkerStore]:
-    log = WorkerStore(redis_cluster.url, "w-test", prefix=cprefix, cluster=True)
-    log.ensure_group()
-    log.heartbeat(WorkerStats())
-    try:
+    with open_wlog(redis_cluster.url, cprefix, cluster=True) as log:
         yield log
-    finally:
-        log.close()
 
 
 def test_slots_and_queue_shards() -> None:
@@ -106,10 +97,10 @@ async def test_live_events_come_from_each_streams_channel(
     sids = [(await start_stream(cslog, cwlog))[0] for _ in range(6)]
     tails = [asyncio.create_task(collect(cslog, sid, 0)) for sid in sids]
     for _ in range(300):  # every channel confirmed: the feed covers them
-        if all(cslog.tailer.feed.covers(sid) for sid in sids):  # type: ignore[union-attr]
+        if all(cslog.tailer.feed.covers(sid) for sid in sids):
             break
         await asyncio.sleep(0.01)
-    assert all(cslog.tailer.feed.covers(sid) for sid in sids)  # type: ignore[union-attr]
+    assert all(cslog.tailer.feed.covers(sid) for sid in sids)
     await asyncio.sleep(0.1)
     reads, messages = cslog.tailer.catch_up_reads, cslog.tailer.feed.messages
 
