@@ -15,7 +15,8 @@ export TOKENIZERS_PARALLELISM := false
 export OMP_WAIT_POLICY ?= PASSIVE
 
 STAMP := $(VENV)/.installed
-SOURCES := pyproject.toml
+# the install generates tokenrelay.v1 from the proto (setup.py): an edited proto reinstalls
+SOURCES := pyproject.toml setup.py proto/tokenrelay/v1/relay.proto
 
 .PHONY: run test test-fast lint typecheck pytest install model browser redis js bench clean
 
@@ -70,7 +71,12 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# mypy does not follow the editable install's import hook: it reads the packages through
+# links that give the folders their import names (build/typing/tokenrelay/core -> core ...).
+TYPING := build/typing/tokenrelay
 typecheck: $(STAMP)
+	@mkdir -p $(TYPING)
+	@for d in core gateway worker engine; do ln -sfn ../../../$$d $(TYPING)/$$d; done
 	$(VENV)/bin/mypy
 
 pytest: $(STAMP) model browser js redis

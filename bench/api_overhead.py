@@ -42,7 +42,7 @@ from pathlib import Path
 import httpx
 
 from bench.common import ROOT, machine, result_path, write_result
-from gateway.http.sse import SSEParser
+from tokenrelay.gateway.http.sse import SSEParser
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -119,14 +119,14 @@ class EngineRunner:
     """``LLMEngine`` in this process, driven with ``step()``."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from engine.config import EngineConfig
-        from engine.llm_engine import LLMEngine
+        from tokenrelay.engine.config import EngineConfig
+        from tokenrelay.engine.llm_engine import LLMEngine
 
         self.engine = LLMEngine(EngineConfig(model=args.model, device=args.device, max_num_seqs=64))
 
     def batch(self, first: int, n: int, max_tokens: int) -> Level:
         """``n`` requests added at once (prompts ``first``..), stepped to the end."""
-        from core.wire.params import SamplingParams
+        from tokenrelay.core.wire.params import SamplingParams
 
         engine = self.engine
         p = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
@@ -163,7 +163,7 @@ class Server:
     def __init__(self, args: argparse.Namespace) -> None:
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="tokenrelay-bench-"))
-        cmd = [sys.executable, "-m", "core.cli", "serve", "--port", str(self.port),
+        cmd = [sys.executable, "-m", "tokenrelay.core.cli", "serve", "--port", str(self.port),
                "--device", args.device, "--model", args.model, "--data-dir", str(self.dir),
                "--max-num-seqs", "64", "--log-level", "warning"]  # fmt: skip
         self.log = open(self.dir / "serve.log", "wb")  # noqa: SIM115

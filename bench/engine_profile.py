@@ -65,7 +65,7 @@ def _spin(stop: Any) -> None:
 
 def _single_stream() -> dict[str, float]:
     """Child side of ``omp``: step one stream, report prefill and decode step times (ms)."""
-    from engine import EngineConfig, LLMEngine, SamplingParams
+    from tokenrelay.engine import EngineConfig, LLMEngine, SamplingParams
 
     engine = LLMEngine(EngineConfig(model="default", device="cpu"))
     ids = engine.apply_chat_template([{"role": "user", "content": "word " * 200}])
@@ -142,7 +142,7 @@ def run_decode(num_prompts: int, output_len: int) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from bench.engine_throughput import make_prompts
-    from engine import EngineConfig, LLMEngine, SamplingParams
+    from tokenrelay.engine import EngineConfig, LLMEngine, SamplingParams
 
     engine = LLMEngine(EngineConfig(model="default", device="cpu", max_num_seqs=num_prompts))
     prompts = make_prompts(engine, num_prompts, 50, 400, 0)
@@ -196,10 +196,10 @@ TORCH_BUCKET_ROWS = (8, 16, 64)
 
 def run_attention(num_prompts: int, rounds: int = 12) -> None:
     """Decode steps at the full batch: the C kernel and torch buckets of each size, interleaved."""
-    import engine.attention.torch_sdpa as attention
+    import tokenrelay.engine.attention.torch_sdpa as attention
     from bench.engine_throughput import make_prompts
-    from engine import EngineConfig, LLMEngine, SamplingParams
-    from engine.attention.cpu_kernel import CpuBackend
+    from tokenrelay.engine import EngineConfig, LLMEngine, SamplingParams
+    from tokenrelay.engine.attention.cpu_kernel import CpuBackend
 
     # dense weights: GGUF blocks served as they are attend inside the fused decoder instead
     config = EngineConfig(model="default", device="cpu", weights="fp32", max_num_seqs=num_prompts)
@@ -244,15 +244,16 @@ def run_attention(num_prompts: int, rounds: int = 12) -> None:
         print(f"| {name} | {w * 1000:.0f} | {c * 1000:.0f} | {w / ref:.2f}x |")
 
 
+_ENGINE = "from tokenrelay.engine import EngineConfig, LLMEngine\n"
 START_CHILDREN = {
-    "engine, native weights (the default)": "from engine import EngineConfig, LLMEngine\n"
-    "LLMEngine(EngineConfig(model='default', device='cpu'))",
-    "engine, fp32 weights": "from engine import EngineConfig, LLMEngine\n"
-    "LLMEngine(EngineConfig(model='default', device='cpu', weights='fp32'))",
-    "tokenizer": "from engine.models.store import resolve_model\n"
-    "from engine.text.tokenizer import load_tokenizer\n"
+    "engine, native weights (the default)": _ENGINE
+    + "LLMEngine(EngineConfig(model='default', device='cpu'))",
+    "engine, fp32 weights": _ENGINE
+    + "LLMEngine(EngineConfig(model='default', device='cpu', weights='fp32'))",
+    "tokenizer": "from tokenrelay.engine.models.store import resolve_model\n"
+    "from tokenrelay.engine.text.tokenizer import load_tokenizer\n"
     "load_tokenizer(resolve_model('default'))",
-    "AutoTokenizer": "from engine.models.store import resolve_model\n"
+    "AutoTokenizer": "from tokenrelay.engine.models.store import resolve_model\n"
     "from transformers import AutoTokenizer\n"
     "AutoTokenizer.from_pretrained(str(resolve_model('default')))",
 }
@@ -294,7 +295,7 @@ def run_start(repeats: int = 3) -> None:
 
 
 def _decode_step_ms(engine: Any, batch: int, output_len: int) -> float:
-    from engine import SamplingParams
+    from tokenrelay.engine import SamplingParams
 
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
     for i in range(batch):
@@ -309,7 +310,7 @@ def _decode_step_ms(engine: Any, batch: int, output_len: int) -> float:
 
 
 def run_weights(output_len: int, rounds: int = 2) -> None:
-    from engine import EngineConfig, LLMEngine
+    from tokenrelay.engine import EngineConfig, LLMEngine
 
     dense = LLMEngine(EngineConfig(model="default", device="cpu", weights="fp32", max_num_seqs=64))
     native = LLMEngine(EngineConfig(model="default", device="cpu", weights="native",

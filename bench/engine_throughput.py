@@ -96,7 +96,7 @@ def median_result(runs: list[Result]) -> Result:
 
 # ------------------------------------------------------------------ our engine
 def run_ours(engine: Any, prompts: list[list[int]], output_len: int) -> Result:
-    from engine import SamplingParams
+    from tokenrelay.engine import SamplingParams
 
     params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
     engine.reset_prefix_cache()
@@ -180,7 +180,7 @@ def run_latency(
     engine: Any, prompts: list[list[int]], concurrency: int, output_len: int, gap: float
 ) -> dict[str, Any]:
     """``concurrency`` requests, one arriving every ``gap`` seconds; TTFT and ITL."""
-    from engine import SamplingParams
+    from tokenrelay.engine import SamplingParams
 
     params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
     engine.reset_prefix_cache()
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    from engine import EngineConfig, LLMEngine, SamplingParams
+    from tokenrelay.engine import EngineConfig, LLMEngine, SamplingParams
 
     engine = LLMEngine(
         EngineConfig(

@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.netproxy import TcpProxy
-from core.redis.embedded import EmbeddedRedis
-from core.wire.keys import Keys
 from tests.gateway.procs import Client, start_gateway, start_worker, wait_ready
-from worker.store import WorkerStore
+from tokenrelay.core.redis.embedded import EmbeddedRedis
+from tokenrelay.core.wire.keys import Keys
+from tokenrelay.worker.store import WorkerStore
 
 PREFIX = "flt:"
 TOPICS = ["rivers", "owls", "bread", "Mars", "chess", "tea", "glass", "maps"]

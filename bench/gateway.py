@@ -3,7 +3,7 @@
 For each level of N concurrent streams (100 and 1,000 by default), in one run:
 
 * gateway: an embedded redis-server, a real ``tokenrelay gateway`` process
-  (``python -m core.cli gateway``) and the load-test token source of
+  (``python -m tokenrelay.core.cli gateway``) and the load-test token source of
   bench/token_source.py, which creates N running streams in Redis the way an
   engine worker does and appends one token event to every stream per tick
   (one pipelined round trip per tick, like a worker step) at ``--rate`` tokens
@@ -59,9 +59,9 @@ from websockets.asyncio.client import connect
 from bench.common import ROOT, load_generator_gc, machine, result_path, write_result
 from bench.token_source import backlog_stream, parse_stamp
 from bench.ws_client import LightClient
-from core.redis.embedded import EmbeddedRedis
-from gateway.server import loop_factory
-from worker.store import WorkerStore
+from tokenrelay.core.redis.embedded import EmbeddedRedis
+from tokenrelay.gateway.server import loop_factory
+from tokenrelay.worker.store import WorkerStore
 
 SECTION = "## Gateway"
 PREFIX = "bench:"
@@ -200,7 +200,7 @@ class Child:
 
 def start_gateway(redis_url: str, port: int, log: Path, *extra: str) -> subprocess.Popen[bytes]:
     args = [
-        sys.executable, "-m", "core.cli", "gateway",
+        sys.executable, "-m", "tokenrelay.core.cli", "gateway",
         "--redis-url", redis_url, "--redis-prefix", PREFIX,
         "--host", "127.0.0.1", "--port", str(port),
         "--stream-ttl", "600", "--detach-timeout", "600",

@@ -198,8 +198,8 @@ class GpuCheck:
 
     def make_llm(self, folder: Path, *, eager: bool, **overrides: Any) -> Any:
         """Our ``LLM`` on ``folder`` with the run's backend, dtype and block size."""
-        from engine import LLM
-        from engine.config import EngineConfig
+        from tokenrelay.engine import LLM
+        from tokenrelay.engine.config import EngineConfig
 
         have = {f.name for f in dataclasses.fields(EngineConfig)}
         missing = [f for f in ENGINE_FIELDS if f not in have]

@@ -51,7 +51,7 @@ def runner_info(llm: Any) -> dict[str, Any]:
 
 
 def our_greedy(llm: Any, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
-    from engine import SamplingParams
+    from tokenrelay.engine import SamplingParams
 
     params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
     return [list(out.token_ids) for out in llm.generate(prompts, params)]
@@ -59,7 +59,7 @@ def our_greedy(llm: Any, prompts: list[list[int]], new_tokens: int) -> list[list
 
 def step_times(engine: Any, rid: str, prompt: list[int], tokens: int) -> list[float]:
     """Run one request alone; the wall time of every step that gave it a token."""
-    from engine import SamplingParams
+    from tokenrelay.engine import SamplingParams
 
     engine.add_request(
         rid, prompt, SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
@@ -82,7 +82,7 @@ def run_ours(
     warm: list[list[int]],
 ) -> Result:
     """The throughput workload through our engine, all requests at once."""
-    from engine import SamplingParams
+    from tokenrelay.engine import SamplingParams
 
     started = time.perf_counter()
     wp = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)

@@ -134,7 +134,7 @@ def weight_bytes(model: Any) -> int:
 
 def check_loadable(folder: Path, shape: ModelShape) -> None:
     """Our config parser reads the folder with the intended shapes and flags."""
-    from engine.models.config import ModelConfig
+    from tokenrelay.engine.models.config import ModelConfig
 
     cfg = ModelConfig.from_pretrained(folder)
     got = (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)

@@ -25,7 +25,7 @@ process.
 The second table (``bench/grammar_probes.py``): for 16 probe schemas, ``--walks`` random
 walks per schema through each engine's masks, and how many finished walks fail to
 parse or validate (``jsonschema``). Last, the cost of applying a bitmask to
-``[batch, V]`` fp32 logits on this CPU: ``engine.guided``'s torch ops against
+``[batch, V]`` fp32 logits on this CPU: ``tokenrelay.engine.guided``'s torch ops against
 xgrammar's C++ kernel.
 
 The schema's ``note`` has no ``maxLength``: xgrammar 0.2.9 allows no escape sequence
@@ -123,7 +123,7 @@ def apply_costs(batch: int, vocab: int, reps: int = 50) -> list[tuple[str, list[
     """Median ms to apply a random bitmask to ``[batch, vocab]`` fp32 logits on the CPU,
     with 1 torch thread and with torch's default (the 2-core machine is often busy, and
     two threads then wait for each other)."""
-    from engine.guided.bitmask import apply_bitmask
+    from tokenrelay.engine.guided.bitmask import apply_bitmask
 
     logits = torch.randn(batch, vocab)
     bitmask = torch.randint(-(2**31), 2**31 - 1, (batch, (vocab + 31) // 32), dtype=torch.int32)
@@ -186,8 +186,8 @@ def main() -> None:
         "--threads", type=int, default=len(os.sched_getaffinity(0)), help="for batch APIs"
     )
     args = parser.parse_args()
-    from engine.models.store import resolve_model
-    from engine.text.tokenizer import load_tokenizer
+    from tokenrelay.engine.models.store import resolve_model
+    from tokenrelay.engine.text.tokenizer import load_tokenizer
 
     folder = resolve_model("default")
     tokenizer = load_tokenizer(folder)

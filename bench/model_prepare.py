@@ -30,7 +30,7 @@ CHILD = """
 import contextlib, sys, time
 from pathlib import Path
 t = time.perf_counter()
-import engine.models.store as ms
+import tokenrelay.engine.models.store as ms
 if sys.argv[2] == "peer":
     ms.gguf_parsed_once = contextlib.nullcontext
 ms._dequantize(ms.default_gguf_path(), Path(sys.argv[1]))

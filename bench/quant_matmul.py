@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from bench.common import load_average, machine
-from engine.kernels import cpu_linear
-from engine.kernels.quant import QTYPES, QuantWeight, quant_kernel
+from tokenrelay.engine.kernels import cpu_linear
+from tokenrelay.engine.kernels.quant import QTYPES, QuantWeight, quant_kernel
 
 SHAPES = [  # (name, N, K, qtype)
     ("attn_q/o", 576, 576, "Q4_1"),

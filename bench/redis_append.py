@@ -31,11 +31,11 @@ from unittest import mock
 
 from bench.common import load_average, machine
 from bench.token_source import create_streams, stamp_text
-from core.redis.embedded import EmbeddedRedis
-from core.wire.events import token_fields
-from core.wire.scripts import APPEND_LUA
-from worker import store as workerlog
-from worker.store import Batch, WorkerStore
+from tokenrelay.core.redis.embedded import EmbeddedRedis
+from tokenrelay.core.wire.events import token_fields
+from tokenrelay.core.wire.scripts import APPEND_LUA
+from tokenrelay.worker import store as workerlog
+from tokenrelay.worker.store import Batch, WorkerStore
 
 SIZES = (1, 16, 64, 256)
 

@@ -40,10 +40,10 @@ from typing import Any
 
 from bench.common import load_average, machine
 from bench.token_source import create_streams, stamp_text
-from core.redis.embedded import EmbeddedRedis
-from core.redis.local_cluster import LocalCluster, cluster_unsupported_reason
-from core.wire.events import token_fields
-from worker.store import Batch, WorkerStore
+from tokenrelay.core.redis.embedded import EmbeddedRedis
+from tokenrelay.core.redis.local_cluster import LocalCluster, cluster_unsupported_reason
+from tokenrelay.core.wire.events import token_fields
+from tokenrelay.worker.store import Batch, WorkerStore
 
 SIZES = (64, 256)
 BARRIER_TIMEOUT = 300.0  # s: every writer has created its streams by then

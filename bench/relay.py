@@ -41,7 +41,7 @@ from typing import Any
 import httpx
 
 from bench.common import ROOT, load_average, load_generator_gc, machine
-from core.redis.embedded import EmbeddedRedis
+from tokenrelay.core.redis.embedded import EmbeddedRedis
 
 SECTION = "## Relay latency"
 PREFIX = "benchrelay:"
@@ -212,7 +212,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             upstream = f"http://127.0.0.1:{up_port}/v1"
             wait_http(f"{upstream}/models", procs[0])
-            common = ["-m", "core.cli"]
+            common = ["-m", "tokenrelay.core.cli"]
             procs.append(start([*common, "worker", "--redis-url", redis.url, "--redis-prefix",
                                 PREFIX, "--upstream", upstream, "--max-inflight",
                                 str(max(levels) + 8)], logs / "worker.log"))  # fmt: skip

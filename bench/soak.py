@@ -37,8 +37,8 @@ from typing import Any
 
 import httpx
 
-from core.redis.embedded import EmbeddedRedis
 from tests.gateway.procs import Client, start_gateway, start_worker, wait_ready
+from tokenrelay.core.redis.embedded import EmbeddedRedis
 
 PREFIX = "soak:"
 WORDS = ["river", "owl", "bread", "Mars", "chess", "tea", "glass", "map", "snow", "bee"]

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    from engine import EngineConfig, LLMEngine, SamplingParams
+    from tokenrelay.engine import EngineConfig, LLMEngine, SamplingParams
 
     engine = LLMEngine(EngineConfig(model=args.model, device=args.device, max_num_seqs=max(n, 8)))
     prompts = make_prompts(engine, n)

@@ -37,12 +37,12 @@ import time
 from typing import Any
 
 from bench.common import load_generator_gc
-from core.wire.events import accepted_fields, done_fields, token_fields
-from core.wire.ids import hash_token, new_resume_token, new_stream_id
-from core.wire.keys import ACTIVE_TTL, HEARTBEAT_INTERVAL
-from core.wire.stats import WorkerStats
-from gateway.server import loop_factory
-from worker.store import Batch, WorkerStore
+from tokenrelay.core.wire.events import accepted_fields, done_fields, token_fields
+from tokenrelay.core.wire.ids import hash_token, new_resume_token, new_stream_id
+from tokenrelay.core.wire.keys import ACTIVE_TTL, HEARTBEAT_INTERVAL
+from tokenrelay.core.wire.stats import WorkerStats
+from tokenrelay.gateway.server import loop_factory
+from tokenrelay.worker.store import Batch, WorkerStore
 
 SOURCE_ID = "bench-source"
 BENCH_STATS = WorkerStats(worker_id=SOURCE_ID)  # what its heartbeat publishes

@@ -389,7 +389,7 @@ def start_ours(args: argparse.Namespace) -> Proc:
     """``tokenrelay serve`` on the CPU, the default model (this GGUF), Redis data in a temp dir."""
     port = free_port()
     exe = Path(sys.executable).with_name("tokenrelay")
-    base = [str(exe)] if exe.is_file() else [sys.executable, "-m", "core.cli"]
+    base = [str(exe)] if exe.is_file() else [sys.executable, "-m", "tokenrelay.core.cli"]
     data = Path(tempfile.mkdtemp(prefix="vs-llamacpp-redis-"))
     cmd = [*base, "serve", "--port", str(port), "--host", "127.0.0.1", "--model", "default",
            "--device", "cpu", "--weights", args.weights, "--data-dir", str(data),

@@ -6,15 +6,15 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from core.entry import EntryError, Handler, load
-from core.runtime import version
+from tokenrelay.core.entry import EntryError, Handler, load
+from tokenrelay.core.runtime import version
 
 # subcommand -> its handler, resolved when it runs (core/entry.py)
 ENTRIES = {
-    "serve": "core.serve:main",
-    "gateway": "gateway.server:main",
-    "worker": "worker.main:main",
-    "model": "worker.models:main",
+    "serve": "tokenrelay.core.serve:main",
+    "gateway": "tokenrelay.gateway.server:main",
+    "worker": "tokenrelay.worker.main:main",
+    "model": "tokenrelay.worker.models:main",
 }
 
 
@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tokenrelay {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    from core.options import add_gateway_options, add_serve_options, add_worker_options
+    from tokenrelay.core.options import add_gateway_options, add_serve_options, add_worker_options
 
     p = sub.add_parser("serve", help="embedded Redis + one engine worker + the gateway")
     add_serve_options(p)
@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from core.logs import setup_logging
+    from tokenrelay.core.logs import setup_logging
 
     try:
         parser = build_parser()

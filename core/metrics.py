@@ -18,9 +18,9 @@ from prometheus_client.core import (
     HistogramMetricFamily,
 )
 
-from core.wire.events import FINISH_REASONS
-from core.wire.stats import WorkerStats
-from core.wire.telemetry import BUCKETS, RELAY_ONLY, Hist
+from tokenrelay.core.wire.events import FINISH_REASONS
+from tokenrelay.core.wire.stats import WorkerStats
+from tokenrelay.core.wire.telemetry import BUCKETS, RELAY_ONLY, Hist
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric

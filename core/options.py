@@ -10,8 +10,8 @@ import argparse
 import os
 from typing import Any
 
-from core.wire.keys import DEFAULT_PREFIX
-from core.wire.requests import DEFAULT_MAX_TOKENS_LIMIT
+from tokenrelay.core.wire.keys import DEFAULT_PREFIX
+from tokenrelay.core.wire.requests import DEFAULT_MAX_TOKENS_LIMIT
 
 # Defaults that settings dataclasses share with their flags (gateway/state.py,
 # gateway/access/auth.py, gateway/http/common.py): one definition each.

@@ -37,17 +37,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from core.entry import load
-from core.exposure import exposure_error
-from core.options import env_name
-from core.redis.connection import redact_url
-from core.redis.embedded import EmbeddedRedis, parse_memory
-from core.runtime import tokenrelay_home
+from tokenrelay.core.entry import load
+from tokenrelay.core.exposure import exposure_error
+from tokenrelay.core.options import env_name
+from tokenrelay.core.redis.connection import redact_url
+from tokenrelay.core.redis.embedded import EmbeddedRedis, parse_memory
+from tokenrelay.core.runtime import tokenrelay_home
 
 log = logging.getLogger("tokenrelay.serve")
 
-GATEWAY_ENTRY = "gateway.server:main"  # run in this process (core/entry.py)
-CHECK_ENTRY = "worker.main:check"  # the worker's options and model, checked here first
+GATEWAY_ENTRY = "tokenrelay.gateway.server:main"  # run in this process (core/entry.py)
+CHECK_ENTRY = "tokenrelay.worker.main:check"  # the worker's options and model, checked here first
 
 # the worker's side of these: worker/lifecycle.py
 PARENT_ENV = "TOKENRELAY_PARENT_PID"
@@ -98,7 +98,7 @@ def worker_command(args: argparse.Namespace) -> list[str]:
     child gets them in its environment (:func:`worker_env`), which other users
     cannot read from ``ps``.
     """
-    cmd = [sys.executable, "-m", "core.cli", "worker"]
+    cmd = [sys.executable, "-m", "tokenrelay.core.cli", "worker"]
     for name in WORKER_FLAGS:
         value = getattr(args, name, None)
         flag = "--" + name.replace("_", "-")

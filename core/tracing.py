@@ -211,7 +211,7 @@ def start_tracing(endpoint: str, service: str, instance: str | None = None) -> T
             f"--otlp-endpoint needs OpenTelemetry ({exc.name} is missing): "
             "pip install 'tokenrelay[tracing]'"
         ) from None
-    from core.runtime import version
+    from tokenrelay.core.runtime import version
 
     attributes = {"service.name": service, "service.version": version()}
     if instance:

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 # loads, so only effective if torch was not imported before us; ACTIVE overrides.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from core.wire.params import SamplingParams
-from engine.config import EngineConfig
+from tokenrelay.core.wire.params import SamplingParams
+from tokenrelay.engine.config import EngineConfig
 
 if TYPE_CHECKING:
-    from engine.llm import LLM, CompletionOutput
-    from engine.llm_engine import LLMEngine, RequestOutput
+    from tokenrelay.engine.llm import LLM, CompletionOutput
+    from tokenrelay.engine.llm_engine import LLMEngine, RequestOutput
 
 __all__ = [
     "LLM",
@@ -32,10 +32,10 @@ __all__ = [
 ]
 
 _LAZY = {
-    "LLM": "engine.llm",
-    "CompletionOutput": "engine.llm",
-    "LLMEngine": "engine.llm_engine",
-    "RequestOutput": "engine.llm_engine",
+    "LLM": "tokenrelay.engine.llm",
+    "CompletionOutput": "tokenrelay.engine.llm",
+    "LLMEngine": "tokenrelay.engine.llm_engine",
+    "RequestOutput": "tokenrelay.engine.llm_engine",
 }
 
 

@@ -7,10 +7,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.attention.registry import BACKENDS, choose
-from engine.models.config import ModelConfig
-from engine.models.store import locate_model
-from engine.parallel.layout import check_tensor_parallel
+from tokenrelay.engine.attention.registry import BACKENDS, choose
+from tokenrelay.engine.models.config import ModelConfig
+from tokenrelay.engine.models.store import locate_model
+from tokenrelay.engine.parallel.layout import check_tensor_parallel
 
 log = logging.getLogger("tokenrelay.engine")
 
@@ -160,7 +160,7 @@ class EngineConfig:
         dense_dtype = self.dtype not in (None, "float32")
         if gguf is None or device_type != "cpu" or dense_dtype or backend != "cpu":
             return "dense"
-        from engine.models.gguf_weights import native_unsupported
+        from tokenrelay.engine.models.gguf_weights import native_unsupported
 
         why = native_unsupported(gguf)
         if why is not None:

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from core.wire.logprobs import Logprobs
-from core.wire.params import SamplingParams
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
+from tokenrelay.core.wire.logprobs import Logprobs
+from tokenrelay.core.wire.params import SamplingParams
+from tokenrelay.engine.config import EngineConfig
+from tokenrelay.engine.llm_engine import LLMEngine
 
 
 @dataclass

@@ -17,19 +17,19 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from core.wire.logprobs import Logprobs, TokenLogprob
-from core.wire.params import SamplingParams
-from core.wire.tools import Tool
-from engine.config import EngineConfig
-from engine.scheduling.block_manager import BlockManager
-from engine.scheduling.scheduler import Scheduler
-from engine.scheduling.sequence import Sequence
-from engine.text.chat import render_chat
+from tokenrelay.core.wire.logprobs import Logprobs, TokenLogprob
+from tokenrelay.core.wire.params import SamplingParams
+from tokenrelay.core.wire.tools import Tool
+from tokenrelay.engine.config import EngineConfig
+from tokenrelay.engine.scheduling.block_manager import BlockManager
+from tokenrelay.engine.scheduling.scheduler import Scheduler
+from tokenrelay.engine.scheduling.sequence import Sequence
+from tokenrelay.engine.text.chat import render_chat
 
 if TYPE_CHECKING:
-    from engine.guided.compiler import GrammarCompiler
-    from engine.guided.matcher import GuidedMatcher
-    from engine.runner.logprobs import SampleLogprobs
+    from tokenrelay.engine.guided.compiler import GrammarCompiler
+    from tokenrelay.engine.guided.matcher import GuidedMatcher
+    from tokenrelay.engine.runner.logprobs import SampleLogprobs
 
 log = logging.getLogger("tokenrelay.engine")
 
@@ -60,12 +60,12 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig) -> None:
 
-        from engine.attention.registry import choose
-        from engine.models.store import resolve_gguf, resolve_model
-        from engine.runner.model_runner import ModelRunner, resolve_device, resolve_dtype
-        from engine.text.detokenizer import IncrementalDetokenizer
-        from engine.text.token_text import TokenTexts
-        from engine.text.tokenizer import load_tokenizer
+        from tokenrelay.engine.attention.registry import choose
+        from tokenrelay.engine.models.store import resolve_gguf, resolve_model
+        from tokenrelay.engine.runner.model_runner import ModelRunner, resolve_device, resolve_dtype
+        from tokenrelay.engine.text.detokenizer import IncrementalDetokenizer
+        from tokenrelay.engine.text.token_text import TokenTexts
+        from tokenrelay.engine.text.tokenizer import load_tokenizer
 
         self.config = config
         gguf = None
@@ -91,7 +91,7 @@ class LLMEngine:
             max_num_seqs=config.max_num_seqs,
         )
         if config.tensor_parallel_size > 1:  # ranks 1..N-1 in processes of their own
-            from engine.parallel.workers import parallel_runner
+            from tokenrelay.engine.parallel.workers import parallel_runner
 
             self.runner = parallel_runner(
                 config.tensor_parallel_size, device, model_path=self.model_path, **runner_kwargs
@@ -190,7 +190,7 @@ class LLMEngine:
         if params.ignore_eos:
             raise ValueError("ignore_eos: cannot be combined with a response_format")
         if self._grammars is None:
-            from engine.guided.compiler import GrammarCompiler
+            from tokenrelay.engine.guided.compiler import GrammarCompiler
 
             self._grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
         return self._grammars.matcher(fmt)

@@ -24,13 +24,13 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import BaseRoute, WebSocketRoute
 
-from gateway.access.cors import CORSMiddleware
-from gateway.access.hosts import HostCheckMiddleware, HostPolicy
-from gateway.http import openai, pages, streams, ws_token
-from gateway.observe import health, metrics_route
-from gateway.observe.metrics_route import HttpErrorCounter
-from gateway.state import Gateway, Settings
-from gateway.ws.connection import websocket_endpoint
+from tokenrelay.gateway.access.cors import CORSMiddleware
+from tokenrelay.gateway.access.hosts import HostCheckMiddleware, HostPolicy
+from tokenrelay.gateway.http import openai, pages, streams, ws_token
+from tokenrelay.gateway.observe import health, metrics_route
+from tokenrelay.gateway.observe.metrics_route import HttpErrorCounter
+from tokenrelay.gateway.state import Gateway, Settings
+from tokenrelay.gateway.ws.connection import websocket_endpoint
 
 __all__ = ["Gateway", "Settings", "create_app", "routes"]
 

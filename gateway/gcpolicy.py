@@ -17,7 +17,7 @@ import gc
 import logging
 import time
 
-from core.runtime import env_switch
+from tokenrelay.core.runtime import env_switch
 
 log = logging.getLogger("tokenrelay.server")
 

@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
-from core.exposure import exposure_error, insecure_banner
-from core.redis.connection import check_cluster_mode
-from gateway.app import Gateway, Settings, create_app
-from gateway.drain import drain
-from gateway.gcpolicy import freeze_startup_heap
+from tokenrelay.core.exposure import exposure_error, insecure_banner
+from tokenrelay.core.redis.connection import check_cluster_mode
+from tokenrelay.gateway.app import Gateway, Settings, create_app
+from tokenrelay.gateway.drain import drain
+from tokenrelay.gateway.gcpolicy import freeze_startup_heap
 
 if TYPE_CHECKING:
-    from gateway.grpc.server import GrpcServer
+    from tokenrelay.gateway.grpc.server import GrpcServer
 
 log = logging.getLogger("tokenrelay.server")
 
@@ -58,11 +58,20 @@ class GatewayServer(uvicorn.Server):
 
     async def _start_grpc(self) -> None:
         try:
-            from gateway.grpc.server import GrpcServer  # grpc loads only with --grpc-port
+            from tokenrelay.gateway.grpc.server import (
+                GrpcServer,  # grpc loads only with --grpc-port
+            )
 
             self.grpc = GrpcServer(self.gw, self.grpc_host, self.grpc_port)
             await self.grpc.start()
-        except (ImportError, RuntimeError, OSError, ValueError) as exc:
+        except ImportError as exc:  # grpcio or the built tokenrelay.v1 is not installed
+            self.failed = (
+                f"--grpc-port needs the grpc extra (pip install 'tokenrelay[grpc]'): {exc}"
+            )
+            self.grpc = None
+            log.error("the gRPC server could not start", extra={"reason": self.failed[:500]})
+            self.should_exit = True
+        except (RuntimeError, OSError, ValueError) as exc:
             self.failed = str(exc)
             self.grpc = None
             log.error("the gRPC server could not start", extra={"reason": str(exc)[:500]})

@@ -13,20 +13,20 @@ import logging
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
-from core import options
-from core.runtime import version
-from core.tracing import GATEWAY_SERVICE, check_endpoint, start_tracing
-from core.wire.keys import DEFAULT_PREFIX
-from gateway.access.auth import SecuritySettings
-from gateway.access.guard import Guard
-from gateway.observe.metrics import GatewayMetrics
-from gateway.observe.readiness import ReadinessWatch
-from gateway.streams.models import ModelDirectory
-from gateway.streams.store import StreamStore
-from gateway.ws import protocol as p
+from tokenrelay.core import options
+from tokenrelay.core.runtime import version
+from tokenrelay.core.tracing import GATEWAY_SERVICE, check_endpoint, start_tracing
+from tokenrelay.core.wire.keys import DEFAULT_PREFIX
+from tokenrelay.gateway.access.auth import SecuritySettings
+from tokenrelay.gateway.access.guard import Guard
+from tokenrelay.gateway.observe.metrics import GatewayMetrics
+from tokenrelay.gateway.observe.readiness import ReadinessWatch
+from tokenrelay.gateway.streams.models import ModelDirectory
+from tokenrelay.gateway.streams.store import StreamStore
+from tokenrelay.gateway.ws import protocol as p
 
 if TYPE_CHECKING:
-    from gateway.ws.connection import Connection
+    from tokenrelay.gateway.ws.connection import Connection
 
 log = logging.getLogger("tokenrelay.app")
 

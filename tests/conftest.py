@@ -14,8 +14,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: see engine/__init__
 
-from core.redis.embedded import EmbeddedRedis
-from core.redis.local_cluster import LocalCluster, cluster_unsupported_reason
+from tokenrelay.core.redis.embedded import EmbeddedRedis
+from tokenrelay.core.redis.local_cluster import LocalCluster, cluster_unsupported_reason
 
 
 def _cuda_available() -> bool:

@@ -2,6 +2,9 @@
 
 Every import in core/, gateway/, worker/ and engine/ counts (module level or
 inside a function), except those under ``if TYPE_CHECKING:``, which never run.
+The folders are the packages ``tokenrelay.core``, ``tokenrelay.gateway``, ... (one
+import namespace, pyproject's package-dir); nothing imports or names them by their
+bare folder names.
 """
 
 from __future__ import annotations
@@ -14,33 +17,43 @@ import pytest
 
 from tests.root import ROOT
 
+NS = "tokenrelay"  # the one import namespace: core/ is tokenrelay.core, ...
 PACKAGES = ("core", "gateway", "worker", "engine")
+OLD_NAMES = PACKAGES  # the bare top-level names they had before the namespace
 MAX_LINES = 400  # a longer module says why in its docstring ("Long: ...")
 
+
+def _ns(*names: str) -> tuple[str, ...]:
+    return tuple(f"{NS}.{n}" for n in names)
+
+
+WEB = ("starlette", "uvicorn")
+SANS_IO = ("asyncio", "socket", "starlette", "redis")
 # package (or module) prefix -> imports it must never make
 FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "core": ("gateway", "worker", "engine", "torch", "transformers", "starlette", "uvicorn"),
-    "gateway": ("engine", "worker", "torch", "transformers"),
-    "worker": ("gateway", "starlette", "uvicorn"),
-    "engine": (
-        *("gateway", "worker", "redis", "starlette", "uvicorn"),
-        *("core.redis", "core.cli", "core.serve", "core.options", "core.entry"),
+    f"{NS}.core": (*_ns("gateway", "worker", "engine"), "torch", "transformers", *WEB),
+    f"{NS}.gateway": (*_ns("engine", "worker"), "torch", "transformers"),
+    f"{NS}.worker": (*_ns("gateway"), *WEB),
+    f"{NS}.engine": (
+        *_ns("gateway", "worker"),
+        *("redis", *WEB),
+        *(f"{NS}.core.{m}" for m in ("redis", "cli", "serve", "options", "entry")),
     ),
     # torch-free bookkeeping (unit-tested fast and exactly)
-    "engine.scheduling": ("torch",),
+    f"{NS}.engine.scheduling": ("torch",),
     # sans-I/O: no sockets, no event loop, no web framework, no Redis
-    "gateway.ws.protocol": ("asyncio", "socket", "starlette", "redis"),
-    "gateway.http.sse": ("asyncio", "socket", "starlette", "redis"),
-    "gateway.http.openai_request": ("asyncio", "socket", "starlette", "redis"),
-    "gateway.http.openai_render": ("asyncio", "socket", "starlette", "redis"),
-    "gateway.http.openai_fields": ("asyncio", "socket", "starlette", "redis"),
-    "gateway.grpc.convert": ("asyncio", "socket", "starlette", "redis", "grpc"),
-    "core.wire": ("asyncio", "socket", "redis"),
+    f"{NS}.gateway.ws.protocol": SANS_IO,
+    f"{NS}.gateway.http.sse": SANS_IO,
+    f"{NS}.gateway.http.openai_request": SANS_IO,
+    f"{NS}.gateway.http.openai_render": SANS_IO,
+    f"{NS}.gateway.http.openai_fields": SANS_IO,
+    f"{NS}.gateway.grpc.convert": (*SANS_IO, "grpc"),
+    f"{NS}.core.wire": ("asyncio", "socket", "redis"),
     # the relay worker: no model, no torch (a relay machine need not have either)
-    "worker.upstream": ("engine", "torch", "transformers", "tokenizers", "numpy"),
-    "worker.upstream.openai": ("asyncio", "socket", "httpx", "redis"),
-    "worker.upstream.failures": ("asyncio", "socket", "httpx", "redis"),
-    "worker.upstream.http1": ("asyncio", "socket", "ssl", "httpx", "redis"),
+    f"{NS}.worker.upstream": (f"{NS}.engine", "torch", "transformers", "tokenizers", "numpy"),
+    f"{NS}.worker.upstream.openai": ("asyncio", "socket", "httpx", "redis"),
+    f"{NS}.worker.upstream.failures": ("asyncio", "socket", "httpx", "redis"),
+    f"{NS}.worker.upstream.http1": ("asyncio", "socket", "ssl", "httpx", "redis"),
 }
 
 
@@ -48,7 +61,7 @@ def _modules() -> dict[str, Path]:
     out = {}
     for pkg in PACKAGES:
         for path in sorted((ROOT / pkg).rglob("*.py")):
-            parts = path.relative_to(ROOT).with_suffix("").parts
+            parts = (NS, *path.relative_to(ROOT).with_suffix("").parts)
             name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
             out[name] = path
     return out
@@ -103,7 +116,7 @@ def _matches(name: str, prefix: str) -> bool:
 
 def test_every_package_is_found() -> None:
     for pkg in PACKAGES:
-        assert pkg in MODULES
+        assert f"{NS}.{pkg}" in MODULES
     assert len(MODULES) > 60
 
 
@@ -127,9 +140,9 @@ def test_a_relay_worker_never_loads_torch() -> None:
     import sys
 
     probe = (
-        "import sys, worker.main, worker.upstream.engine;"
+        "import sys, tokenrelay.worker.main, tokenrelay.worker.upstream.engine;"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('torch', 'transformers', 'engine', 'numpy'));"
+        "('torch', 'transformers', 'numpy') or m.startswith('tokenrelay.engine'));"
         "print(bad); sys.exit(1 if bad else 0)"
     )
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True,
@@ -174,8 +187,8 @@ def test_no_import_cycles() -> None:
 
 def test_a_package_init_imports_nothing_of_its_own_subpackages_eagerly() -> None:
     # `import core` must stay cheap and free of what sits below it
-    for pkg in ("core", "gateway", "worker"):
-        assert not GRAPH[pkg], f"{pkg}/__init__.py imports {sorted(GRAPH[pkg])}"
+    for pkg in _ns("core", "gateway", "worker"):
+        assert not GRAPH[pkg], f"{pkg} (its __init__.py) imports {sorted(GRAPH[pkg])}"
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
@@ -193,7 +206,7 @@ def test_the_checker_sees_a_forbidden_import(tmp_path: Path) -> None:
         "from typing import TYPE_CHECKING\n"
         "from . import sibling\n"
         "if TYPE_CHECKING:\n    import torch\n"
-        "def f():\n    import gateway.state\n"
+        "def f():\n    import tokenrelay.gateway.state\n"
     )
     path = ROOT / "core" / "_probe_for_test.py"
     path.write_text(src)
@@ -203,6 +216,39 @@ def test_the_checker_sees_a_forbidden_import(tmp_path: Path) -> None:
     finally:
         path.unlink()
         del MODULES["core._probe_for_test"]
-    assert "gateway.state" in found
+    assert "tokenrelay.gateway.state" in found
     assert "core.sibling" in found or "core" in found
     assert "torch" not in found
+
+
+def _python_files() -> list[Path]:
+    skip = {".venv", "node_modules", "build", ".git"}
+    return [p for p in sorted(ROOT.rglob("*.py")) if not skip & set(p.relative_to(ROOT).parts)]
+
+
+def _is_our_module(dotted: str) -> bool:
+    if not all(part.isidentifier() for part in dotted.split(".")):
+        return False
+    path = ROOT.joinpath(*dotted.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def test_nothing_uses_the_bare_folder_names() -> None:
+    """``import core...``, ``"-m", "core.cli"`` or ``"worker.main:main"`` would load a second
+    copy of a module (or work only from a checkout): every name is ``tokenrelay.``."""
+    bad = []
+    for path in _python_files():
+        tree = ast.parse(path.read_text(), str(path))
+        where = path.relative_to(ROOT)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                text = node.value.partition(":")[0]
+                names = [text] if "." in text and " " not in text and _is_our_module(text) else []
+            else:
+                continue
+            bad += [f"{where}:{node.lineno}: {n}" for n in names if n.split(".")[0] in OLD_NAMES]
+    assert not bad, "\n".join(bad)

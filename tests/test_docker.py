@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from core.redis.embedded import EmbeddedRedis
 from tests.gateway.procs import free_port
 from tests.root import ROOT
 from tests.worker.test_health import make_worker
-from worker.health import HealthServer
+from tokenrelay.core.redis.embedded import EmbeddedRedis
+from tokenrelay.worker.health import HealthServer
 
 DOCKER = ROOT / "docker"
 CUDA = DOCKER / "Dockerfile.cuda"
@@ -55,7 +55,7 @@ def _packages() -> list[str]:
     """Top-level folders the wheel is built from: the Python packages and the web assets."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     tool = project["tool"]["setuptools"]
-    pkgs = [p.rstrip("*") for p in tool["packages"]["find"]["include"]]
+    pkgs = [folder.split("/")[0] for folder in tool["package-dir"].values()]
     assets = {src.split("/")[0] for files in tool["data-files"].values() for src in files}
     return sorted({*pkgs, *assets})
 
@@ -94,6 +94,8 @@ def test_image_copies_every_package(name: str) -> None:
     copies = {a for w, a in _instructions(DOCKER / name) if w == "COPY"}
     missing = [p for p in _packages() if f"{p} ./{p}" not in copies]
     assert not missing, f"{name} does not COPY {missing}"
+    # the build's own files: setup.py generates the gRPC code, the wheel ships the LICENSE
+    assert "pyproject.toml setup.py README.md LICENSE ./" in copies
 
 
 def test_compose_gpu_profile() -> None:

@@ -13,9 +13,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from core.cli import build_parser
-from core.options import DRAIN_TIMEOUT, env_name
 from tests.root import ROOT
+from tokenrelay.core.cli import build_parser
+from tokenrelay.core.options import DRAIN_TIMEOUT, env_name
 
 K8S = ROOT / "docker" / "k8s"
 KUBERNETES_VERSION = "1.33.0"

@@ -14,14 +14,14 @@ import argparse
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from core.wire.logprobs import Logprobs
-from core.wire.params import SamplingParams
-from core.wire.stats import checked_models
-from core.wire.tools import Tool
-from worker.prepare import Prepared
+from tokenrelay.core.wire.logprobs import Logprobs
+from tokenrelay.core.wire.params import SamplingParams
+from tokenrelay.core.wire.stats import checked_models
+from tokenrelay.core.wire.tools import Tool
+from tokenrelay.worker.prepare import Prepared
 
 if TYPE_CHECKING:
-    from engine.config import EngineConfig
+    from tokenrelay.engine.config import EngineConfig
 
 
 class StepOutput(Protocol):
@@ -133,12 +133,27 @@ class TakesBody(Protocol):
     def starter(self) -> Starter: ...
 
 
+ENGINE_EXTRA = "pip install 'tokenrelay[engine]'"
+
+
+def engine_missing(exc: ModuleNotFoundError) -> ValueError:
+    """The one-line refusal of an installation without the engine's packages."""
+    return ValueError(
+        f"our engine needs the engine extra ({ENGINE_EXTRA}): {exc.name} is not installed "
+        "(a relay worker, --upstream, needs neither)"
+    )
+
+
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The engine settings of ``tokenrelay worker``'s options, checked (torch is not imported).
 
-    Raises ``ValueError`` with one clear line for a bad option or an unknown ``--model``.
+    Raises ``ValueError`` with one clear line for a bad option, an unknown ``--model``, or
+    an installation without the engine extra.
     """
-    from engine.config import EngineConfig
+    try:
+        from tokenrelay.engine.config import EngineConfig
+    except ModuleNotFoundError as exc:  # a base install: no torch, gguf, ...
+        raise engine_missing(exc) from exc
 
     return EngineConfig(
         model=args.model,
@@ -157,7 +172,10 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 
 def local_engine(args: argparse.Namespace) -> EngineClient:
     """Our engine (:class:`engine.LLMEngine`) built from ``tokenrelay worker``'s options."""
-    from engine.llm_engine import LLMEngine
+    try:
+        from tokenrelay.engine.llm_engine import LLMEngine
+    except ModuleNotFoundError as exc:
+        raise engine_missing(exc) from exc
 
     return LLMEngine(engine_config(args))
 

@@ -45,12 +45,12 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from core.metrics import LABEL, NS, histogram_families, worker_families
+from tokenrelay.core.metrics import LABEL, NS, histogram_families, worker_families
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
-    from worker.main import Worker
+    from tokenrelay.worker.main import Worker
 
 log = logging.getLogger("tokenrelay.worker")
 

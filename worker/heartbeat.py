@@ -1,7 +1,7 @@
 """The worker's heartbeat: its stats in Redis every second, in a thread of its own.
 
 A beat publishes the worker's stats snapshot (``WorkerStore.heartbeat``); gateways read
-it to know the worker is alive and how busy it is. The loop in :mod:`worker.main` takes
+it to know the worker is alive and how busy it is. The loop in :mod:`tokenrelay.worker.main` takes
 the snapshot when the heartbeat asks for one.
 """
 
@@ -12,12 +12,12 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from core.redis.connection import RedisHealth, is_outage
-from core.wire.keys import HEARTBEAT_INTERVAL
-from worker.store import WorkerStore
+from tokenrelay.core.redis.connection import RedisHealth, is_outage
+from tokenrelay.core.wire.keys import HEARTBEAT_INTERVAL
+from tokenrelay.worker.store import WorkerStore
 
 if TYPE_CHECKING:
-    from worker.main import Worker
+    from tokenrelay.worker.main import Worker
 
 log = logging.getLogger("tokenrelay.worker")
 

@@ -27,14 +27,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from core.wire.events import accepted_fields, done_fields, rejected_fields
-from core.wire.params import SamplingParams
-from core.wire.requests import Limits
-from worker.client import EngineClient, EngineRefused, Starter, TakesBody
-from worker.outbox import Active
-from worker.prepare import Prepared, Preparer, input_chars
-from worker.store import Request, WorkerStore
-from worker.telemetry import WorkerTelemetry
+from tokenrelay.core.wire.events import accepted_fields, done_fields, rejected_fields
+from tokenrelay.core.wire.params import SamplingParams
+from tokenrelay.core.wire.requests import Limits
+from tokenrelay.worker.client import EngineClient, EngineRefused, Starter, TakesBody
+from tokenrelay.worker.outbox import Active
+from tokenrelay.worker.prepare import Prepared, Preparer, input_chars
+from tokenrelay.worker.store import Request, WorkerStore
+from tokenrelay.worker.telemetry import WorkerTelemetry
 
 log = logging.getLogger("tokenrelay.worker")
 

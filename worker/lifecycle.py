@@ -22,7 +22,7 @@ import os
 import signal
 from collections.abc import Callable
 
-from core.runtime import die_with_parent
+from tokenrelay.core.runtime import die_with_parent
 
 PARENT_ENV = "TOKENRELAY_PARENT_PID"  # the pid of the serve that started this worker
 STATUS_ENV = "TOKENRELAY_STATUS_FD"  # the write end of serve's status pipe

@@ -25,18 +25,18 @@ import sys
 import threading
 import time
 
-from core.redis.connection import Backoff, RedisHealth, check_cluster_mode, is_outage
-from core.wire.events import token_fields
-from core.wire.logprobs import encode_logprobs
-from core.wire.stats import COUNTERS, WorkerStats
-from worker.client import EngineClient, engine_config, local_engine, served_models
-from worker.health import start_health
-from worker.heartbeat import Heartbeat
-from worker.intake import Intake
-from worker.lifecycle import StatusPipe, die_with_serve, install_signals
-from worker.outbox import Active, Outbox, hand_back
-from worker.store import WorkerStore
-from worker.telemetry import WorkerTelemetry
+from tokenrelay.core.redis.connection import Backoff, RedisHealth, check_cluster_mode, is_outage
+from tokenrelay.core.wire.events import token_fields
+from tokenrelay.core.wire.logprobs import encode_logprobs
+from tokenrelay.core.wire.stats import COUNTERS, WorkerStats
+from tokenrelay.worker.client import EngineClient, engine_config, local_engine, served_models
+from tokenrelay.worker.health import start_health
+from tokenrelay.worker.heartbeat import Heartbeat
+from tokenrelay.worker.intake import Intake
+from tokenrelay.worker.lifecycle import StatusPipe, die_with_serve, install_signals
+from tokenrelay.worker.outbox import Active, Outbox, hand_back
+from tokenrelay.worker.store import WorkerStore
+from tokenrelay.worker.telemetry import WorkerTelemetry
 
 log = logging.getLogger("tokenrelay.worker")
 
@@ -319,7 +319,7 @@ def check(args: argparse.Namespace) -> int:
     loads and converts nothing.
     """
     if getattr(args, "upstream", None):  # a relay: no model to check, and no torch
-        from worker.upstream.config import UpstreamConfig
+        from tokenrelay.worker.upstream.config import UpstreamConfig
 
         UpstreamConfig.from_args(args)
         return 0
@@ -347,13 +347,13 @@ def _run_worker(args: argparse.Namespace, status: StatusPipe) -> int:
     stop = threading.Event()
     tracing = None
     if getattr(args, "otlp_endpoint", None):  # else nothing of OpenTelemetry is imported
-        from core.tracing import WORKER_SERVICE, start_tracing
+        from tokenrelay.core.tracing import WORKER_SERVICE, start_tracing
 
         tracing = start_tracing(args.otlp_endpoint, WORKER_SERVICE, worker_id)
     health = start_health(args, worker_id)  # --health-port: 503 "loading" until attached
     engine: EngineClient
     if getattr(args, "upstream", None):  # a relay to an upstream server (worker/upstream/)
-        from worker.upstream.engine import upstream_engine
+        from tokenrelay.worker.upstream.engine import upstream_engine
 
         engine = relay = upstream_engine(args)
         models = relay.served_models() or []
@@ -387,6 +387,6 @@ def _run_worker(args: argparse.Namespace, status: StatusPipe) -> int:
 
 
 if __name__ == "__main__":
-    from core.cli import main as cli_main
+    from tokenrelay.core.cli import main as cli_main
 
     sys.exit(cli_main(["worker", *sys.argv[1:]]))

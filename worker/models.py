@@ -8,7 +8,12 @@ import sys
 
 def main(args: argparse.Namespace) -> int:
     """Entry point of ``tokenrelay model prepare|list``."""
-    from engine.models.store import ModelNotFoundError, list_cached, resolve_model
+    try:
+        from tokenrelay.engine.models.store import ModelNotFoundError, list_cached, resolve_model
+    except ModuleNotFoundError as exc:  # a base install: ValueError, one line, exit 2
+        from tokenrelay.worker.client import engine_missing
+
+        raise engine_missing(exc) from exc
 
     if args.model_cmd == "prepare":
         try:

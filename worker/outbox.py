@@ -18,11 +18,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from core.wire.events import decode_event, done_fields, entry_id
-from core.wire.logprobs import Logprobs
-from core.wire.scripts import AppendResult
-from core.wire.tools import Tool, encode_calls, parse_tool_calls
-from worker.store import Batch, WorkerStore
+from tokenrelay.core.wire.events import decode_event, done_fields, entry_id
+from tokenrelay.core.wire.logprobs import Logprobs
+from tokenrelay.core.wire.scripts import AppendResult
+from tokenrelay.core.wire.tools import Tool, encode_calls, parse_tool_calls
+from tokenrelay.worker.store import Batch, WorkerStore
 
 log = logging.getLogger("tokenrelay.worker")
 

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from core.wire.telemetry import TRACE_FIELD
+from tokenrelay.core.wire.telemetry import TRACE_FIELD
 
 
 def text(raw: Any) -> str:

@@ -25,9 +25,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from core.redis.connection import credentials, is_outage, xreadgroup_one
-from core.wire.keys import GROUP, slot_of
-from worker.requests import entries_of, text
+from tokenrelay.core.redis.connection import credentials, is_outage, xreadgroup_one
+from tokenrelay.core.wire.keys import GROUP, slot_of
+from tokenrelay.worker.requests import entries_of, text
 
 log = logging.getLogger("tokenrelay.worker")
 

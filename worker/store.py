@@ -27,15 +27,22 @@ from typing import Any
 
 import redis
 
-from core.redis.connection import (
+from tokenrelay.core.redis.connection import (
     atomic_pipeline,
     connect_sync,
     is_full,
     queue_script,
 )
-from core.wire.events import plan_finish, seq_of
-from core.wire.keys import DEFAULT_PREFIX, GROUP, HEARTBEAT_TTL, MAXLEN, WORKER_DEAD_GRACE, Keys
-from core.wire.scripts import (
+from tokenrelay.core.wire.events import plan_finish, seq_of
+from tokenrelay.core.wire.keys import (
+    DEFAULT_PREFIX,
+    GROUP,
+    HEARTBEAT_TTL,
+    MAXLEN,
+    WORKER_DEAD_GRACE,
+    Keys,
+)
+from tokenrelay.core.wire.scripts import (
     APPEND_CLUSTER_LUA,
     APPEND_LUA,
     ATTACHED_LUA,
@@ -46,10 +53,10 @@ from core.wire.scripts import (
     append_groups,
     decode_append,
 )
-from core.wire.stats import STATS_FIELD, WorkerStats
-from core.wire.telemetry import DISCONNECTS_FIELD, RESUMES_FIELD
-from worker.requests import Request, entries_of, parse_request, text
-from worker.shards import ShardReader
+from tokenrelay.core.wire.stats import STATS_FIELD, WorkerStats
+from tokenrelay.core.wire.telemetry import DISCONNECTS_FIELD, RESUMES_FIELD
+from tokenrelay.worker.requests import Request, entries_of, parse_request, text
+from tokenrelay.worker.shards import ShardReader
 
 log = logging.getLogger("tokenrelay.workerlog")
 

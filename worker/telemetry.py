@@ -31,13 +31,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from core.tracing import TOKEN_EVENT_EVERY, TraceParent, parse_traceparent
-from core.wire.telemetry import Hist, as_int, log_summary, new_hists
+from tokenrelay.core.tracing import TOKEN_EVENT_EVERY, TraceParent, parse_traceparent
+from tokenrelay.core.wire.telemetry import Hist, as_int, log_summary, new_hists
 
 if TYPE_CHECKING:
-    from core.tracing import Span, Tracing
-    from worker.outbox import Active
-    from worker.store import WorkerStore
+    from tokenrelay.core.tracing import Span, Tracing
+    from tokenrelay.worker.outbox import Active
+    from tokenrelay.worker.store import WorkerStore
 
 log = logging.getLogger("tokenrelay.worker")
 

@@ -35,7 +35,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ConstantBackoff
 from redis.retry import Retry
 
-from core.wire.keys import slot_of
+from tokenrelay.core.wire.keys import slot_of
 
 log = logging.getLogger("tokenrelay.redis")
 

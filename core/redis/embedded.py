@@ -39,8 +39,8 @@ from types import TracebackType
 
 import redis
 
-from core.options import REDIS_MAXMEMORY
-from core.runtime import die_with_parent
+from tokenrelay.core.options import REDIS_MAXMEMORY
+from tokenrelay.core.runtime import die_with_parent
 
 log = logging.getLogger("tokenrelay.redis")
 

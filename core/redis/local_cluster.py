@@ -29,8 +29,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from core.redis.embedded import log_tail
-from core.runtime import die_with_parent
+from tokenrelay.core.redis.embedded import log_tail
+from tokenrelay.core.runtime import die_with_parent
 
 log = logging.getLogger("tokenrelay.redis.cluster")
 

@@ -7,8 +7,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.wire.response_format import ResponseFormat, parse_response_format
-from core.wire.tools import Tool, ToolChoice, call_grammar, parse_tool_choice, parse_tools
+from tokenrelay.core.wire.response_format import ResponseFormat, parse_response_format
+from tokenrelay.core.wire.tools import (
+    Tool,
+    ToolChoice,
+    call_grammar,
+    parse_tool_choice,
+    parse_tools,
+)
 
 MAX_TOP_LOGPROBS = 20  # the most alternatives a token's logprobs carry (OpenAI's top_logprobs)
 MAX_LOGIT_BIAS = 300  # entries of logit_bias (OpenAI's limit)

@@ -27,15 +27,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from core.wire.params import (
+from tokenrelay.core.wire.params import (
     MAX_BIAS,
     MAX_LOGIT_BIAS,
     MAX_PENALTY,
     MAX_TOP_LOGPROBS,
     SamplingParams,
 )
-from core.wire.response_format import ResponseFormatError
-from core.wire.structured import message_tool_fields, structured_params
+from tokenrelay.core.wire.response_format import ResponseFormatError
+from tokenrelay.core.wire.structured import message_tool_fields, structured_params
 
 __all__ = [
     "CHARS_PER_TOKEN",

@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from core.wire.events import TOKEN, Event, decode_event, entry_id, event_from_fields
-from core.wire.keys import Keys, slot_of
+from tokenrelay.core.wire.events import TOKEN, Event, decode_event, entry_id, event_from_fields
+from tokenrelay.core.wire.keys import Keys, slot_of
 
 # KEYS: per stream: its log, meta and attach keys (3 per stream).
 # ARGV: channel ('' = publish nothing), maxlen, then one JSON array with an entry

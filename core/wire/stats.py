@@ -15,8 +15,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.wire.events import FINISH_REASONS
-from core.wire.keys import MAX_MODEL_NAME
+from tokenrelay.core.wire.events import FINISH_REASONS
+from tokenrelay.core.wire.keys import MAX_MODEL_NAME
 
 # The worker's own counters: requests taken, requests rejected, streams ended per reason.
 COUNTERS = ("requests", "rejected", *FINISH_REASONS)

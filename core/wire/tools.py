@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from core.wire.response_format import (
+from tokenrelay.core.wire.response_format import (
     GRAMMAR_OPTIONS,
     MAX_NAME,
     ResponseFormatError,

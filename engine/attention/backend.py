@@ -1,4 +1,4 @@
-"""The interface every attention backend implements (see :mod:`engine.attention.registry`)."""
+"""The interface every attention backend implements (see engine/attention/registry.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from engine.attention.metadata import AttentionMetadata
+    from tokenrelay.engine.attention.metadata import AttentionMetadata
 
 
 @dataclass

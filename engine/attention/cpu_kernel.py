@@ -1,6 +1,6 @@
 """The ``cpu`` backend: decode rows through the compiled C kernel, prefill through SDPA.
 
-``engine/kernels/csrc/paged_attention.c`` (:mod:`engine.kernels.cpu_attention`) reads
+``engine/kernels/csrc/paged_attention.c`` (:mod:`tokenrelay.engine.kernels.cpu_attention`) reads
 K and V out of the blocks where they are, for every decode row of the step in one
 call per layer; prefill chunks take the torch backend's SDPA path. fp32 only.
 Where the kernel did not build (no compiler, ``TOKENRELAY_CPU_KERNELS=0``) the
@@ -14,10 +14,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.attention.backend import HostBatch
-from engine.attention.metadata import AttentionMetadata
-from engine.attention.torch_sdpa import TorchBackend, TorchPlan
-from engine.kernels.cpu_attention import DecodeBatch, PagedDecode
+from tokenrelay.engine.attention.backend import HostBatch
+from tokenrelay.engine.attention.metadata import AttentionMetadata
+from tokenrelay.engine.attention.torch_sdpa import TorchBackend, TorchPlan
+from tokenrelay.engine.kernels.cpu_attention import DecodeBatch, PagedDecode
 
 
 class CpuBackend(TorchBackend):

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention.backend import AttentionBackend
-from engine.attention.metadata import AttentionMetadata
+from tokenrelay.engine.attention.backend import AttentionBackend
+from tokenrelay.engine.attention.metadata import AttentionMetadata
 
 
 class FlashBackend(AttentionBackend):

@@ -16,7 +16,7 @@ from itertools import accumulate
 import numpy as np
 import torch
 
-from engine.attention.backend import AttentionBackend, HostBatch
+from tokenrelay.engine.attention.backend import AttentionBackend, HostBatch
 
 
 @dataclass

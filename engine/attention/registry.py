@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-    from engine.attention.backend import AttentionBackend
+    from tokenrelay.engine.attention.backend import AttentionBackend
 
 BACKENDS = ("auto", "cpu", "torch", "triton", "flash-attn")
 DEFAULT_BLOCK_SIZE = 16
@@ -102,20 +102,20 @@ def block_size_for(backend: str, requested: int | None) -> int:
 def create(backend: str, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
     """A new instance of the resolved ``backend`` for a runner on ``device`` in ``dtype``."""
     if backend == "cpu":
-        from engine.attention.cpu_kernel import CpuBackend
-        from engine.kernels.cpu_attention import paged_decode
+        from tokenrelay.engine.attention.cpu_kernel import CpuBackend
+        from tokenrelay.engine.kernels.cpu_attention import paged_decode
 
         return CpuBackend(device, dtype, paged_decode())
     if backend == "torch":
-        from engine.attention.torch_sdpa import TorchBackend
+        from tokenrelay.engine.attention.torch_sdpa import TorchBackend
 
         return TorchBackend(device, dtype)
     if backend == "triton":
-        from engine.attention.triton_paged import TritonBackend
+        from tokenrelay.engine.attention.triton_paged import TritonBackend
 
         return TritonBackend(device, dtype)
     if backend == "flash-attn":
-        from engine.attention.flash import FlashBackend
+        from tokenrelay.engine.attention.flash import FlashBackend
 
         return FlashBackend(device, dtype)
     raise ValueError(f"attention_backend: {backend!r} is not a resolved backend name")

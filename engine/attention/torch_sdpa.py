@@ -23,8 +23,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from engine.attention.backend import AttentionBackend, HostBatch
-from engine.attention.metadata import AttentionMetadata
+from tokenrelay.engine.attention.backend import AttentionBackend, HostBatch
+from tokenrelay.engine.attention.metadata import AttentionMetadata
 
 DECODE_BUCKET_MIN = 8  # at least this many rows per decode bucket
 DECODE_MAX_BUCKETS = 4

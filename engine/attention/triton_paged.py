@@ -1,6 +1,6 @@
 """The ``triton`` backend: our Triton kernels reading K/V from the blocks in place.
 
-:mod:`engine.kernels.triton_attention` has a decode kernel (one query token per
+:mod:`tokenrelay.engine.kernels.triton_attention` has a decode kernel (one query token per
 sequence, the query heads of a KV head together) and a varlen prefill kernel
 (chunks with a cached prefix, mixed with decode rows). Both read only the
 metadata's tensors, so CUDA graphs can replay a decode step. On a GPU they are
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention.backend import AttentionBackend
-from engine.attention.metadata import AttentionMetadata
+from tokenrelay.engine.attention.backend import AttentionBackend
+from tokenrelay.engine.attention.metadata import AttentionMetadata
 
 
 class TritonBackend(AttentionBackend):
@@ -23,7 +23,7 @@ class TritonBackend(AttentionBackend):
     graph_safe = True
 
     def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
-        import engine.kernels.triton_attention as triton_attention
+        import tokenrelay.engine.kernels.triton_attention as triton_attention
 
         self._kernels = triton_attention
 

@@ -29,10 +29,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from core.wire.response_format import GRAMMAR_OPTIONS, ResponseFormat
+from tokenrelay.core.wire.response_format import GRAMMAR_OPTIONS, ResponseFormat
 
 if TYPE_CHECKING:
-    from engine.guided.matcher import GuidedMatcher
+    from tokenrelay.engine.guided.matcher import GuidedMatcher
 
 JSON_OBJECT_SCHEMA = '{"type":"object"}'
 DEFAULT_CACHE_SIZE = 256
@@ -129,7 +129,7 @@ class GrammarCompiler:
 
     def matcher(self, fmt: ResponseFormat) -> GuidedMatcher:
         """A new sequence's matcher for ``fmt`` (compiling it if not cached)."""
-        from engine.guided.matcher import GuidedMatcher
+        from tokenrelay.engine.guided.matcher import GuidedMatcher
 
         return GuidedMatcher(self.tokenizer, self.compile(fmt))
 

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from engine.guided.bitmask import bitmask_words
+from tokenrelay.engine.guided.bitmask import bitmask_words
 
 if TYPE_CHECKING:
-    from engine.guided.compiler import Grammar
+    from tokenrelay.engine.guided.compiler import Grammar
 
 _EXECUTORS: dict[int | None, Any] = {}
 _EXECUTORS_LOCK = threading.Lock()

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 
-from core.runtime import env_switch, tokenrelay_home
+from tokenrelay.core.runtime import env_switch, tokenrelay_home
 
 log = logging.getLogger("tokenrelay.engine")
 

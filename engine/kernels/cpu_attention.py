@@ -10,7 +10,7 @@ headers and compiles in about a second. It is built on first use with
 ``$CC`` (else ``cc``) and ``-march=native`` into ``$TOKENRELAY_HOME/kernels``, under a
 name that hashes the source, the flags, the compiler's version and this CPU's feature
 flags, so a cache shared between machines never loads code built for another CPU
-(:mod:`engine.kernels.build`, shared with the other compiled kernels).
+(:mod:`tokenrelay.engine.kernels.build`, shared with the other compiled kernels).
 Where no compiler works the engine logs why and keeps the torch path;
 ``TOKENRELAY_CPU_KERNELS=0`` chooses the torch path outright.
 """
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from core.runtime import env_switch
-from engine.kernels.build import BUILD_ERRORS, CSRC, ENV_SWITCH, build
+from tokenrelay.core.runtime import env_switch
+from tokenrelay.engine.kernels.build import BUILD_ERRORS, CSRC, ENV_SWITCH, build
 
 log = logging.getLogger("tokenrelay.engine")
 

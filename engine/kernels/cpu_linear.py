@@ -24,7 +24,7 @@ from typing import Protocol, runtime_checkable
 import torch
 import torch.nn.functional as F
 
-from core.runtime import env_switch
+from tokenrelay.core.runtime import env_switch
 
 log = logging.getLogger("tokenrelay.engine")
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from core.runtime import env_switch
-from engine.kernels.build import BUILD_ERRORS, CSRC, ENV_SWITCH, load
-from engine.kernels.quant import QuantWeight
+from tokenrelay.core.runtime import env_switch
+from tokenrelay.engine.kernels.build import BUILD_ERRORS, CSRC, ENV_SWITCH, load
+from tokenrelay.engine.kernels.quant import QuantWeight
 
 log = logging.getLogger("tokenrelay.engine")
 

@@ -12,7 +12,7 @@ the formats in :data:`QTYPES`:
 
 :meth:`QuantWeight.matmul` (``x @ W^T``) and :meth:`QuantWeight.rows` (the embedding
 lookup) run ``csrc/quant_matmul.c``, built at first use like the other compiled kernels
-(:mod:`engine.kernels.build`): each weight is dequantized in registers, exactly, and
+(:mod:`tokenrelay.engine.kernels.build`): each weight is dequantized in registers, exactly, and
 multiplied against the fp32 activations, so results match a product with the
 dequantized matrix up to float rounding order. Where the kernel cannot be built, or
 ``TOKENRELAY_CPU_KERNELS=0``, the same methods dequantize with torch ops and call
@@ -32,8 +32,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from core.runtime import env_switch
-from engine.kernels.build import BUILD_ERRORS, CSRC, ENV_SWITCH, load
+from tokenrelay.core.runtime import env_switch
+from tokenrelay.engine.kernels.build import BUILD_ERRORS, CSRC, ENV_SWITCH, load
 
 log = logging.getLogger("tokenrelay.engine")
 

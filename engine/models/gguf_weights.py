@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.kernels.quant import QUANT_TYPES, QuantWeight
-from engine.models.config import ModelConfig
-from engine.models.gguf_file import GGUFIndex
-from engine.models.llama import CausalLM
+from tokenrelay.engine.kernels.quant import QUANT_TYPES, QuantWeight
+from tokenrelay.engine.models.config import ModelConfig
+from tokenrelay.engine.models.gguf_file import GGUFIndex
+from tokenrelay.engine.models.llama import CausalLM
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
 # GGUF name (per layer) -> our parameter name, for the tensors that stay dense

@@ -3,7 +3,7 @@
 Works on a flattened varlen batch: ``T`` tokens from any number of sequences,
 each with its position, attending through the paged KV cache. Weights are
 fused at load time (one q/k/v matmul, one gate/up matmul). The module is built
-on the ``meta`` device and receives its tensors from :mod:`engine.models.weights`.
+on the ``meta`` device and receives its tensors from :mod:`tokenrelay.engine.models.weights`.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention.metadata import AttentionMetadata, paged_attention
-from engine.kernels import cpu_linear
-from engine.kernels.decoder import FusedDecoder, LayerWeights, Shape, decoder_library
-from engine.kernels.quant import QuantWeight
-from engine.models.config import ModelConfig
-from engine.models.rope import RotaryEmbedding
-from engine.runner.kv_cache import KVCache
+from tokenrelay.engine.attention.metadata import AttentionMetadata, paged_attention
+from tokenrelay.engine.kernels import cpu_linear
+from tokenrelay.engine.kernels.decoder import FusedDecoder, LayerWeights, Shape, decoder_library
+from tokenrelay.engine.kernels.quant import QuantWeight
+from tokenrelay.engine.models.config import ModelConfig
+from tokenrelay.engine.models.rope import RotaryEmbedding
+from tokenrelay.engine.runner.kv_cache import KVCache
 
 
 class Collectives(Protocol):

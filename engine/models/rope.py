@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from engine.models.config import RopeConfig
+from tokenrelay.engine.models.config import RopeConfig
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> tuple[torch.Tensor, float]:

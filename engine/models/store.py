@@ -27,7 +27,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from core.runtime import tokenrelay_home
+from tokenrelay.core.runtime import tokenrelay_home
 
 log = logging.getLogger("tokenrelay.model")
 

@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors import safe_open
 
-from engine.kernels import cpu_linear
-from engine.models.config import ModelConfig
-from engine.models.llama import CausalLM
-from engine.parallel.layout import local_config
-from engine.parallel.sharding import shard_state
+from tokenrelay.engine.kernels import cpu_linear
+from tokenrelay.engine.models.config import ModelConfig
+from tokenrelay.engine.models.llama import CausalLM
+from tokenrelay.engine.parallel.layout import local_config
+from tokenrelay.engine.parallel.sharding import shard_state
 
 if TYPE_CHECKING:
-    from engine.models.llama import Collectives
+    from tokenrelay.engine.models.llama import Collectives
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _LAYER_NAMES = {

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:
-    from engine.runner.step import StepInput
+    from tokenrelay.engine.runner.step import StepInput
 
 # seconds any collective (and the rendezvous) may wait for the slowest rank
 COLLECTIVE_TIMEOUT_S = 120.0

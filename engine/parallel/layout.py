@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from engine.models.config import ModelConfig
+from tokenrelay.engine.models.config import ModelConfig
 
 
 def check_tensor_parallel(cfg: ModelConfig, size: int) -> None:

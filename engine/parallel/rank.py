@@ -18,8 +18,8 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
-from core.runtime import die_with_parent
-from engine.parallel.group import Group, RankSpec
+from tokenrelay.core.runtime import die_with_parent
+from tokenrelay.engine.parallel.group import Group, RankSpec
 
 # messages on the pipe: rank 0 -> rank: ("start", RankSpec, device, runner kwargs, pid)
 # first, then ("step", StepInput) | ("stop",);
@@ -27,7 +27,7 @@ from engine.parallel.group import Group, RankSpec
 
 
 def main(argv: list[str]) -> None:
-    """``python -m engine.parallel.rank FD``: take the start message, run the rank."""
+    """``python -m tokenrelay.engine.parallel.rank FD``: take the start message, run the rank."""
     sock = socket.socket(fileno=int(argv[0]))
     conn = Connection(sock.detach())
     try:
@@ -49,7 +49,7 @@ def rank_main(
     try:
         import torch
 
-        from engine.runner.model_runner import ModelRunner
+        from tokenrelay.engine.runner.model_runner import ModelRunner
 
         conn.send(("hello",))
         group = Group.join(spec, torch.device(device))

@@ -1,4 +1,4 @@
-"""One tensor-parallel rank's share of a checkpoint (see :mod:`engine.parallel.layout`).
+"""One tensor-parallel rank's share of a checkpoint (see :mod:`tokenrelay.engine.parallel.layout`).
 
 Works on the state dict :func:`engine.models.weights.load_model` builds, under our
 module's names, after q/k/v and gate/up were fused (rows ``[q; k; v]`` and
@@ -12,8 +12,8 @@ import re
 
 import torch
 
-from engine.models.config import ModelConfig
-from engine.parallel.layout import vocab_shard
+from tokenrelay.engine.models.config import ModelConfig
+from tokenrelay.engine.parallel.layout import vocab_shard
 
 _LAYER = re.compile(r"^layers\.\d+\.(.+)$")
 

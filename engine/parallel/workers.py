@@ -2,7 +2,7 @@
 
 Rank 0 is the process that owns the :class:`~engine.LLMEngine` (scheduler, block
 manager, tokenizer, sampler). :func:`parallel_runner` serves a ``TCPStore`` on a free
-local port, starts one process per other rank (``python -m engine.parallel.rank``)
+local port, starts one process per other rank (``python -m tokenrelay.engine.parallel.rank``)
 with a socket pair each as its pipe, and builds rank 0's own :class:`ModelRunner` once
 they said hello; every rank loads its shard at the same time. Each step rank 0 sends
 the batch (:class:`~engine.runner.step.StepInput`) down every pipe, then all ranks run
@@ -30,8 +30,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from engine.models.config import ModelConfig
-from engine.parallel.group import (
+from tokenrelay.engine.models.config import ModelConfig
+from tokenrelay.engine.parallel.group import (
     COLLECTIVE_TIMEOUT_S,
     HOST,
     Group,
@@ -39,9 +39,9 @@ from engine.parallel.group import (
     TensorParallelError,
     backend_for,
 )
-from engine.parallel.layout import check_tensor_parallel
-from engine.runner.model_runner import ModelRunner
-from engine.runner.step import StepInput
+from tokenrelay.engine.parallel.layout import check_tensor_parallel
+from tokenrelay.engine.runner.model_runner import ModelRunner
+from tokenrelay.engine.runner.step import StepInput
 
 log = logging.getLogger("tokenrelay.engine")
 
@@ -114,7 +114,7 @@ class RankWorkers:
             ours, theirs = socket.socketpair()
             with theirs:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "engine.parallel.rank", str(theirs.fileno())],
+                    [sys.executable, "-m", "tokenrelay.engine.parallel.rank", str(theirs.fileno())],
                     pass_fds=(theirs.fileno(),),
                     env=env,
                 )

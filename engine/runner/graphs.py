@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention.backend import AttentionBackend
-from engine.attention.metadata import AttentionMetadata, build_metadata
+from tokenrelay.engine.attention.backend import AttentionBackend
+from tokenrelay.engine.attention.metadata import AttentionMetadata, build_metadata
 
 log = logging.getLogger("tokenrelay.engine")
 

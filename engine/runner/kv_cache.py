@@ -11,7 +11,7 @@ import logging
 
 import torch
 
-from engine.models.config import ModelConfig
+from tokenrelay.engine.models.config import ModelConfig
 
 log = logging.getLogger("tokenrelay.engine")
 

@@ -5,7 +5,7 @@ the runner flattens them into one varlen batch (token ids, positions, slot
 mapping, block tables, cu_seqlens), runs the decoder once, computes logits only
 for the last token of items that sample, and returns one token (or ``None``)
 per item. Decode steps on a CUDA device with a graph-safe attention backend
-replay CUDA graphs (:mod:`engine.runner.graphs`) unless ``enforce_eager``.
+replay CUDA graphs (:mod:`tokenrelay.engine.runner.graphs`) unless ``enforce_eager``.
 
 Under tensor parallelism (``group``, engine/parallel/) every rank has a runner with
 its shard of the weights and of the KV pool; rank 0's :meth:`execute` hands the
@@ -26,24 +26,24 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from core.runtime import env_switch
-from engine.attention import registry
-from engine.attention.metadata import AttentionMetadata, build_metadata
-from engine.kernels import cpu_attention, decoder, quant
-from engine.kernels.build import prebuild
-from engine.models.config import ModelConfig
-from engine.models.weights import default_dtype, load_model
-from engine.parallel.layout import local_config
-from engine.runner.graphs import DecodeGraphs, DecodeRows, graph_buckets
-from engine.runner.kv_cache import KVCache, plan_num_blocks
-from engine.runner.logprobs import SampleLogprobs
-from engine.runner.sampler import Sampler
-from engine.runner.step import StepInput
-from engine.scheduling.batch import BatchItem
+from tokenrelay.core.runtime import env_switch
+from tokenrelay.engine.attention import registry
+from tokenrelay.engine.attention.metadata import AttentionMetadata, build_metadata
+from tokenrelay.engine.kernels import cpu_attention, decoder, quant
+from tokenrelay.engine.kernels.build import prebuild
+from tokenrelay.engine.models.config import ModelConfig
+from tokenrelay.engine.models.weights import default_dtype, load_model
+from tokenrelay.engine.parallel.layout import local_config
+from tokenrelay.engine.runner.graphs import DecodeGraphs, DecodeRows, graph_buckets
+from tokenrelay.engine.runner.kv_cache import KVCache, plan_num_blocks
+from tokenrelay.engine.runner.logprobs import SampleLogprobs
+from tokenrelay.engine.runner.sampler import Sampler
+from tokenrelay.engine.runner.step import StepInput
+from tokenrelay.engine.scheduling.batch import BatchItem
 
 if TYPE_CHECKING:
-    from engine.guided.matcher import GuidedMatcher
-    from engine.parallel.group import Group
+    from tokenrelay.engine.guided.matcher import GuidedMatcher
+    from tokenrelay.engine.parallel.group import Group
 
 log = logging.getLogger("tokenrelay.engine")
 
@@ -151,7 +151,7 @@ class ModelRunner:
         if gguf is not None:  # quantized weights as they are (engine/models/gguf_weights.py)
             if self.device.type != "cpu" or self.dtype != torch.float32:
                 raise ValueError("weights=native runs on the CPU in float32")
-            from engine.models.gguf_weights import load_gguf_model
+            from tokenrelay.engine.models.gguf_weights import load_gguf_model
 
             self.model = load_gguf_model(gguf, self.model_config)
             if fuse:  # every layer in one C call (engine/kernels/decoder.py)
@@ -383,6 +383,6 @@ def _resolve_path(model_path: str | Path) -> Path:
         if not (path / "config.json").is_file():
             raise ValueError(f"model: {path} has no config.json")
         return path
-    from engine.models.store import resolve_model
+    from tokenrelay.engine.models.store import resolve_model
 
     return resolve_model(str(model_path))

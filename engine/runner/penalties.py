@@ -32,7 +32,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from core.wire.params import SamplingParams
+from tokenrelay.core.wire.params import SamplingParams
 
 __all__ = ["edit_logits"]
 

@@ -11,8 +11,8 @@ top-p nucleus does not fit in those candidates falls back to a full sort, so the
 result is exact either way without sorting the whole vocabulary every step.
 
 vLLM's order around them: the raw log-probabilities of the rows that asked
-(:mod:`engine.runner.logprobs`) are taken first; then logit bias and penalties
-edit the logits in place (:mod:`engine.runner.penalties`; greedy rows see
+(:mod:`tokenrelay.engine.runner.logprobs`) are taken first; then logit bias and penalties
+edit the logits in place (:mod:`tokenrelay.engine.runner.penalties`; greedy rows see
 them too); then greedy rows take their argmax and the others are sampled after
 temperature, min-p (tokens less likely than ``min_p`` times the most likely
 one dropped, the rest renormalised), top-k and top-p. A batch in which no row
@@ -28,11 +28,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from core.wire.params import SamplingParams
-from engine.guided.bitmask import allocate_bitmask, apply_bitmask
-from engine.guided.matcher import GuidedMatcher, fill_bitmask
-from engine.runner.logprobs import SampleLogprobs, gather, raw_logprobs
-from engine.runner.penalties import edit_logits
+from tokenrelay.core.wire.params import SamplingParams
+from tokenrelay.engine.guided.bitmask import allocate_bitmask, apply_bitmask
+from tokenrelay.engine.guided.matcher import GuidedMatcher, fill_bitmask
+from tokenrelay.engine.runner.logprobs import SampleLogprobs, gather, raw_logprobs
+from tokenrelay.engine.runner.penalties import edit_logits
 
 TOP_P_CANDIDATES = 512
 _SEED_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: decorrelates (seed, index) pairs

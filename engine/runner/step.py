@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.scheduling.batch import BatchItem
+from tokenrelay.engine.scheduling.batch import BatchItem
 
 
 @dataclass

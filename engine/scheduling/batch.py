@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.wire.params import SamplingParams
+from tokenrelay.core.wire.params import SamplingParams
 
 
 @dataclass

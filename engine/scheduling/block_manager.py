@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 
-from engine.scheduling.sequence import Sequence
+from tokenrelay.engine.scheduling.sequence import Sequence
 
 _ROOT_HASH = 0x7F4A7C15  # the "parent hash" of a sequence's first block
 

@@ -28,9 +28,9 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.scheduling.batch import BatchItem, StepStats
-from engine.scheduling.block_manager import BlockManager
-from engine.scheduling.sequence import Sequence, SequenceStatus
+from tokenrelay.engine.scheduling.batch import BatchItem, StepStats
+from tokenrelay.engine.scheduling.block_manager import BlockManager
+from tokenrelay.engine.scheduling.sequence import Sequence, SequenceStatus
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from core.wire.params import SamplingParams
+from tokenrelay.core.wire.params import SamplingParams
 
 
 class SequenceStatus(enum.Enum):

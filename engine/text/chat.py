@@ -18,7 +18,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from core.wire.tools import Tool, render_call, system_prompt
+from tokenrelay.core.wire.tools import Tool, render_call, system_prompt
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 

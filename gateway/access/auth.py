@@ -30,8 +30,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from core import options
-from core.wire.requests import DEFAULT_MAX_TOKENS_LIMIT
+from tokenrelay.core import options
+from tokenrelay.core.wire.requests import DEFAULT_MAX_TOKENS_LIMIT
 
 TOKEN_VERSION = "v1"
 _TOKEN_LABEL = b"tokenrelay ws-token v1"

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.http.openai_request import error_for_code
+from tokenrelay.gateway.http.openai_request import error_for_code
 
 log = logging.getLogger("tokenrelay.cors")
 

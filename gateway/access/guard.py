@@ -23,16 +23,16 @@ from collections.abc import Mapping
 
 import redis.asyncio as aioredis
 
-from core.exposure import is_loopback
-from gateway.access.auth import (
+from tokenrelay.core.exposure import is_loopback
+from tokenrelay.gateway.access.auth import (
     Authenticator,
     AuthError,
     Principal,
     SecuritySettings,
     install_log_redaction,
 )
-from gateway.access.cors import OriginPolicy
-from gateway.access.ratelimit import RateLimited, RateLimiter, StreamSlots
+from tokenrelay.gateway.access.cors import OriginPolicy
+from tokenrelay.gateway.access.ratelimit import RateLimited, RateLimiter, StreamSlots
 
 log = logging.getLogger("tokenrelay.guard")
 

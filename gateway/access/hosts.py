@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.http.openai_request import error_for_code
+from tokenrelay.gateway.http.openai_request import error_for_code
 
 log = logging.getLogger("tokenrelay.access")
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from core.redis.connection import is_outage
-from core.wire.scripts import BUCKET_LUA
+from tokenrelay.core.redis.connection import is_outage
+from tokenrelay.core.wire.scripts import BUCKET_LUA
 
 log = logging.getLogger("tokenrelay.ratelimit")
 

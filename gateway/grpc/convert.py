@@ -6,7 +6,7 @@ with the WebSocket's own :func:`gateway.ws.protocol.parse_frame`: one validator,
 of error codes and messages. Server frames are built as the WebSocket's dicts
 (gateway/ws/protocol.py) and turned into a ``ServerFrame`` by :func:`server_frame`.
 The JSON-text fields of the proto (``tools_json`` ...) carry what protocol v1 carries as
-nested JSON. ``pb2`` is the generated module (gateway/grpc/codegen.py).
+nested JSON. ``pb2`` is the generated module (gateway/grpc/generated.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import json
 import math
 from typing import Any
 
-from gateway.ws import protocol as p
+from tokenrelay.gateway.ws import protocol as p
 
 # SamplingParams fields with presence (proto3 `optional`): copied when set
 _OPTIONAL_PARAMS = (

@@ -24,13 +24,13 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from gateway.drain import notice_frame
-from gateway.grpc.codegen import SERVICE, load
-from gateway.grpc.service import RelayService
-from gateway.observe.readiness import READY
+from tokenrelay.gateway.drain import notice_frame
+from tokenrelay.gateway.grpc.generated import SERVICE, load
+from tokenrelay.gateway.grpc.service import RelayService
+from tokenrelay.gateway.observe.readiness import READY
 
 if TYPE_CHECKING:
-    from gateway.state import Gateway
+    from tokenrelay.gateway.state import Gateway
 
 log = logging.getLogger("tokenrelay.grpc")
 
@@ -54,7 +54,7 @@ class GrpcServer:
         self.gw = gw
         self.host = host
         self.port = port
-        code = load()  # generated from the proto at first use (gateway/grpc/codegen.py)
+        code = load()  # tokenrelay.v1, built with the package (gateway/grpc/generated.py)
         heartbeat_ms = max(1000, int(gw.settings.heartbeat * 1000))
         options = [
             ("grpc.max_receive_message_length", gw.settings.max_frame_bytes),

@@ -34,13 +34,13 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from gateway.access.guard import AuthError, Principal
-from gateway.grpc.convert import parse_client_frame, server_frame
-from gateway.ws import protocol as p
-from gateway.ws.session import FrameRate, StreamSession
+from tokenrelay.gateway.access.guard import AuthError, Principal
+from tokenrelay.gateway.grpc.convert import parse_client_frame, server_frame
+from tokenrelay.gateway.ws import protocol as p
+from tokenrelay.gateway.ws.session import FrameRate, StreamSession
 
 if TYPE_CHECKING:
-    from gateway.state import Gateway
+    from tokenrelay.gateway.state import Gateway
 
 log = logging.getLogger("tokenrelay.grpc")
 

@@ -15,17 +15,17 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from core import options
-from core.redis.connection import is_outage
-from core.wire.events import Event
-from gateway.http.openai_render import ChunkEncoder, StreamFormat
-from gateway.http.openai_request import ApiError, error_for_code
-from gateway.http.sse_response import Pump
-from gateway.streams.errors import refusal
-from gateway.streams.store import RedisUnavailable, StreamNotFound, StreamStore
+from tokenrelay.core import options
+from tokenrelay.core.redis.connection import is_outage
+from tokenrelay.core.wire.events import Event
+from tokenrelay.gateway.http.openai_render import ChunkEncoder, StreamFormat
+from tokenrelay.gateway.http.openai_request import ApiError, error_for_code
+from tokenrelay.gateway.http.sse_response import Pump
+from tokenrelay.gateway.streams.errors import refusal
+from tokenrelay.gateway.streams.store import RedisUnavailable, StreamNotFound, StreamStore
 
 if TYPE_CHECKING:
-    from gateway.state import Gateway
+    from tokenrelay.gateway.state import Gateway
 
 log = logging.getLogger("tokenrelay.api")
 

@@ -28,11 +28,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from core.wire.events import Event
-from gateway.access.auth import AuthError
-from gateway.access.cors import EXPOSE_HEADERS
-from gateway.access.guard import Principal, RateLimited, TooManyStreams
-from gateway.http.common import (
+from tokenrelay.core.wire.events import Event
+from tokenrelay.gateway.access.auth import AuthError
+from tokenrelay.gateway.access.cors import EXPOSE_HEADERS
+from tokenrelay.gateway.access.guard import Principal, RateLimited, TooManyStreams
+from tokenrelay.gateway.http.common import (
     START_WAIT,
     HttpSettings,
     error_response,
@@ -41,15 +41,15 @@ from gateway.http.common import (
     save_format,
     store_error,
 )
-from gateway.http.openai_choices import answer_choices
-from gateway.http.openai_render import (
+from tokenrelay.gateway.http.openai_choices import answer_choices
+from tokenrelay.gateway.http.openai_render import (
     ChunkEncoder,
     Collector,
     StreamFormat,
     model_card,
     stream_error,
 )
-from gateway.http.openai_request import (
+from tokenrelay.gateway.http.openai_request import (
     ApiError,
     error_for_code,
     parse_chat,
@@ -57,13 +57,13 @@ from gateway.http.openai_request import (
     parse_json,
     request_id_header,
 )
-from gateway.http.sse_response import GONE, Pump, SSEResponse, watch_disconnect
-from gateway.streams.errors import STORE_ERRORS
-from gateway.streams.models import Route as ModelRoute
-from gateway.streams.models import UnknownModel
+from tokenrelay.gateway.http.sse_response import GONE, Pump, SSEResponse, watch_disconnect
+from tokenrelay.gateway.streams.errors import STORE_ERRORS
+from tokenrelay.gateway.streams.models import Route as ModelRoute
+from tokenrelay.gateway.streams.models import UnknownModel
 
 if TYPE_CHECKING:
-    from gateway.state import Gateway
+    from tokenrelay.gateway.state import Gateway
 
 log = logging.getLogger("tokenrelay.api")
 

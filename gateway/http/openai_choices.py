@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from core.wire.events import Event
-from core.wire.requests import MAX_SEED
-from gateway.access.cors import EXPOSE_HEADERS
-from gateway.http.common import START_WAIT, error_response, save_format, store_error
-from gateway.http.openai_render import (
+from tokenrelay.core.wire.events import Event
+from tokenrelay.core.wire.requests import MAX_SEED
+from tokenrelay.gateway.access.cors import EXPOSE_HEADERS
+from tokenrelay.gateway.http.common import START_WAIT, error_response, save_format, store_error
+from tokenrelay.gateway.http.openai_render import (
     ChunkEncoder,
     Collector,
     StreamFormat,
@@ -40,14 +40,14 @@ from gateway.http.openai_render import (
     stream_error,
     usage,
 )
-from gateway.http.openai_request import ApiError, ApiRequest
-from gateway.http.sse import DONE, encode_event
-from gateway.http.sse_response import GONE, Pump, SSEResponse, watch_disconnect
-from gateway.streams.errors import STORE_ERRORS
+from tokenrelay.gateway.http.openai_request import ApiError, ApiRequest
+from tokenrelay.gateway.http.sse import DONE, encode_event
+from tokenrelay.gateway.http.sse_response import GONE, Pump, SSEResponse, watch_disconnect
+from tokenrelay.gateway.streams.errors import STORE_ERRORS
 
 if TYPE_CHECKING:
-    from gateway.access.auth import Principal
-    from gateway.http.openai import OpenAIApi
+    from tokenrelay.gateway.access.auth import Principal
+    from tokenrelay.gateway.http.openai import OpenAIApi
 
 
 log = logging.getLogger("tokenrelay.api")

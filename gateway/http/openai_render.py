@@ -32,11 +32,16 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from core.wire.events import Event
-from core.wire.logprobs import Logprobs, chat_content, completion_logprobs, decode_logprobs
-from core.wire.tools import CallTextFilter, content_before_calls, decode_calls
-from gateway.http.openai_request import ApiError, error_body, error_for_code
-from gateway.http.sse import DONE, encode_event
+from tokenrelay.core.wire.events import Event
+from tokenrelay.core.wire.logprobs import (
+    Logprobs,
+    chat_content,
+    completion_logprobs,
+    decode_logprobs,
+)
+from tokenrelay.core.wire.tools import CallTextFilter, content_before_calls, decode_calls
+from tokenrelay.gateway.http.openai_request import ApiError, error_body, error_for_code
+from tokenrelay.gateway.http.sse import DONE, encode_event
 
 __all__ = [
     "ChunkEncoder",

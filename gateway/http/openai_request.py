@@ -8,7 +8,7 @@ gets. No field is silently ignored (gateway/http/openai_fields.py: unknown
 fields and features this server does not have are 400s naming the field);
 known fields of the wrong type, or values this server cannot honour (``best_of``
 > 1, ``echo``...), are 400s too. Sampling fields and messages go through the
-validator every transport shares (:mod:`core.wire.requests`), so they are
+validator every transport shares (:mod:`tokenrelay.core.wire.requests`), so they are
 refused as on the WebSocket. docs/api.md ("Request fields") lists the fields.
 """
 
@@ -21,9 +21,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.wire.errors import lookup
-from core.wire.params import MAX_CHOICES, MAX_TOP_LOGPROBS
-from core.wire.requests import (
+from tokenrelay.core.wire.errors import lookup
+from tokenrelay.core.wire.params import MAX_CHOICES, MAX_TOP_LOGPROBS
+from tokenrelay.core.wire.requests import (
     Limits,
     RequestError,
     check_input_size,
@@ -31,7 +31,7 @@ from core.wire.requests import (
     validate_params,
     validate_request_id,
 )
-from gateway.http.openai_fields import EXTENSIONS, TOOL_FIELDS, check_fields
+from tokenrelay.gateway.http.openai_fields import EXTENSIONS, TOOL_FIELDS, check_fields
 
 __all__ = [
     "ApiError",

@@ -21,8 +21,8 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from core.runtime import asset_dir, version
-from core.wire.requests import DEFAULT_MAX_TOKENS_LIMIT, MAX_SEED, MAX_TEMPERATURE
+from tokenrelay.core.runtime import asset_dir, version
+from tokenrelay.core.wire.requests import DEFAULT_MAX_TOKENS_LIMIT, MAX_SEED, MAX_TEMPERATURE
 
 TEMPLATES_DIR = asset_dir("web") / "templates"
 STATIC_DIR = asset_dir("static")

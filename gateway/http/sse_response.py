@@ -23,7 +23,7 @@ from typing import Generic, TypeVar
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from gateway.http.sse import KEEPALIVE
+from tokenrelay.gateway.http.sse import KEEPALIVE
 
 log = logging.getLogger("tokenrelay.sse")
 

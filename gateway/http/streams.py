@@ -24,12 +24,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from core.wire.errors import NO_SUCH_STREAM
-from core.wire.events import Event
-from core.wire.keys import STREAM_ID_RE
-from core.wire.requests import RequestError, is_request_id, validate_resume_token
-from gateway.access.cors import EXPOSE_HEADERS
-from gateway.http.common import (
+from tokenrelay.core.wire.errors import NO_SUCH_STREAM
+from tokenrelay.core.wire.events import Event
+from tokenrelay.core.wire.keys import STREAM_ID_RE
+from tokenrelay.core.wire.requests import RequestError, is_request_id, validate_resume_token
+from tokenrelay.gateway.access.cors import EXPOSE_HEADERS
+from tokenrelay.gateway.http.common import (
     HttpSettings,
     error_response,
     event_frames,
@@ -37,15 +37,20 @@ from gateway.http.common import (
     read_body,
     store_error,
 )
-from gateway.http.openai_render import ChunkEncoder, StreamFormat
-from gateway.http.openai_request import ApiError, error_for_code, parse_json, request_error
-from gateway.http.sse import parse_event_id
-from gateway.http.sse_response import Pump, SSEResponse
-from gateway.streams.errors import STORE_ERRORS
-from gateway.streams.store import BadOffset
+from tokenrelay.gateway.http.openai_render import ChunkEncoder, StreamFormat
+from tokenrelay.gateway.http.openai_request import (
+    ApiError,
+    error_for_code,
+    parse_json,
+    request_error,
+)
+from tokenrelay.gateway.http.sse import parse_event_id
+from tokenrelay.gateway.http.sse_response import Pump, SSEResponse
+from tokenrelay.gateway.streams.errors import STORE_ERRORS
+from tokenrelay.gateway.streams.store import BadOffset
 
 if TYPE_CHECKING:
-    from gateway.state import Gateway
+    from tokenrelay.gateway.state import Gateway
 
 log = logging.getLogger("tokenrelay.api")
 

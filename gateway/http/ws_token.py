@@ -20,12 +20,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.access.auth import AuthError
-from gateway.http.common import error_response
-from gateway.http.openai_request import error_for_code
+from tokenrelay.gateway.access.auth import AuthError
+from tokenrelay.gateway.http.common import error_response
+from tokenrelay.gateway.http.openai_request import error_for_code
 
 if TYPE_CHECKING:
-    from gateway.state import Gateway
+    from tokenrelay.gateway.state import Gateway
 
 log = logging.getLogger("tokenrelay.api")
 

@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.state import Gateway
+from tokenrelay.gateway.state import Gateway
 
 
 async def healthz(request: Request) -> Response:

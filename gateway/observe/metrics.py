@@ -37,15 +37,15 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from core.metrics import NS, histogram_families, worker_families
-from core.redis.connection import is_outage
-from core.wire.keys import GROUP
-from core.wire.stats import STATS_FIELD, WorkerStats
+from tokenrelay.core.metrics import NS, histogram_families, worker_families
+from tokenrelay.core.redis.connection import is_outage
+from tokenrelay.core.wire.keys import GROUP
+from tokenrelay.core.wire.stats import STATS_FIELD, WorkerStats
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
-    from gateway.state import Gateway
+    from tokenrelay.gateway.state import Gateway
 
 log = logging.getLogger("tokenrelay.metrics")
 

@@ -19,8 +19,8 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
-    from gateway.observe.metrics import GatewayMetrics
-    from gateway.state import Gateway
+    from tokenrelay.gateway.observe.metrics import GatewayMetrics
+    from tokenrelay.gateway.state import Gateway
 
 STATUS_CODES = {
     400: "bad_request",

@@ -24,12 +24,12 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
-from core.wire.stats import WorkerStats
-from gateway.drain import notice_frame
-from gateway.streams.store import RedisUnavailable
+from tokenrelay.core.wire.stats import WorkerStats
+from tokenrelay.gateway.drain import notice_frame
+from tokenrelay.gateway.streams.store import RedisUnavailable
 
 if TYPE_CHECKING:
-    from gateway.state import Gateway
+    from tokenrelay.gateway.state import Gateway
 
 log = logging.getLogger("tokenrelay.app")
 

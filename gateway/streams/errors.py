@@ -1,6 +1,6 @@
 """What a stream-store exception tells the client, the same on every transport.
 
-:func:`refusal` maps the exceptions of :mod:`gateway.streams.store`
+:func:`refusal` maps the exceptions of :mod:`tokenrelay.gateway.streams.store`
 (:class:`NoWorker` and :class:`ShuttingDown`, :class:`Overloaded`, :class:`UnknownModel`,
 :class:`StreamNotFound`, :class:`StreamForbidden`, :class:`BadOffset`,
 :class:`RedisFull`, :class:`RedisUnavailable`) to a protocol error code and message; the WebSocket
@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.wire.errors import (
+from tokenrelay.core.wire.errors import (
     NO_SUCH_STREAM,
     STORE_FULL,
     STORE_UNREACHABLE,
     STORE_UNREACHABLE_RESUME,
 )
-from gateway.streams.models import UnknownModel
-from gateway.streams.store import (
+from tokenrelay.gateway.streams.models import UnknownModel
+from tokenrelay.gateway.streams.store import (
     BadOffset,
     NoWorker,
     Overloaded,

@@ -22,9 +22,9 @@ import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from core.redis.connection import Backoff, is_outage
-from core.wire.events import Event
-from core.wire.scripts import decode_published
+from tokenrelay.core.redis.connection import Backoff, is_outage
+from tokenrelay.core.wire.events import Event
+from tokenrelay.core.wire.scripts import decode_published
 
 log = logging.getLogger("tokenrelay.livefeed")
 

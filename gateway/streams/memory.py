@@ -28,7 +28,7 @@ import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
-from core.redis.connection import is_cluster
+from tokenrelay.core.redis.connection import is_cluster
 
 log = logging.getLogger("tokenrelay.gateway")
 

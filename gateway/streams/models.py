@@ -28,11 +28,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from core.wire.stats import WorkerStats
-from gateway.streams.store import NoWorker
+from tokenrelay.core.wire.stats import WorkerStats
+from tokenrelay.gateway.streams.store import NoWorker
 
 if TYPE_CHECKING:
-    from gateway.streams.store import StreamStore
+    from tokenrelay.gateway.streams.store import StreamStore
 
 DEFAULT_NAME = "default"  # what the unnamed model is called when the gateway names none
 CACHE_S = 1.0  # seconds a look at the workers is reused (a miss looks again at once)

@@ -29,10 +29,10 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from core.redis.connection import Backoff, credentials, is_outage
-from core.wire.events import Event
-from core.wire.keys import Keys, slot_of
-from core.wire.scripts import decode_published
+from tokenrelay.core.redis.connection import Backoff, credentials, is_outage
+from tokenrelay.core.wire.events import Event
+from tokenrelay.core.wire.keys import Keys, slot_of
+from tokenrelay.core.wire.scripts import decode_published
 
 log = logging.getLogger("tokenrelay.livefeed")
 

@@ -31,7 +31,7 @@ from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from core.redis.connection import (
+from tokenrelay.core.redis.connection import (
     RedisHealth,
     atomic_pipeline,
     connect_async,
@@ -39,12 +39,12 @@ from core.redis.connection import (
     is_outage,
     raise_if_cancel_swallowed,
 )
-from core.wire.events import Event, decode_event, entry_id, plan_finish, seq_of
-from core.wire.ids import hash_token, new_resume_token, new_stream_id, token_matches
-from core.wire.keys import ACTIVE_TTL, CONTROL_MAXLEN, DEFAULT_PREFIX, MAXLEN, Keys
-from core.wire.scripts import APPEND_LUA, COUNT_LUA, Append, append_call, decode_append
-from core.wire.stats import STATS_FIELD, WorkerStats
-from core.wire.telemetry import (
+from tokenrelay.core.wire.events import Event, decode_event, entry_id, plan_finish, seq_of
+from tokenrelay.core.wire.ids import hash_token, new_resume_token, new_stream_id, token_matches
+from tokenrelay.core.wire.keys import ACTIVE_TTL, CONTROL_MAXLEN, DEFAULT_PREFIX, MAXLEN, Keys
+from tokenrelay.core.wire.scripts import APPEND_LUA, COUNT_LUA, Append, append_call, decode_append
+from tokenrelay.core.wire.stats import STATS_FIELD, WorkerStats
+from tokenrelay.core.wire.telemetry import (
     DELIVERY_BUCKETS,
     DISCONNECTS_FIELD,
     RESUMES_FIELD,
@@ -52,13 +52,13 @@ from core.wire.telemetry import (
     Hist,
     log_summary,
 )
-from gateway.streams.attachments import Attachments
-from gateway.streams.memory import ADMIT_BELOW, MemoryGauge
-from gateway.streams.subscription import RedisFull
-from gateway.streams.tailer import RedisUnavailable, StreamNotFound, Tailer
+from tokenrelay.gateway.streams.attachments import Attachments
+from tokenrelay.gateway.streams.memory import ADMIT_BELOW, MemoryGauge
+from tokenrelay.gateway.streams.subscription import RedisFull
+from tokenrelay.gateway.streams.tailer import RedisUnavailable, StreamNotFound, Tailer
 
 if TYPE_CHECKING:
-    from core.tracing import Tracing
+    from tokenrelay.core.tracing import Tracing
 
 log = logging.getLogger("tokenrelay.streamlog")
 

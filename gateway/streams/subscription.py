@@ -21,7 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from core.wire.events import Event
+from tokenrelay.core.wire.events import Event
 
 BUFFER_LIMIT = 256  # events buffered per subscriber, at most
 

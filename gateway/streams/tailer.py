@@ -40,12 +40,12 @@ from redis.asyncio.cluster import RedisCluster
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from core.redis.connection import Backoff, RedisHealth, is_outage, xread_one
-from core.wire.events import Event, decode_event, entry_id
-from core.wire.keys import WORKER_DEAD_GRACE, Keys
-from gateway.streams.feed import LiveFeed
-from gateway.streams.shardfeed import ShardedFeed
-from gateway.streams.subscription import (
+from tokenrelay.core.redis.connection import Backoff, RedisHealth, is_outage, xread_one
+from tokenrelay.core.wire.events import Event, decode_event, entry_id
+from tokenrelay.core.wire.keys import WORKER_DEAD_GRACE, Keys
+from tokenrelay.gateway.streams.feed import LiveFeed
+from tokenrelay.gateway.streams.shardfeed import ShardedFeed
+from tokenrelay.gateway.streams.subscription import (
     BUFFER_LIMIT,
     RedisUnavailable,
     StreamNotFound,

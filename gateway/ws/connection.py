@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from gateway.access.guard import AuthError, Principal
-from gateway.ws import protocol as p
-from gateway.ws.session import FrameRate, StreamSession
+from tokenrelay.gateway.access.guard import AuthError, Principal
+from tokenrelay.gateway.ws import protocol as p
+from tokenrelay.gateway.ws.session import FrameRate, StreamSession
 
 if TYPE_CHECKING:
-    from gateway.state import Gateway
+    from tokenrelay.gateway.state import Gateway
 
 log = logging.getLogger("tokenrelay.ws")
 
@@ -143,7 +143,7 @@ class Connection(StreamSession):
         await self.send_encoded(p.encode_token(sid, seq, text, logprobs))
 
     async def send_encoded(self, text: str) -> None:
-        """A stream tail's frame, already encoded with :mod:`gateway.ws.protocol`.
+        """A stream tail's frame, already encoded with :mod:`tokenrelay.gateway.ws.protocol`.
 
         Written at once when nothing is queued or being written, else queued for
         the writer (waits while the queue is full). Either way the tail waits

@@ -17,12 +17,14 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from core.wire.errors import ERROR_CODES, ERRORS
-from core.wire.events import FINISH_REASONS as FINISH_REASONS  # re-exported: done reasons
-from core.wire.keys import MAX_MODEL_NAME, STREAM_ID_RE
-from core.wire.logprobs import chat_content, decode_logprobs
-from core.wire.params import MAX_CHOICES, SamplingParams
-from core.wire.requests import (
+from tokenrelay.core.wire.errors import ERROR_CODES, ERRORS
+from tokenrelay.core.wire.events import (
+    FINISH_REASONS as FINISH_REASONS,  # re-exported: done reasons
+)
+from tokenrelay.core.wire.keys import MAX_MODEL_NAME, STREAM_ID_RE
+from tokenrelay.core.wire.logprobs import chat_content, decode_logprobs
+from tokenrelay.core.wire.params import MAX_CHOICES, SamplingParams
+from tokenrelay.core.wire.requests import (
     MAX_SEED,
     RequestError,
     check_input_size,
@@ -31,9 +33,9 @@ from core.wire.requests import (
     validate_request_id,
     validate_resume_token,
 )
-from core.wire.requests import Limits as Limits  # re-exported: parse_frame takes them
-from core.wire.requests import Message as Message
-from core.wire.tools import decode_calls
+from tokenrelay.core.wire.requests import Limits as Limits  # re-exported: parse_frame takes them
+from tokenrelay.core.wire.requests import Message as Message
+from tokenrelay.core.wire.tools import decode_calls
 
 PROTOCOL_VERSION = 1
 

@@ -18,14 +18,14 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from core.wire.errors import NO_SUCH_STREAM
-from gateway.access.guard import Principal, RateLimited, TooManyStreams
-from gateway.streams.errors import STORE_ERRORS, refusal
-from gateway.streams.store import RedisUnavailable, StreamForbidden, StreamNotFound
-from gateway.ws import protocol as p
+from tokenrelay.core.wire.errors import NO_SUCH_STREAM
+from tokenrelay.gateway.access.guard import Principal, RateLimited, TooManyStreams
+from tokenrelay.gateway.streams.errors import STORE_ERRORS, refusal
+from tokenrelay.gateway.streams.store import RedisUnavailable, StreamForbidden, StreamNotFound
+from tokenrelay.gateway.ws import protocol as p
 
 if TYPE_CHECKING:
-    from gateway.state import Gateway
+    from tokenrelay.gateway.state import Gateway
 
 log = logging.getLogger("tokenrelay.session")
 

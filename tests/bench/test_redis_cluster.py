@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from core.redis.local_cluster import cluster_unsupported_reason
 from tests.bench.benchrun import run_bench
+from tokenrelay.core.redis.local_cluster import cluster_unsupported_reason
 
 
 def test_redis_cluster_bench_quick_run() -> None:

@@ -5,14 +5,14 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from core.cli import main
+from tokenrelay.core.cli import main
 
 SUBCOMMANDS = ("serve", "gateway", "worker", "model")
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "core.cli", *args],
+        [sys.executable, "-m", "tokenrelay.core.cli", *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -57,7 +57,7 @@ def test_bad_model_name_is_one_line(capsys) -> None:  # type: ignore[no-untyped-
 def test_bad_env_value_is_a_clear_error(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("TOKENRELAY_PORT", "eighty")
     out = subprocess.run(
-        [sys.executable, "-m", "core.cli", "gateway", "--help"],
+        [sys.executable, "-m", "tokenrelay.core.cli", "gateway", "--help"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -70,8 +70,8 @@ def test_bad_env_value_is_a_clear_error(monkeypatch) -> None:  # type: ignore[no
 
 def test_serve_hands_its_engine_flags_to_the_worker() -> None:
     """Every engine flag of serve reaches the worker child; a switch only when it is on."""
-    from core.cli import build_parser
-    from core.serve import worker_command
+    from tokenrelay.core.cli import build_parser
+    from tokenrelay.core.serve import worker_command
 
     flags = ["--attention-backend", "torch", "--block-size", "32", "--dtype", "float32"]
     args = build_parser().parse_args(["serve", *flags, "--enforce-eager"])
@@ -88,8 +88,8 @@ def test_serve_hands_its_engine_flags_to_the_worker() -> None:
 
 
 def test_serve_hands_its_upstream_to_the_worker_and_the_key_only_in_its_environment() -> None:
-    from core.cli import build_parser
-    from core.serve import worker_command, worker_env
+    from tokenrelay.core.cli import build_parser
+    from tokenrelay.core.serve import worker_command, worker_env
 
     args = build_parser().parse_args(
         ["serve", "--redis-url", "redis://:pw@h/0", "--upstream", "http://h:8000/v1",
@@ -111,8 +111,8 @@ def test_serve_with_a_bad_upstream_url_is_one_line() -> None:
 
 
 def test_serve_hands_redis_cluster_to_the_worker_and_needs_a_url() -> None:
-    from core.cli import build_parser
-    from core.serve import worker_command
+    from tokenrelay.core.cli import build_parser
+    from tokenrelay.core.serve import worker_command
 
     args = build_parser().parse_args(["serve", "--redis-url", "redis://h:7000", "--redis-cluster"])
     cmd = worker_command(args)

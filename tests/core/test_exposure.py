@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from core.cli import build_parser
-from core.exposure import exposure_error, insecure_banner, is_loopback
-from core.redis.embedded import EmbeddedRedis
 from tests.gateway.procs import free_port
+from tokenrelay.core.cli import build_parser
+from tokenrelay.core.exposure import exposure_error, insecure_banner, is_loopback
+from tokenrelay.core.redis.embedded import EmbeddedRedis
 
 
 @pytest.mark.parametrize(
@@ -43,7 +43,7 @@ def test_the_choice_is_made_out_loud(command: str) -> None:
 def test_the_gateway_exits_2_before_it_listens(redis_server: EmbeddedRedis) -> None:
     port = free_port()
     proc = subprocess.run(
-        [sys.executable, "-m", "core.cli", "gateway", "--redis-url", redis_server.url,
+        [sys.executable, "-m", "tokenrelay.core.cli", "gateway", "--redis-url", redis_server.url,
          "--host", "0.0.0.0", "--port", str(port), "--log-format", "json"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
@@ -56,7 +56,7 @@ def test_serve_refuses_before_it_starts_anything(tmp_path: Path) -> None:
     """No Redis, no worker, no model load: one line and exit status 2."""
     data = tmp_path / "redis"
     proc = subprocess.run(
-        [sys.executable, "-m", "core.cli", "serve", "--host", "0.0.0.0",
+        [sys.executable, "-m", "tokenrelay.core.cli", "serve", "--host", "0.0.0.0",
          "--port", str(free_port()), "--data-dir", str(data)],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip

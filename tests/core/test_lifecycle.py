@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from core.redis.embedded import EmbeddedRedis
 from tests.core.test_serve import alive, children, cmdline
 from tests.gateway.procs import Client, Proc, free_port, generate_frame, wait_ready
+from tokenrelay.core.redis.embedded import EmbeddedRedis
 
 
 def start_serve(tmp_path: Path, *extra: str) -> tuple[Proc, str, dict[str, int]]:

@@ -6,7 +6,7 @@ import json
 import logging
 import sys
 
-from core.logs import JsonFormatter, TextFormatter, escape
+from tokenrelay.core.logs import JsonFormatter, TextFormatter, escape
 
 
 def record(msg: str = "resume", *args: object, **extra: object) -> logging.LogRecord:

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from core.tracing import (
+from tokenrelay.core.tracing import (
     TOKEN_EVENT_EVERY,
     TraceParent,
     Tracing,
@@ -76,8 +76,8 @@ def test_opentelemetry_is_not_imported_without_the_flag() -> None:
     # (redis-py 7 imports OpenTelemetry's API and metrics SDK itself where they are
     # installed: redis/observability/providers.py. Our tracing SDK and exporter stay out.)
     code = (
-        "import sys, core.tracing, gateway.server, gateway.state, gateway.streams.store, "
-        "worker.main, worker.telemetry\n"
+        "import sys, tokenrelay.core.tracing, tokenrelay.gateway.server, tokenrelay.gateway.state, "
+        "tokenrelay.gateway.streams.store, tokenrelay.worker.main, tokenrelay.worker.telemetry\n"
         "ours = ('opentelemetry.sdk.trace', 'opentelemetry.exporter')\n"
         "loaded = [m for m in sys.modules if m.startswith(ours)]\n"
         "assert not loaded, loaded\n"
@@ -131,7 +131,7 @@ def test_an_unsampled_parent_records_nothing() -> None:
 
 
 def test_a_bad_endpoint_stops_the_gateway_settings() -> None:
-    from gateway.state import Settings
+    from tokenrelay.gateway.state import Settings
 
     with pytest.raises(ValueError, match="--otlp-endpoint"):
         Settings(redis_url="redis://localhost", otlp_endpoint="localhost:4318")
@@ -139,7 +139,7 @@ def test_a_bad_endpoint_stops_the_gateway_settings() -> None:
 
 
 def test_the_flag_reads_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    from core.cli import build_parser
+    from tokenrelay.core.cli import build_parser
 
     monkeypatch.setenv("TOKENRELAY_OTLP_ENDPOINT", "http://collector:4318")
     for command in ("serve", "gateway", "worker"):

@@ -44,7 +44,7 @@ CHAT_PROMPTS = [
 
 @pytest.fixture(scope="session")
 def model_path() -> Path:
-    from engine.models.store import resolve_model
+    from tokenrelay.engine.models.store import resolve_model
 
     return resolve_model("default")
 
@@ -58,7 +58,7 @@ def llm_engine() -> Iterator[Any]:
 
     Tests must leave it with nothing unfinished.
     """
-    from engine import EngineConfig, LLMEngine
+    from tokenrelay.engine import EngineConfig, LLMEngine
 
     engine = LLMEngine(EngineConfig(model="default", device="cpu", weights="fp32"))
     yield engine
@@ -151,7 +151,7 @@ def hf_generate_greedy(model: Any, prompts: list[list[int]], tokens: int) -> lis
 @pytest.fixture(scope="session")
 def model_runner(model_path: Path) -> Any:
     """A CPU ModelRunner on the default model with a small pool (256 blocks of 16)."""
-    from engine.runner.model_runner import ModelRunner
+    from tokenrelay.engine.runner.model_runner import ModelRunner
 
     return ModelRunner(model_path, device="cpu", block_size=16, num_blocks=256)
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import jsonschema
 
-from core.wire.params import SamplingParams
+from tokenrelay.core.wire.params import SamplingParams
 
 PERSON = {
     "type": "object",

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from engine import LLM, EngineConfig, LLMEngine, RequestOutput, SamplingParams
+from tokenrelay.engine import LLM, EngineConfig, LLMEngine, RequestOutput, SamplingParams
 
 
 def drain(engine: LLMEngine) -> dict[str, list[RequestOutput]]:
@@ -29,7 +29,7 @@ def ids_of(outs: list[RequestOutput]) -> list[int]:
 
 
 def test_public_imports() -> None:
-    import engine
+    from tokenrelay import engine
 
     for name in ("LLM", "LLMEngine", "EngineConfig", "SamplingParams", "RequestOutput"):
         assert getattr(engine, name) is not None

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine import EngineConfig, LLMEngine, SamplingParams
 from tests.engine.conftest import GREEDY_TOKENS
+from tokenrelay.engine import EngineConfig, LLMEngine, SamplingParams
 
 GREEDY = SamplingParams(max_tokens=GREEDY_TOKENS, temperature=0, ignore_eos=True)
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import torch
 
-from engine import LLMEngine, RequestOutput, SamplingParams
 from tests.engine.test_llm_engine import drain, ids_of, text_of
+from tokenrelay.engine import LLMEngine, RequestOutput, SamplingParams
 
 TOKENS = 12
 

@@ -18,9 +18,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.parallel.group import TensorParallelError
 from tests.engine.test_llm_greedy import run
+from tokenrelay.engine import EngineConfig, LLMEngine, SamplingParams
+from tokenrelay.engine.parallel.group import TensorParallelError
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import jsonschema
 
-from core.wire.params import SamplingParams
-from core.wire.tools import parse_tool_calls
-from engine.text.chat import plain_messages
 from tests.engine.test_guided_engine import run
+from tokenrelay.core.wire.params import SamplingParams
+from tokenrelay.core.wire.tools import parse_tool_calls
+from tokenrelay.engine.text.chat import plain_messages
 
 WEATHER: dict[str, Any] = {
     "type": "function",

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from core.redis.embedded import EmbeddedRedis
-from core.wire.stats import WorkerStats
-from gateway.streams.store import StreamStore
 from tests.gateway.procs import Proc, start_gateway, start_worker, stop_all, wait_ready
-from worker.store import WorkerStore
+from tokenrelay.core.redis.embedded import EmbeddedRedis
+from tokenrelay.core.wire.stats import WorkerStats
+from tokenrelay.gateway.streams.store import StreamStore
+from tokenrelay.worker.store import WorkerStore
 
 
 @pytest.fixture

@@ -35,7 +35,7 @@ class Proc:
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         full_env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENRELAY_LOG_FORMAT="json", **(env or {}))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "core.cli", *args],
+            [sys.executable, "-m", "tokenrelay.core.cli", *args],
             cwd=ROOT,
             env=full_env,
             stdout=self._log,

@@ -20,8 +20,6 @@ import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from core.redis.embedded import EmbeddedRedis
-from core.wire.keys import Keys
 from tests.gateway.procs import (
     Client,
     Proc,
@@ -31,6 +29,8 @@ from tests.gateway.procs import (
     stop_all,
     wait_ready,
 )
+from tokenrelay.core.redis.embedded import EmbeddedRedis
+from tokenrelay.core.wire.keys import Keys
 
 PREFIX = "dr:"
 

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from core.redis.embedded import EmbeddedRedis
 from tests.gateway.procs import (
     Client,
     Proc,
@@ -25,6 +24,7 @@ from tests.gateway.procs import (
     stop_all,
     wait_ready,
 )
+from tokenrelay.core.redis.embedded import EmbeddedRedis
 
 PROMPT = "Explain how a bicycle works."
 PARAMS = {"max_tokens": 24, "temperature": 0, "ignore_eos": True}

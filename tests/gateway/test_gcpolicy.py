@@ -11,8 +11,8 @@ from tests.root import ROOT
 
 PROBE = """
 import gc, json
-import gateway.app  # what a gateway process imports before it serves
-from gateway.gcpolicy import freeze_startup_heap
+import tokenrelay.gateway.app  # what a gateway process imports before it serves
+from tokenrelay.gateway.gcpolicy import freeze_startup_heap
 cycle = []
 cycle.append(cycle)  # garbage made before the freeze is collected, not frozen
 del cycle

@@ -18,9 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
-from core.wire.requests import CHARS_PER_TOKEN
 from tests.gateway.conftest import Stack
 from tests.gateway.procs import Client, generate_frame
+from tokenrelay.core.wire.requests import CHARS_PER_TOKEN
 
 pytestmark = pytest.mark.slow
 

@@ -22,20 +22,20 @@ import httpx
 import pytest
 import redis
 
-from core.redis.connection import is_full, is_outage
-from core.redis.embedded import EmbeddedRedis
-from core.wire.errors import STORE_FULL
-from core.wire.events import accepted_fields, done_fields, token_fields
-from core.wire.keys import HEARTBEAT_TTL
-from core.wire.stats import WorkerStats
-from gateway.streams.errors import refusal
-from gateway.streams.memory import MemoryGauge
-from gateway.streams.store import RedisFull, StreamStore
 from tests.core.redis.test_connection import fill, make_room
 from tests.gateway.http.helpers import chat_body, read_sse
 from tests.gateway.procs import Client, Proc, generate_frame, start_gateway, stop_all, wait_ready
-from worker.outbox import Active, Outbox
-from worker.store import WorkerStore
+from tokenrelay.core.redis.connection import is_full, is_outage
+from tokenrelay.core.redis.embedded import EmbeddedRedis
+from tokenrelay.core.wire.errors import STORE_FULL
+from tokenrelay.core.wire.events import accepted_fields, done_fields, token_fields
+from tokenrelay.core.wire.keys import HEARTBEAT_TTL
+from tokenrelay.core.wire.stats import WorkerStats
+from tokenrelay.gateway.streams.errors import refusal
+from tokenrelay.gateway.streams.memory import MemoryGauge
+from tokenrelay.gateway.streams.store import RedisFull, StreamStore
+from tokenrelay.worker.outbox import Active, Outbox
+from tokenrelay.worker.store import WorkerStore
 
 PREFIX = "full:"
 WORKER = "full-worker"

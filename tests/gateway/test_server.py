@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from core.cli import build_parser
-from gateway.server import build_server
-from gateway.state import Settings
+from tokenrelay.core.cli import build_parser
+from tokenrelay.gateway.server import build_server
+from tokenrelay.gateway.state import Settings
 
 
 @pytest.mark.parametrize(

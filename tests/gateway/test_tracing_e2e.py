@@ -19,7 +19,6 @@ from typing import Any
 import httpx
 import pytest
 
-from core.redis.embedded import EmbeddedRedis
 from tests.gateway.procs import (
     Client,
     free_port,
@@ -29,6 +28,7 @@ from tests.gateway.procs import (
     stop_all,
     wait_ready,
 )
+from tokenrelay.core.redis.embedded import EmbeddedRedis
 
 pytest.importorskip("opentelemetry.proto")
 pytestmark = pytest.mark.slow

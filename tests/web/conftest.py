@@ -152,7 +152,7 @@ class Server:
 
 def _model_prepared() -> bool:
     try:
-        from engine.models.store import list_cached
+        from tokenrelay.engine.models.store import list_cached
     except ImportError:
         return False
     try:
@@ -179,7 +179,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     )
     env.setdefault("TOKENRELAY_LOG_FORMAT", "json")
     data_dir = tmp_path_factory.mktemp("redis")  # never share a running `make run`'s Redis
-    cmd = [sys.executable, "-m", "core.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tokenrelay.core.cli",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     cmd += ["--data-dir", str(data_dir)]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from core.redis.embedded import EmbeddedRedis
 from tests.gateway.procs import Proc, start_gateway, wait_ready
 from tests.web.conftest import _open_page
+from tokenrelay.core.redis.embedded import EmbeddedRedis
 
 KEY = "sk-browser-test-0123456789"
 

@@ -25,7 +25,7 @@ from tests.web.test_chat import (
     wait_finished,
 )
 from tests.web.test_readiness import bare_gateway  # noqa: F401  (a fixture)
-from worker.store import WorkerStore
+from tokenrelay.worker.store import WorkerStore
 
 pytestmark = pytest.mark.browser
 
@@ -89,7 +89,7 @@ def test_the_highlighter_ships_in_the_wheel_and_is_served() -> None:
     from starlette.applications import Starlette
     from starlette.testclient import TestClient
 
-    from gateway.http.pages import page_routes
+    from tokenrelay.gateway.http.pages import page_routes
 
     imported = re.findall(r'from "\./(vendor/[^"]+)"', (ROOT / "static/highlight.js").read_text())
     themes = re.findall(
@@ -372,7 +372,7 @@ def test_header_says_the_worker_is_loading_until_it_is_ready(
     loading_page: PageHandle,
     bare_gateway: tuple[str, WorkerStore],  # noqa: F811
 ) -> None:
-    from core.wire.stats import WorkerStats
+    from tokenrelay.core.wire.stats import WorkerStats
 
     page = loading_page.page
     page.wait_for_selector("[data-testid=model][data-ready=false]")

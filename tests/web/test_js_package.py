@@ -29,9 +29,9 @@ import pytest
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from gateway.http.pages import page_routes
 from tests.root import ROOT
 from tests.web.static_files import STATIC, dynamic_imports, static_imports, wheel_installs
+from tokenrelay.gateway.http.pages import page_routes
 
 PACKAGE_JSON = STATIC / "package.json"
 MODULES = ("tokenrelay-protocol", "tokenrelay-client")
@@ -109,7 +109,7 @@ def test_manifest_describes_an_es_module_package() -> None:
     assert pkg["name"] == "tokenrelay-client"
     assert pkg["type"] == "module"
     assert pkg["version"] == project["version"], "keep the client's version with the gateway's"
-    assert pkg["license"] == project["license"]["text"]
+    assert pkg["license"] == project["license"]
     assert pkg["main"] == "./tokenrelay-client.js"
     assert pkg["types"] == "./tokenrelay-client.d.ts"
     exports = pkg["exports"]
@@ -256,7 +256,8 @@ def test_packed_tarball_installs_and_a_strict_typescript_consumer_compiles(
     dist.mkdir()
     packed = json.loads(_pack(npm, dist, env))
     files = sorted(f["path"] for f in packed[0]["files"])
-    assert files == sorted(["package.json", "README.md", *_shipped()])
+    assert files == sorted(["package.json", "README.md", "LICENSE", *_shipped()])
+    assert not (STATIC / "LICENSE").exists()  # copied from the root for the tarball only
     tarball = dist / packed[0]["filename"]
     assert tarball.is_file()
 

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from core.redis.embedded import EmbeddedRedis
-from core.wire.stats import WorkerStats
 from tests.gateway.procs import start_gateway, stop_all, wait_ready
 from tests.web.conftest import _open_page
-from worker.store import WorkerStore
+from tokenrelay.core.redis.embedded import EmbeddedRedis
+from tokenrelay.core.wire.stats import WorkerStats
+from tokenrelay.worker.store import WorkerStore
 
 CONN = "[data-testid=connection]"
 

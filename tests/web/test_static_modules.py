@@ -15,7 +15,6 @@ from pathlib import Path
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from gateway.http.pages import page_routes
 from tests.root import ROOT
 from tests.web.static_files import (
     STATIC,
@@ -24,6 +23,7 @@ from tests.web.static_files import (
     static_imports,
     wheel_installs,
 )
+from tokenrelay.gateway.http.pages import page_routes
 
 MAX_LINES = 400  # as for Python modules (tests/test_architecture.py)
 FOLDERS = ("app", "client", "widget")

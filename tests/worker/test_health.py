@@ -16,15 +16,15 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from core.metrics import HISTOGRAMS, NS, WORKER_COUNTERS, WORKER_GAUGES
-from core.redis.embedded import EmbeddedRedis
-from core.wire.stats import WorkerStats
-from core.wire.telemetry import BUCKETS, Hist
 from tests.gateway.procs import free_port, start_worker
 from tests.worker.test_stats import IdleEngine
-from worker.health import LOOP_STALE_S, STEP_LIMIT_S, HealthServer, start_health
-from worker.main import Worker
-from worker.store import WorkerStore
+from tokenrelay.core.metrics import HISTOGRAMS, NS, WORKER_COUNTERS, WORKER_GAUGES
+from tokenrelay.core.redis.embedded import EmbeddedRedis
+from tokenrelay.core.wire.stats import WorkerStats
+from tokenrelay.core.wire.telemetry import BUCKETS, Hist
+from tokenrelay.worker.health import LOOP_STALE_S, STEP_LIMIT_S, HealthServer, start_health
+from tokenrelay.worker.main import Worker
+from tokenrelay.worker.store import WorkerStore
 
 PREFIX = "whealth:"
 WID = "health-test-worker"

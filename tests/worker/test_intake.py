@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from core.redis.embedded import EmbeddedRedis
-from core.wire.events import Event
-from gateway.streams.store import StreamStore
-from worker.main import Heartbeat, Worker
-from worker.prepare import INLINE_CHARS, Preparer
-from worker.store import WorkerStore
+from tokenrelay.core.redis.embedded import EmbeddedRedis
+from tokenrelay.core.wire.events import Event
+from tokenrelay.gateway.streams.store import StreamStore
+from tokenrelay.worker.main import Heartbeat, Worker
+from tokenrelay.worker.prepare import INLINE_CHARS, Preparer
+from tokenrelay.worker.store import WorkerStore
 
 PREFIX = "wintake:"
 LONG_PROMPT = "Tell me about the sea. " * (INLINE_CHARS // 20)  # > INLINE_CHARS: the thread

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from core.redis.embedded import EmbeddedRedis
-from core.wire.events import event_from_fields
-from core.wire.logprobs import Logprobs, TokenLogprob, decode_logprobs
 from tests.worker.test_stats import IdleEngine
-from worker.main import Worker
-from worker.outbox import Active
-from worker.store import WorkerStore
+from tokenrelay.core.redis.embedded import EmbeddedRedis
+from tokenrelay.core.wire.events import event_from_fields
+from tokenrelay.core.wire.logprobs import Logprobs, TokenLogprob, decode_logprobs
+from tokenrelay.worker.main import Worker
+from tokenrelay.worker.outbox import Active
+from tokenrelay.worker.store import WorkerStore
 
 
 @dataclass

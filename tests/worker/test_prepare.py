@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from worker.prepare import INLINE_CHARS, THREAD_NICE, Preparer, input_chars
+from tokenrelay.worker.prepare import INLINE_CHARS, THREAD_NICE, Preparer, input_chars
 
 
 class Recorder:

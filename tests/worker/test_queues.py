@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import secrets
 
-from core.redis.embedded import EmbeddedRedis
-from core.wire.keys import GROUP
-from worker.store import Batch, WorkerStore
+from tokenrelay.core.redis.embedded import EmbeddedRedis
+from tokenrelay.core.wire.keys import GROUP
+from tokenrelay.worker.store import Batch, WorkerStore
 
 
 def queue_request(store: WorkerStore, model: str | None, sid: str) -> None:

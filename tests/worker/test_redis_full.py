@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from core.redis.embedded import EmbeddedRedis
-from core.wire.events import Event
-from gateway.streams.store import StreamStore
 from tests.core.redis.test_connection import fill, make_room
-from worker.main import Heartbeat, Worker
-from worker.store import WorkerStore
+from tokenrelay.core.redis.embedded import EmbeddedRedis
+from tokenrelay.core.wire.events import Event
+from tokenrelay.gateway.streams.store import StreamStore
+from tokenrelay.worker.main import Heartbeat, Worker
+from tokenrelay.worker.store import WorkerStore
 
 PREFIX = "wfull:"
 TOKENS = 64

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from core.redis.embedded import EmbeddedRedis
-from core.wire.params import SamplingParams
-from core.wire.tools import Tool
-from worker.main import STATS_MAX_AGE, Heartbeat, Worker
-from worker.store import WorkerStore
+from tokenrelay.core.redis.embedded import EmbeddedRedis
+from tokenrelay.core.wire.params import SamplingParams
+from tokenrelay.core.wire.tools import Tool
+from tokenrelay.worker.main import STATS_MAX_AGE, Heartbeat, Worker
+from tokenrelay.worker.store import WorkerStore
 
 PREFIX = "wstats:"
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from core.cli import build_parser
-from core.serve import worker_command
-from worker.client import engine_config
+from tokenrelay.core.cli import build_parser
+from tokenrelay.core.serve import worker_command
+from tokenrelay.worker.client import engine_config
 
 
 def test_the_worker_flag_sets_the_engines_tensor_parallel_size() -> None:

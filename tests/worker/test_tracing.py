@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from core.tracing import TOKEN_EVENT_EVERY
-from core.wire.events import accepted_fields, done_fields, token_fields
 from tests.core.test_tracing import SPAN, TRACE, VALID, memory_tracing
-from worker.outbox import Active
-from worker.telemetry import WorkerTelemetry
+from tokenrelay.core.tracing import TOKEN_EVENT_EVERY
+from tokenrelay.core.wire.events import accepted_fields, done_fields, token_fields
+from tokenrelay.worker.outbox import Active
+from tokenrelay.worker.telemetry import WorkerTelemetry
 
 
 class NoCounts:

@@ -26,10 +26,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.wire.params import SamplingParams
-from worker.upstream.client import HttpClient, ReadTimeout, Response, TransportError
-from worker.upstream.config import UpstreamConfig
-from worker.upstream.failures import (
+from tokenrelay.core.wire.params import SamplingParams
+from tokenrelay.worker.upstream.client import HttpClient, ReadTimeout, Response, TransportError
+from tokenrelay.worker.upstream.config import UpstreamConfig
+from tokenrelay.worker.upstream.failures import (
     Broken,
     Refused,
     Retryable,
@@ -37,8 +37,8 @@ from worker.upstream.failures import (
     UpstreamError,
     parse_retry_after,
 )
-from worker.upstream.inbox import Inbox
-from worker.upstream.openai import (
+from tokenrelay.worker.upstream.inbox import Inbox
+from tokenrelay.worker.upstream.openai import (
     Chunk,
     SSEStream,
     mentions_stream_options,

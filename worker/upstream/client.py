@@ -43,8 +43,8 @@ from collections.abc import AsyncIterator
 from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
-from core.runtime import version
-from worker.upstream.http1 import Head, ProtocolError, ResponseParser, request_bytes
+from tokenrelay.core.runtime import version
+from tokenrelay.worker.upstream.http1 import Head, ProtocolError, ResponseParser, request_bytes
 
 PAUSE_AT = 1 << 20  # bytes of body buffered unread: stop reading the socket meanwhile
 

@@ -16,9 +16,9 @@ import argparse
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
-from core.options import MAX_INFLIGHT as DEFAULT_MAX_INFLIGHT
-from core.options import UPSTREAM_TIMEOUT as DEFAULT_TIMEOUT
-from core.wire.stats import checked_models, model_names
+from tokenrelay.core.options import MAX_INFLIGHT as DEFAULT_MAX_INFLIGHT
+from tokenrelay.core.options import UPSTREAM_TIMEOUT as DEFAULT_TIMEOUT
+from tokenrelay.core.wire.stats import checked_models, model_names
 
 CONNECT_TIMEOUT = 10.0  # at most, for the TCP (and TLS) handshake
 

@@ -36,15 +36,15 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from core.wire.params import SamplingParams
-from core.wire.tools import Tool
-from worker.client import Starter
-from worker.prepare import Prepared
-from worker.upstream.call import Call, Upstream
-from worker.upstream.client import HttpClient, TransportError
-from worker.upstream.config import UpstreamConfig, redact
-from worker.upstream.failures import UpstreamError
-from worker.upstream.inbox import ATTACHED, OPEN, OPENING, Inbox, Output
+from tokenrelay.core.wire.params import SamplingParams
+from tokenrelay.core.wire.tools import Tool
+from tokenrelay.worker.client import Starter
+from tokenrelay.worker.prepare import Prepared
+from tokenrelay.worker.upstream.call import Call, Upstream
+from tokenrelay.worker.upstream.client import HttpClient, TransportError
+from tokenrelay.worker.upstream.config import UpstreamConfig, redact
+from tokenrelay.worker.upstream.failures import UpstreamError
+from tokenrelay.worker.upstream.inbox import ATTACHED, OPEN, OPENING, Inbox, Output
 
 log = logging.getLogger("tokenrelay.upstream")
 

@@ -23,9 +23,9 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from core.wire.logprobs import Logprobs
-from worker.client import EngineRefused
-from worker.prepare import Prepared
+from tokenrelay.core.wire.logprobs import Logprobs
+from tokenrelay.worker.client import EngineRefused
+from tokenrelay.worker.prepare import Prepared
 
 OPENING, OPEN, ATTACHED = "opening", "open", "attached"
 

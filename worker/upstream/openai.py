@@ -32,8 +32,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from core.wire.params import SamplingParams
-from worker.upstream.failures import Refused, Retryable, UpstreamError
+from tokenrelay.core.wire.params import SamplingParams
+from tokenrelay.worker.upstream.failures import Refused, Retryable, UpstreamError
 
 # upstream finish reasons -> ours (core/wire/events.py FINISH_REASONS); others: "stop"
 FINISH_REASONS = {

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from core.redis.connection import (
+from tokenrelay.core.redis.connection import (
     RedisHealth,
     check_cluster_mode,
     connect_async,
@@ -21,8 +21,8 @@ from core.redis.connection import (
     is_outage,
     redact_url,
 )
-from core.redis.embedded import EmbeddedRedis
-from core.redis.local_cluster import LocalCluster
+from tokenrelay.core.redis.embedded import EmbeddedRedis
+from tokenrelay.core.redis.local_cluster import LocalCluster
 
 FILLER = "filler:"
 
@@ -126,7 +126,7 @@ def test_cluster_mode_must_match_the_server(
 
 def test_a_gateway_told_cluster_on_a_plain_redis_says_so(redis_server: EmbeddedRedis) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "core.cli", "gateway", "--redis-url", redis_server.url,
+        [sys.executable, "-m", "tokenrelay.core.cli", "gateway", "--redis-url", redis_server.url,
          "--redis-cluster", "--port", "0"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from core.options import REDIS_MAXMEMORY
-from core.redis.embedded import EmbeddedRedis, find_redis_server, parse_memory
 from tests.root import ROOT
+from tokenrelay.core.options import REDIS_MAXMEMORY
+from tokenrelay.core.redis.embedded import EmbeddedRedis, find_redis_server, parse_memory
 
 
 def _alive(pid: int) -> bool:
@@ -93,7 +93,7 @@ def test_child_dies_when_parent_is_sigkilled(tmp_path: Path) -> None:
         f"""
         import sys, time
         sys.path.insert(0, {str(ROOT)!r})
-        from core.redis.embedded import EmbeddedRedis
+        from tokenrelay.core.redis.embedded import EmbeddedRedis
         server = EmbeddedRedis({str(tmp_path / "orphan")!r}).start()
         print(server.proc.pid, flush=True)
         time.sleep(600)
@@ -148,7 +148,7 @@ def test_serve_refuses_a_data_folder_in_use(tmp_path: Path) -> None:
     held = EmbeddedRedis(tmp_path).start()
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "core.cli", "serve", "--port", str(free_port()),
+            [sys.executable, "-m", "tokenrelay.core.cli", "serve", "--port", str(free_port()),
              "--data-dir", str(tmp_path)],
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
@@ -197,7 +197,7 @@ def test_serve_refuses_a_bad_redis_maxmemory(tmp_path: Path, how: str) -> None:
     else:
         env["TOKENRELAY_REDIS_MAXMEMORY"] = "lots"
     proc = subprocess.run(
-        [sys.executable, "-m", "core.cli", *args],
+        [sys.executable, "-m", "tokenrelay.core.cli", *args],
         capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-2000:]

@@ -9,7 +9,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from core.redis.local_cluster import (
+from tokenrelay.core.redis.local_cluster import (
     LocalCluster,
     cluster_unsupported_reason,
     find_cluster_server,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.wire.errors import (
+from tokenrelay.core.wire.errors import (
     ERROR_CODES,
     ERRORS,
     NO_SUCH_STREAM,
@@ -12,10 +12,10 @@ from core.wire.errors import (
     STORE_UNREACHABLE_RESUME,
     lookup,
 )
-from gateway.http.common import store_error
-from gateway.http.openai_request import error_for_code
-from gateway.streams.errors import STORE_ERRORS, refusal
-from gateway.streams.store import (
+from tokenrelay.gateway.http.common import store_error
+from tokenrelay.gateway.http.openai_request import error_for_code
+from tokenrelay.gateway.streams.errors import STORE_ERRORS, refusal
+from tokenrelay.gateway.streams.store import (
     BadOffset,
     EventsTrimmed,
     NoWorker,
@@ -25,7 +25,7 @@ from gateway.streams.store import (
     StreamForbidden,
     StreamNotFound,
 )
-from gateway.ws import protocol as p
+from tokenrelay.gateway.ws import protocol as p
 
 DOCUMENTED = {  # docs/protocol.md "Errors" and docs/api.md "Errors"
     "bad_request": (400, "invalid_request_error"),
@@ -94,8 +94,8 @@ def test_an_outage_while_streaming_says_resume_later() -> None:
 
 
 def test_exposed_headers_defined_once() -> None:
-    from gateway.access import cors
-    from gateway.http import common
+    from tokenrelay.gateway.access import cors
+    from tokenrelay.gateway.http import common
 
     assert "Retry-After" in cors.EXPOSE_HEADERS
     assert not hasattr(common, "EXPOSED")

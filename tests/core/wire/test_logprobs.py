@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from core.wire.events import TOKEN, decode_event, event_from_fields, token_fields
-from core.wire.logprobs import (
+from tokenrelay.core.wire.events import TOKEN, decode_event, event_from_fields, token_fields
+from tokenrelay.core.wire.logprobs import (
     LOGPROB_FLOOR,
     Logprobs,
     TokenLogprob,
@@ -17,7 +17,7 @@ from core.wire.logprobs import (
     decode_logprobs,
     encode_logprobs,
 )
-from core.wire.scripts import decode_published
+from tokenrelay.core.wire.scripts import decode_published
 
 
 def tl(token: str, logprob: float, raw: bytes | None = None) -> TokenLogprob:

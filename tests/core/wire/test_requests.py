@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from core.wire.params import SamplingParams
-from core.wire.requests import (
+from tokenrelay.core.wire.params import SamplingParams
+from tokenrelay.core.wire.requests import (
     CHARS_PER_TOKEN,
     DEFAULT_MAX_TOKENS_LIMIT,
     MAX_RESUME_TOKEN,
@@ -23,8 +23,13 @@ from core.wire.requests import (
     validate_request_id,
     validate_resume_token,
 )
-from gateway.http.openai_request import ApiError, parse_chat, parse_completion, request_id_header
-from gateway.ws import protocol as p
+from tokenrelay.gateway.http.openai_request import (
+    ApiError,
+    parse_chat,
+    parse_completion,
+    request_id_header,
+)
+from tokenrelay.gateway.ws import protocol as p
 
 LIMITS = Limits()
 SMALL = Limits(max_input_chars=10, max_messages=2, max_stop=2, max_stop_chars=3, max_tokens=50)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from core.wire.response_format import (
+from tokenrelay.core.wire.response_format import (
     MAX_SCHEMA_BYTES,
     MAX_SCHEMA_DEPTH,
     MAX_SCHEMA_NODES,

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from core.wire.keys import MAX_MODEL_NAME
-from core.wire.stats import COUNTERS, MAX_MODELS, WorkerStats, checked_models
+from tokenrelay.core.wire.keys import MAX_MODEL_NAME
+from tokenrelay.core.wire.stats import COUNTERS, MAX_MODELS, WorkerStats, checked_models
 
 
 def test_round_trip_keeps_every_figure() -> None:

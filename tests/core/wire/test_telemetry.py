@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from core.wire.stats import WorkerStats
-from core.wire.telemetry import BUCKETS, Hist, log_summary
-from gateway.app import Settings, create_app
-from gateway.observe.metrics import ClusterView
+from tokenrelay.core.wire.stats import WorkerStats
+from tokenrelay.core.wire.telemetry import BUCKETS, Hist, log_summary
+from tokenrelay.gateway.app import Settings, create_app
+from tokenrelay.gateway.observe.metrics import ClusterView
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

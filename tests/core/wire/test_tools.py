@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from core.wire.params import SamplingParams
-from core.wire.requests import Limits, RequestError, validate_messages, validate_params
-from core.wire.response_format import ResponseFormatError
-from core.wire.tools import (
+from tokenrelay.core.wire.params import SamplingParams
+from tokenrelay.core.wire.requests import Limits, RequestError, validate_messages, validate_params
+from tokenrelay.core.wire.response_format import ResponseFormatError
+from tokenrelay.core.wire.tools import (
     OPEN,
     CallTextFilter,
     ToolChoice,

@@ -11,17 +11,17 @@ from typing import Any
 import pytest
 import torch
 
-from engine.attention import registry
-from engine.attention.backend import AttentionBackend
-from engine.attention.cpu_kernel import CpuBackend
-from engine.attention.metadata import (
+from tokenrelay.engine.attention import registry
+from tokenrelay.engine.attention.backend import AttentionBackend
+from tokenrelay.engine.attention.cpu_kernel import CpuBackend
+from tokenrelay.engine.attention.metadata import (
     _build_decode,
     _build_general,
     build_metadata,
     paged_attention,
     store_kv,
 )
-from engine.attention.torch_sdpa import TorchBackend
+from tokenrelay.engine.attention.torch_sdpa import TorchBackend
 
 if not torch.cuda.is_available():  # the Triton kernels run under Triton's CPU interpreter
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -8,9 +8,9 @@ import importlib.util
 import pytest
 import torch
 
-from core.options import add_engine_options
-from engine.attention import registry
-from engine.config import EngineConfig
+from tokenrelay.core.options import add_engine_options
+from tokenrelay.engine.attention import registry
+from tokenrelay.engine.config import EngineConfig
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 HAS_FLASH = importlib.util.find_spec("flash_attn") is not None

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
+from tokenrelay.engine import LLM, SamplingParams
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -10,7 +10,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tokenizer(model_path: Path) -> Any:
-    from engine.text.tokenizer import load_tokenizer
+    from tokenrelay.engine.text.tokenizer import load_tokenizer
 
     return load_tokenizer(model_path)
 
@@ -18,6 +18,6 @@ def tokenizer(model_path: Path) -> Any:
 @pytest.fixture(scope="session")
 def compiler(tokenizer: Any) -> Any:
     """A compiler for the default model: vocabulary 49,152, EOS ``<|im_end|>`` (2)."""
-    from engine.guided.compiler import GrammarCompiler
+    from tokenrelay.engine.guided.compiler import GrammarCompiler
 
     return GrammarCompiler(tokenizer, 49152, [tokenizer.eos_token_id])

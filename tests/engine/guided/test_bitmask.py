@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.guided.bitmask import allocate_bitmask, apply_bitmask, bitmask_bias, bitmask_words
+from tokenrelay.engine.guided.bitmask import (
+    allocate_bitmask,
+    apply_bitmask,
+    bitmask_bias,
+    bitmask_words,
+)
 
 
 def random_bitmask(rows: int, vocab: int, seed: int) -> torch.Tensor:

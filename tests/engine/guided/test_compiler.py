@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from core.wire.response_format import ResponseFormat, parse_response_format
-from engine.guided.compiler import GrammarCompiler
+from tokenrelay.core.wire.response_format import ResponseFormat, parse_response_format
+from tokenrelay.engine.guided.compiler import GrammarCompiler
 
 
 def json_schema(schema: dict[str, Any]) -> ResponseFormat:

@@ -17,10 +17,10 @@ import jsonschema
 import pytest
 import torch
 
-from core.wire.response_format import ResponseFormat, parse_response_format
-from engine.guided.bitmask import allocate_bitmask, apply_bitmask
-from engine.guided.compiler import GrammarCompiler
-from engine.guided.matcher import GuidedMatcher, fill_bitmask
+from tokenrelay.core.wire.response_format import ResponseFormat, parse_response_format
+from tokenrelay.engine.guided.bitmask import allocate_bitmask, apply_bitmask
+from tokenrelay.engine.guided.compiler import GrammarCompiler
+from tokenrelay.engine.guided.matcher import GuidedMatcher, fill_bitmask
 
 EOS = 2
 VOCAB = 49152

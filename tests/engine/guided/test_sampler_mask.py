@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from core.wire.params import SamplingParams
-from core.wire.response_format import parse_response_format
-from engine.runner.sampler import Sampler
+from tokenrelay.core.wire.params import SamplingParams
+from tokenrelay.core.wire.response_format import parse_response_format
+from tokenrelay.engine.runner.sampler import Sampler
 
 VOCAB = 49152
 OBJECT = parse_response_format({"type": "json_object"})

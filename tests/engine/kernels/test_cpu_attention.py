@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.kernels import cpu_attention
-from engine.kernels.build import build, prebuild
-from engine.kernels.cpu_attention import PagedDecode, paged_decode
+from tokenrelay.engine.kernels import cpu_attention
+from tokenrelay.engine.kernels.build import build, prebuild
+from tokenrelay.engine.kernels.cpu_attention import PagedDecode, paged_decode
 
 
 @pytest.fixture(scope="module")

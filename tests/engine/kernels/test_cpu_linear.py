@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.kernels import cpu_linear
-from engine.models.config import ModelConfig
-from engine.models.weights import load_model
+from tokenrelay.engine.kernels import cpu_linear
+from tokenrelay.engine.models.config import ModelConfig
+from tokenrelay.engine.models.weights import load_model
 
 CPU = torch.device("cpu")
 from tests.root import ROOT  # noqa: E402
@@ -75,9 +75,9 @@ def test_loaded_model_is_packed_and_env_turns_it_off(
 
 RSS_PROBE = """
 import gc, torch
-from engine.models.config import ModelConfig
-from engine.models.store import resolve_model
-from engine.models.weights import load_model
+from tokenrelay.engine.models.config import ModelConfig
+from tokenrelay.engine.models.store import resolve_model
+from tokenrelay.engine.models.weights import load_model
 path = resolve_model("default")
 model = load_model(path, ModelConfig.from_pretrained(path), torch.device("cpu"), torch.float32)
 gc.collect()

@@ -15,16 +15,16 @@ import numpy as np
 import pytest
 import torch
 
-from engine.attention.cpu_kernel import CpuBackend
-from engine.attention.metadata import build_metadata
-from engine.kernels import decoder
-from engine.kernels.build import ENV_SWITCH
-from engine.kernels.cpu_attention import paged_decode
-from engine.kernels.quant import QuantWeight
-from engine.models.config import ModelConfig, RopeConfig
-from engine.models.llama import CausalLM, DecoderLayer
-from engine.runner.kv_cache import KVCache
 from tests.engine.kernels.test_quant import random_blocks
+from tokenrelay.engine.attention.cpu_kernel import CpuBackend
+from tokenrelay.engine.attention.metadata import build_metadata
+from tokenrelay.engine.kernels import decoder
+from tokenrelay.engine.kernels.build import ENV_SWITCH
+from tokenrelay.engine.kernels.cpu_attention import paged_decode
+from tokenrelay.engine.kernels.quant import QuantWeight
+from tokenrelay.engine.models.config import ModelConfig, RopeConfig
+from tokenrelay.engine.models.llama import CausalLM, DecoderLayer
+from tokenrelay.engine.runner.kv_cache import KVCache
 
 BLOCK = 4
 CPU = torch.device("cpu")

@@ -18,9 +18,15 @@ import pytest
 import torch
 from gguf.quants import dequantize
 
-from engine.kernels import quant
-from engine.kernels.build import ENV_SWITCH
-from engine.kernels.quant import QTYPES, QuantKernel, QuantWeight, concat_rows, quant_kernel
+from tokenrelay.engine.kernels import quant
+from tokenrelay.engine.kernels.build import ENV_SWITCH
+from tokenrelay.engine.kernels.quant import (
+    QTYPES,
+    QuantKernel,
+    QuantWeight,
+    concat_rows,
+    quant_kernel,
+)
 
 TOL = 1e-5
 GGML = gguf.GGMLQuantizationType

@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from engine.kernels import triton_attention as ta
+from tokenrelay.engine.kernels import triton_attention as ta
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SCALE = 0.3
@@ -262,7 +262,7 @@ def test_prefill_rejects(cu: torch.Tensor, max_q: int, match: str) -> None:
 def test_imports_without_triton() -> None:
     code = (
         "import sys; sys.modules['triton'] = None; sys.modules['triton.language'] = None\n"
-        "from engine.kernels import triton_attention as ta\n"
+        "from tokenrelay.engine.kernels import triton_attention as ta\n"
         "assert not ta.HAVE_TRITON and not ta.available()\n"
     )
     env = {**os.environ, "TRITON_INTERPRET": "1"}

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 
-from core.wire.params import SamplingParams
-from engine import EngineConfig, LLMEngine
-from engine.models.gguf_weights import unpermute_rows
+from tokenrelay.core.wire.params import SamplingParams
+from tokenrelay.engine import EngineConfig, LLMEngine
+from tokenrelay.engine.models.gguf_weights import unpermute_rows
 
 PROMPTS = [
     "The capital of France is",
@@ -116,8 +116,8 @@ def test_native_needs_a_gguf_model(model_path: Any) -> None:
 
 
 def test_auto_is_native_for_a_gguf_on_the_cpu(model_path: Any, tmp_path: Any) -> None:
-    from engine.models.gguf_weights import native_unsupported
-    from engine.models.store import default_gguf_path
+    from tokenrelay.engine.models.gguf_weights import native_unsupported
+    from tokenrelay.engine.models.store import default_gguf_path
 
     assert native_unsupported(default_gguf_path()) is None
     auto = EngineConfig(model="default")
@@ -132,7 +132,7 @@ def test_auto_dequantizes_a_gguf_with_other_tensor_types(tmp_path: Any) -> None:
     import gguf as gg
     import numpy as np
 
-    from engine.models.gguf_weights import native_unsupported
+    from tokenrelay.engine.models.gguf_weights import native_unsupported
 
     path = tmp_path / "mixed.gguf"
     writer = gg.GGUFWriter(str(path), "llama")
@@ -153,7 +153,7 @@ def test_the_gguf_index_reads_what_gguf_reads(tmp_path: Path) -> None:
     gg = pytest.importorskip("gguf")
     import numpy as np
 
-    from engine.models.gguf_file import GGUFIndex
+    from tokenrelay.engine.models.gguf_file import GGUFIndex
 
     path = tmp_path / "tiny.gguf"
     writer = gg.GGUFWriter(str(path), "qwen3")
@@ -188,7 +188,7 @@ def test_the_gguf_index_reads_what_gguf_reads(tmp_path: Path) -> None:
 
 
 def test_a_broken_gguf_file_is_a_clear_error(tmp_path: Path) -> None:
-    from engine.models.gguf_file import GGUFIndex
+    from tokenrelay.engine.models.gguf_file import GGUFIndex
 
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"NOTGGUF" + bytes(64))

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 import torch
 
-from engine.attention.metadata import build_metadata
-from engine.attention.torch_sdpa import TorchBackend
-from engine.models.config import ModelConfig
-from engine.models.llama import CausalLM
-from engine.models.weights import load_model
-from engine.runner.kv_cache import KVCache
+from tokenrelay.engine.attention.metadata import build_metadata
+from tokenrelay.engine.attention.torch_sdpa import TorchBackend
+from tokenrelay.engine.models.config import ModelConfig
+from tokenrelay.engine.models.llama import CausalLM
+from tokenrelay.engine.models.weights import load_model
+from tokenrelay.engine.runner.kv_cache import KVCache
 
 PROMPTS = [
     "The capital of France is",
@@ -89,7 +89,7 @@ def test_chunked_prefill_then_decode_matches_transformers(
 def test_load_time_under_two_seconds(model_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 
-    from engine.kernels import cpu_linear
+    from tokenrelay.engine.kernels import cpu_linear
 
     # CPU time, not wall time: other processes sharing the machine must not fail this test.
     # The loader itself (safetensors, fusing) first, then the oneDNN packing on top, which

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.models.config import RopeConfig
-from engine.models.rope import RotaryEmbedding
+from tokenrelay.engine.models.config import RopeConfig
+from tokenrelay.engine.models.rope import RotaryEmbedding
 
 ROPES = {
     "default": RopeConfig(theta=10000.0),

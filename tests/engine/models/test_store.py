@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from engine.models.store import (
+from tokenrelay.engine.models.store import (
     COMPLETE_MARKER,
     ModelNotFoundError,
     default_gguf_path,
@@ -100,7 +100,7 @@ def test_local_hf_folder_resolves_to_itself(default_dir: Path) -> None:
 
 def test_two_concurrent_prepares_make_one_good_cache(tmp_path: Path, default_dir: Path) -> None:
     env = {**os.environ, "TOKENRELAY_HOME": str(tmp_path), "TOKENRELAY_LOG_FORMAT": "json"}
-    cmd = [sys.executable, "-m", "core.cli", "model", "prepare", "default"]
+    cmd = [sys.executable, "-m", "tokenrelay.core.cli", "model", "prepare", "default"]
     procs = [
         subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for _ in range(2)

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.models.config import ModelConfig, RopeConfig
-from engine.parallel.layout import check_tensor_parallel, local_config, vocab_shard
-from engine.parallel.sharding import shard_state
+from tokenrelay.engine.config import EngineConfig
+from tokenrelay.engine.models.config import ModelConfig, RopeConfig
+from tokenrelay.engine.parallel.layout import check_tensor_parallel, local_config, vocab_shard
+from tokenrelay.engine.parallel.sharding import shard_state
 
 SIZE = 3
 CFG = ModelConfig(

@@ -15,16 +15,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.wire.params import SamplingParams
-from engine.runner.graphs import (
+from tests.engine.runner.test_model_runner import generate
+from tokenrelay.core.wire.params import SamplingParams
+from tokenrelay.engine.runner.graphs import (
     GRAPH_BUCKETS,
     DecodeRows,
     bucket_for,
     graph_buckets,
     pad_rows,
 )
-from engine.runner.model_runner import ModelRunner
-from tests.engine.runner.test_model_runner import generate
+from tokenrelay.engine.runner.model_runner import ModelRunner
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import torch
 
-from core.wire.params import SamplingParams
-from engine.runner.kv_cache import block_bytes
-from engine.runner.model_runner import ModelRunner
-from engine.scheduling.batch import BatchItem
 from tests.engine.conftest import hf_generate_greedy
+from tokenrelay.core.wire.params import SamplingParams
+from tokenrelay.engine.runner.kv_cache import block_bytes
+from tokenrelay.engine.runner.model_runner import ModelRunner
+from tokenrelay.engine.scheduling.batch import BatchItem
 
 GREEDY = SamplingParams(temperature=0, max_tokens=64)
 PROMPTS = [

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-from core.wire.params import SamplingParams
-from engine.runner import sampler as sampler_module
-from engine.runner.logprobs import SampleLogprobs
-from engine.runner.penalties import edit_logits
-from engine.runner.sampler import Sampler
+from tokenrelay.core.wire.params import SamplingParams
+from tokenrelay.engine.runner import sampler as sampler_module
+from tokenrelay.engine.runner.logprobs import SampleLogprobs
+from tokenrelay.engine.runner.penalties import edit_logits
+from tokenrelay.engine.runner.sampler import Sampler
 
 VOCAB = 64
 

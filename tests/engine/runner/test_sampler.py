@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from core.wire.params import SamplingParams
-from engine.runner.sampler import TOP_P_CANDIDATES, Sampler, greedy
+from tokenrelay.core.wire.params import SamplingParams
+from tokenrelay.engine.runner.sampler import TOP_P_CANDIDATES, Sampler, greedy
 
 VOCAB = 1000
 

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.wire.params import SamplingParams
-from engine.scheduling.block_manager import BlockManager
-from engine.scheduling.sequence import Sequence
+from tokenrelay.core.wire.params import SamplingParams
+from tokenrelay.engine.scheduling.block_manager import BlockManager
+from tokenrelay.engine.scheduling.sequence import Sequence
 
 BS = 4
 PARAMS = SamplingParams(max_tokens=8)
@@ -32,14 +32,14 @@ def admit_and_compute(bm: BlockManager, seq: Sequence) -> list[int]:
 
 
 def test_module_imports_no_torch() -> None:
-    import engine.scheduling.block_manager
-    import engine.scheduling.scheduler
-    import engine.scheduling.sequence
+    import tokenrelay.engine.scheduling.block_manager
+    import tokenrelay.engine.scheduling.scheduler
+    import tokenrelay.engine.scheduling.sequence
 
     for module in (
-        engine.scheduling.block_manager,
-        engine.scheduling.scheduler,
-        engine.scheduling.sequence,
+        tokenrelay.engine.scheduling.block_manager,
+        tokenrelay.engine.scheduling.scheduler,
+        tokenrelay.engine.scheduling.sequence,
     ):
         assert "torch" not in vars(module)
     if "torch" not in sys.modules:  # only meaningful when nothing else imported torch

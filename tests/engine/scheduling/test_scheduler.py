@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import random
 
-from core.wire.params import SamplingParams
-from engine.scheduling.batch import BatchItem
-from engine.scheduling.block_manager import BlockManager
-from engine.scheduling.scheduler import Scheduler, SchedulerOutput
-from engine.scheduling.sequence import Sequence, SequenceStatus
+from tokenrelay.core.wire.params import SamplingParams
+from tokenrelay.engine.scheduling.batch import BatchItem
+from tokenrelay.engine.scheduling.block_manager import BlockManager
+from tokenrelay.engine.scheduling.scheduler import Scheduler, SchedulerOutput
+from tokenrelay.engine.scheduling.sequence import Sequence, SequenceStatus
 
 
 class FakeRunner:

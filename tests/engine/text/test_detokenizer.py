@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.text.detokenizer import IncrementalDetokenizer
+from tokenrelay.engine.text.detokenizer import IncrementalDetokenizer
 
 VOCAB = 49152
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

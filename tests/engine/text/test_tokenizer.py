@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.text.tokenizer import generic_tokenizer_class, load_tokenizer
+from tokenrelay.engine.text.tokenizer import generic_tokenizer_class, load_tokenizer
 
 TEXTS = [
     "Hello, world!",

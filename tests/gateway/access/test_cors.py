@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from gateway.access.cors import (
+from tokenrelay.gateway.access.cors import (
     ALLOW_HEADERS,
     EXPOSE_HEADERS,
     MAX_HEADER_NAME,

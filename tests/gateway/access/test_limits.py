@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from core.redis.embedded import EmbeddedRedis
-from core.wire.stats import WorkerStats
 from tests.gateway.procs import Client, start_gateway, wait_ready
-from worker.store import WorkerStore
+from tokenrelay.core.redis.embedded import EmbeddedRedis
+from tokenrelay.core.wire.stats import WorkerStats
+from tokenrelay.worker.store import WorkerStore
 
 
 @pytest.fixture(scope="module")

@@ -17,13 +17,13 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from core.redis.embedded import EmbeddedRedis
-from core.wire.stats import WorkerStats
-from gateway.access.auth import Authenticator, AuthError, key_id, load_keys
-from gateway.access.cors import OriginPolicy
-from gateway.access.hosts import HostPolicy
 from tests.gateway.procs import Client, Proc, start_gateway, stop_all, wait_ready
-from worker.store import WorkerStore
+from tokenrelay.core.redis.embedded import EmbeddedRedis
+from tokenrelay.core.wire.stats import WorkerStats
+from tokenrelay.gateway.access.auth import Authenticator, AuthError, key_id, load_keys
+from tokenrelay.gateway.access.cors import OriginPolicy
+from tokenrelay.gateway.access.hosts import HostPolicy
+from tokenrelay.worker.store import WorkerStore
 
 KEY_A = "sk-test-alpha-0123456789"
 KEY_B = "sk-test-bravo-0123456789"

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from core.redis.local_cluster import LocalCluster
-from core.wire.keys import Keys
 from tests.gateway.procs import Proc, start_gateway, start_worker, stop_all, wait_ready
+from tokenrelay.core.redis.local_cluster import LocalCluster
+from tokenrelay.core.wire.keys import Keys
 
 CLUSTER = "--redis-cluster"
 

@@ -17,9 +17,9 @@ import random
 
 import pytest
 
-from core.wire.keys import Keys, slot_of
 from tests.gateway.cluster.conftest import ClusterFleet
 from tests.gateway.test_chaos import Outcome, chaos_client, check_assembled, reference
+from tokenrelay.core.wire.keys import Keys, slot_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 import redis
 
-from core.redis.local_cluster import LocalCluster
-from core.wire.keys import Keys
 from tests.gateway.cluster.conftest import start_fleet
 from tests.gateway.procs import Client, generate_frame, stop_all, wait_ready
+from tokenrelay.core.redis.local_cluster import LocalCluster
+from tokenrelay.core.wire.keys import Keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

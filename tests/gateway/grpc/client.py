@@ -7,8 +7,8 @@ from typing import Any
 
 import grpc
 
-from gateway.grpc.codegen import load
 from tests.gateway.procs import FrameReader
+from tokenrelay.gateway.grpc.generated import load
 
 CODE = load()
 pb2 = CODE.pb2

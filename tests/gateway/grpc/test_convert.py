@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from gateway.grpc.convert import client_frame_json, parse_client_frame, server_frame
-from gateway.ws import protocol as p
 from tests.gateway.grpc.client import frame_dict, pb2
+from tokenrelay.gateway.grpc.convert import client_frame_json, parse_client_frame, server_frame
+from tokenrelay.gateway.ws import protocol as p
 
 LIMITS = p.Limits()
 

@@ -18,15 +18,15 @@ from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from core.redis.embedded import EmbeddedRedis
-from gateway.access.auth import SecuritySettings
-from gateway.grpc.codegen import PROTO, SERVICE
-from gateway.grpc.server import GrpcServer
-from gateway.server import build_server
-from gateway.state import Gateway, Settings
 from tests.gateway.grpc.client import GrpcClient, generate, pb2
 from tests.gateway.procs import free_port
 from tests.root import ROOT
+from tokenrelay.core.redis.embedded import EmbeddedRedis
+from tokenrelay.gateway.access.auth import SecuritySettings
+from tokenrelay.gateway.grpc.generated import PROTO, SERVICE
+from tokenrelay.gateway.grpc.server import GrpcServer
+from tokenrelay.gateway.server import build_server
+from tokenrelay.gateway.state import Gateway, Settings
 
 KEY = "grpc-test-key-0123456789"
 
@@ -176,10 +176,10 @@ async def test_a_port_in_use_fails_clearly(redis_server: EmbeddedRedis, prefix: 
 
 def test_a_gateway_without_grpc_port_never_imports_grpc() -> None:
     probe = (
-        "import sys, gateway.server, gateway.app;"
+        "import sys, tokenrelay.gateway.server, tokenrelay.gateway.app;"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('grpc', 'grpc_tools', 'grpc_health', 'grpc_reflection', 'google', 'gateway.grpc'));"
-        "bad += [m for m in sys.modules if m.startswith('gateway.grpc')];"
+        "('grpc', 'grpc_tools', 'grpc_health', 'grpc_reflection', 'google'));"
+        "bad += [m for m in sys.modules if m.startswith('tokenrelay.gateway.grpc')];"
         "print(bad); sys.exit(1 if bad else 0)"
     )
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True,

@@ -20,9 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
-from core.redis.embedded import EmbeddedRedis
-from core.wire.keys import Keys
 from tests.gateway.procs import Proc, free_port, start_worker, wait_ready
+from tokenrelay.core.redis.embedded import EmbeddedRedis
+from tokenrelay.core.wire.keys import Keys
 
 PREFIX = "api:"
 WORKER_ID = "api-worker"

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from gateway.http.sse import SSEEvent, SSEParser
+from tokenrelay.gateway.http.sse import SSEEvent, SSEParser
 
 LONG = {"max_tokens": 4000, "temperature": 0, "ignore_eos": True}
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from gateway.http import openai_fields as f
-from gateway.http.openai_request import ApiError, parse_chat, parse_completion
-from gateway.ws.protocol import Limits
 from tests.root import ROOT
+from tokenrelay.gateway.http import openai_fields as f
+from tokenrelay.gateway.http.openai_request import ApiError, parse_chat, parse_completion
+from tokenrelay.gateway.ws.protocol import Limits
 
 LIMITS = Limits()
 MSG = [{"role": "user", "content": "Hi"}]

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from core.wire.events import Event
-from gateway.http.openai_render import ChunkEncoder, Collector, StreamFormat
-from gateway.http.openai_request import ApiError
-from gateway.http.sse import SSEParser
+from tokenrelay.core.wire.events import Event
+from tokenrelay.gateway.http.openai_render import ChunkEncoder, Collector, StreamFormat
+from tokenrelay.gateway.http.openai_request import ApiError
+from tokenrelay.gateway.http.sse import SSEParser
 
 SID = "abcdefghijklmnop1234"
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from core.wire.events import Event
-from core.wire.logprobs import Logprobs, TokenLogprob, encode_logprobs
-from gateway.http.openai_render import ChunkEncoder, Collector, StreamFormat
-from gateway.http.sse import SSEParser
-from gateway.ws import protocol as p
+from tokenrelay.core.wire.events import Event
+from tokenrelay.core.wire.logprobs import Logprobs, TokenLogprob, encode_logprobs
+from tokenrelay.gateway.http.openai_render import ChunkEncoder, Collector, StreamFormat
+from tokenrelay.gateway.http.sse import SSEParser
+from tokenrelay.gateway.ws import protocol as p
 
 SID = "abcdefghijklmnop1234"
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from core.wire.events import Event
-from core.wire.tools import encode_calls, parse_tool_calls, parse_tools, render_call
-from gateway.http.openai_render import ChunkEncoder, Collector, StreamFormat
-from gateway.http.sse import SSEParser
+from tokenrelay.core.wire.events import Event
+from tokenrelay.core.wire.tools import encode_calls, parse_tool_calls, parse_tools, render_call
+from tokenrelay.gateway.http.openai_render import ChunkEncoder, Collector, StreamFormat
+from tokenrelay.gateway.http.sse import SSEParser
 
 SID = "abcdefghijklmnop1234"
 TOOLS = parse_tools([{"type": "function", "function": {"name": "get_time"}}])

@@ -6,14 +6,14 @@ from typing import Any
 
 import pytest
 
-from gateway.http.openai_request import (
+from tokenrelay.gateway.http.openai_request import (
     ApiError,
     error_for_code,
     parse_chat,
     parse_completion,
     parse_json,
 )
-from gateway.ws.protocol import Limits
+from tokenrelay.gateway.ws.protocol import Limits
 
 LIMITS = Limits()
 MSG = [{"role": "user", "content": "Hi"}]

@@ -9,7 +9,7 @@ import pytest
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from gateway.http.pages import STATIC_DIR, TEMPLATES_DIR, page_routes, presets_from_query
+from tokenrelay.gateway.http.pages import STATIC_DIR, TEMPLATES_DIR, page_routes, presets_from_query
 
 
 @pytest.fixture(scope="module")

@@ -11,11 +11,11 @@ import pytest
 import torch
 from openai.types.chat import ChatCompletionMessageParam
 
-from engine.text.token_text import TokenTexts
 from tests.engine.conftest import hf_model, model_path
 from tests.gateway.http.conftest import ApiStack
 from tests.gateway.http.test_sdk import sync_client
 from tests.gateway.procs import Client, generate_frame
+from tokenrelay.engine.text.token_text import TokenTexts
 
 __all__ = ["hf_model", "model_path"]  # the engine suite's fixtures
 

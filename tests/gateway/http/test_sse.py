@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.http.sse import (
+from tokenrelay.gateway.http.sse import (
     DONE,
     KEEPALIVE,
     SSEEvent,

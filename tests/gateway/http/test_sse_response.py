@@ -8,8 +8,8 @@ from typing import Any
 
 from starlette.types import Message
 
-from gateway.http.sse import KEEPALIVE
-from gateway.http.sse_response import GONE, TIMEOUT, Pump, SSEResponse
+from tokenrelay.gateway.http.sse import KEEPALIVE
+from tokenrelay.gateway.http.sse_response import GONE, TIMEOUT, Pump, SSEResponse
 
 
 class Client:

@@ -15,10 +15,10 @@ import pytest
 from starlette.requests import Request
 from starlette.types import Message
 
-from gateway.http.common import HttpSettings
-from gateway.http.streams import StreamsApi
-from gateway.streams.store import StreamStore
-from worker.store import WorkerStore
+from tokenrelay.gateway.http.common import HttpSettings
+from tokenrelay.gateway.http.streams import StreamsApi
+from tokenrelay.gateway.streams.store import StreamStore
+from tokenrelay.worker.store import WorkerStore
 
 BODY = {"prompt": "hi", "params": {}}
 

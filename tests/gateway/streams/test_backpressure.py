@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from core.redis.embedded import EmbeddedRedis
-from core.wire.events import accepted_fields, done_fields, token_fields
-from core.wire.stats import WorkerStats
-from gateway.streams.store import NewStream, StreamStore
 from tests.gateway.procs import Client, Proc, start_gateway, wait_ready
-from worker.store import Batch, WorkerStore
+from tokenrelay.core.redis.embedded import EmbeddedRedis
+from tokenrelay.core.wire.events import accepted_fields, done_fields, token_fields
+from tokenrelay.core.wire.stats import WorkerStats
+from tokenrelay.gateway.streams.store import NewStream, StreamStore
+from tokenrelay.worker.store import Batch, WorkerStore
 
 EVENTS = 6000
 TEXT = "x" * 1000  # 1 kB per event: 6 MB per stream, far more than socket buffers

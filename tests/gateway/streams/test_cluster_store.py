@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 import redis
 
-from core.redis.local_cluster import LocalCluster
-from core.wire.events import token_fields
-from core.wire.keys import QUEUE_SHARDS, Keys, slot_of
-from gateway.streams.memory import _fullest
-from gateway.streams.store import StreamStore
 from tests.gateway.conftest import open_slog, open_wlog
 from tests.gateway.streams.test_store import BODY, collect, start_stream, write_done
-from worker.store import Batch, WorkerStore
+from tokenrelay.core.redis.local_cluster import LocalCluster
+from tokenrelay.core.wire.events import token_fields
+from tokenrelay.core.wire.keys import QUEUE_SHARDS, Keys, slot_of
+from tokenrelay.gateway.streams.memory import _fullest
+from tokenrelay.gateway.streams.store import StreamStore
+from tokenrelay.worker.store import Batch, WorkerStore
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from core.tracing import parse_traceparent
-from core.wire.telemetry import TRACE_FIELD
-from gateway.streams.store import StreamStore
 from tests.core.test_tracing import VALID, memory_tracing
 from tests.gateway.streams.test_store import collect, start_stream, write_done, write_tokens
-from worker.store import WorkerStore
+from tokenrelay.core.tracing import parse_traceparent
+from tokenrelay.core.wire.telemetry import TRACE_FIELD
+from tokenrelay.gateway.streams.store import StreamStore
+from tokenrelay.worker.store import WorkerStore
 
 
 async def until(cond: object, timeout: float = 10.0) -> None:

@@ -12,14 +12,14 @@ import time
 
 import pytest
 
-from core.wire.events import Event, token_fields
-from core.wire.ids import new_stream_id
-from core.wire.scripts import APPEND_CHUNK
-from gateway.streams import feed as livefeed
-from gateway.streams.store import StreamStore
-from gateway.streams.subscription import BUFFER_LIMIT
 from tests.gateway.streams.test_store import collect, start_stream, write_done, write_tokens
-from worker.store import Batch, WorkerStore
+from tokenrelay.core.wire.events import Event, token_fields
+from tokenrelay.core.wire.ids import new_stream_id
+from tokenrelay.core.wire.scripts import APPEND_CHUNK
+from tokenrelay.gateway.streams import feed as livefeed
+from tokenrelay.gateway.streams.store import StreamStore
+from tokenrelay.gateway.streams.subscription import BUFFER_LIMIT
+from tokenrelay.worker.store import Batch, WorkerStore
 
 pytestmark = pytest.mark.timeout(120)  # a hang here fails fast, with every task's stack
 

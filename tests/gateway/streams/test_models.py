@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from core.wire.keys import Keys
-from core.wire.stats import WorkerStats
-from gateway.streams.models import Route, Served, UnknownModel
+from tokenrelay.core.wire.keys import Keys
+from tokenrelay.core.wire.stats import WorkerStats
+from tokenrelay.gateway.streams.models import Route, Served, UnknownModel
 
 
 def worker(backend: str, *models: str) -> WorkerStats:

@@ -15,21 +15,21 @@ from pathlib import Path
 import pytest
 import redis
 
-from core.redis.embedded import EmbeddedRedis
-from core.wire.events import Event, accepted_fields, done_fields, entry_id, token_fields
-from core.wire.ids import new_stream_id
-from core.wire.keys import GROUP, WORKER_DEAD_GRACE
-from core.wire.scripts import decode_published
-from core.wire.stats import WorkerStats
-from gateway.streams.store import (
+from tokenrelay.core.redis.embedded import EmbeddedRedis
+from tokenrelay.core.wire.events import Event, accepted_fields, done_fields, entry_id, token_fields
+from tokenrelay.core.wire.ids import new_stream_id
+from tokenrelay.core.wire.keys import GROUP, WORKER_DEAD_GRACE
+from tokenrelay.core.wire.scripts import decode_published
+from tokenrelay.core.wire.stats import WorkerStats
+from tokenrelay.gateway.streams.store import (
     BadOffset,
     EventsTrimmed,
     StreamForbidden,
     StreamNotFound,
     StreamStore,
 )
-from gateway.streams.tailer import BUFFER_LIMIT, Subscription
-from worker.store import Batch, WorkerStore
+from tokenrelay.gateway.streams.tailer import BUFFER_LIMIT, Subscription
+from tokenrelay.worker.store import Batch, WorkerStore
 
 BODY = {"prompt": "hi", "params": {"max_tokens": 4}}
 ENTRIES: dict[str, str] = {}  # stream id -> its request entry (acknowledged with done)
@@ -392,7 +392,7 @@ async def test_redis_outage_and_recovery(tmp_path, prefix: str) -> None:  # type
         tail = asyncio.create_task(collect(slog, sid, 0))
         await asyncio.sleep(0.2)
         server.stop()
-        from gateway.streams.store import RedisUnavailable
+        from tokenrelay.gateway.streams.store import RedisUnavailable
 
         with pytest.raises(RedisUnavailable):
             await asyncio.wait_for(tail, 5)

@@ -19,11 +19,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from core.redis.connection import raise_if_cancel_swallowed
-from core.redis.embedded import EmbeddedRedis
-from core.wire.stats import WorkerStats
 from tests.gateway.procs import Client, start_gateway, wait_ready
-from worker.store import WorkerStore
+from tokenrelay.core.redis.connection import raise_if_cancel_swallowed
+from tokenrelay.core.redis.embedded import EmbeddedRedis
+from tokenrelay.core.wire.stats import WorkerStats
+from tokenrelay.worker.store import WorkerStore
 
 PREFIX = "gone:"
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from core.redis.embedded import EmbeddedRedis
 from tests.gateway.procs import Client, start_gateway, wait_ready
+from tokenrelay.core.redis.embedded import EmbeddedRedis
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncio
 
-from core.wire.stats import WorkerStats
 from tests.gateway.procs import Client
 from tests.web.test_readiness import bare_gateway  # noqa: F401  (the fixture)
-from worker.store import WorkerStore
+from tokenrelay.core.wire.stats import WorkerStats
+from tokenrelay.worker.store import WorkerStore
 
 
 async def test_hello_and_notices_carry_readiness(

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from gateway.streams.store import StreamStore
-from gateway.ws import protocol as p
-from gateway.ws.connection import Connection
-from worker.store import WorkerStore
+from tokenrelay.gateway.streams.store import StreamStore
+from tokenrelay.gateway.ws import protocol as p
+from tokenrelay.gateway.ws.connection import Connection
+from tokenrelay.worker.store import WorkerStore
 
 
 class Guard:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from gateway.ws.connection import Connection
+from tokenrelay.gateway.ws.connection import Connection
 
 
 class ScriptedSocket:

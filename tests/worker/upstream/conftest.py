@@ -25,9 +25,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from core.redis.embedded import EmbeddedRedis
 from tests.gateway.procs import Client, Proc, free_port, generate_frame, stop_all, wait_ready
 from tests.worker.upstream.faultproxy import PASS, FaultProxy
+from tokenrelay.core.redis.embedded import EmbeddedRedis
 
 CHUNK_TIMEOUT = 1.5  # the fault relay's --upstream-timeout
 DETACH_TIMEOUT = 2.0  # the fault relay gateway's (requests carry it to the worker)

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from core.redis.embedded import EmbeddedRedis
 from tests.gateway.procs import start_gateway, wait_ready
 from tests.gateway.test_chaos import chaos_client, check_assembled, reference
 from tests.worker.upstream.conftest import Server
+from tokenrelay.core.redis.embedded import EmbeddedRedis
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

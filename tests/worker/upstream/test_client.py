@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from worker.upstream.client import (
+from tokenrelay.worker.upstream.client import (
     ConnectError,
     HttpClient,
     ReadTimeout,

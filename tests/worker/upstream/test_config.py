@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from core.cli import build_parser
-from worker.upstream.config import UpstreamConfig, base_url, redact
+from tokenrelay.core.cli import build_parser
+from tokenrelay.worker.upstream.config import UpstreamConfig, base_url, redact
 
 
 def test_the_base_url_is_normalised_and_gets_v1_when_it_has_no_path() -> None:

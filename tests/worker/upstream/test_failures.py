@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from worker.upstream.failures import MAX_RETRY_AFTER, RetryPolicy, parse_retry_after
+from tokenrelay.worker.upstream.failures import MAX_RETRY_AFTER, RetryPolicy, parse_retry_after
 
 
 def test_retry_after_takes_seconds_or_an_http_date() -> None:

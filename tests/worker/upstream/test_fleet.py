@@ -18,10 +18,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from core.redis.embedded import EmbeddedRedis
-from core.wire.keys import Keys
 from tests.gateway.procs import Client, Proc, free_port, generate_frame, stop_all, wait_ready
 from tests.worker.upstream.conftest import Server, text_of, wait_for
+from tokenrelay.core.redis.embedded import EmbeddedRedis
+from tokenrelay.core.wire.keys import Keys
 
 pytestmark = pytest.mark.slow
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from worker.upstream.http1 import ProtocolError, ResponseParser, request_bytes
-from worker.upstream.openai import SSEStream
+from tokenrelay.worker.upstream.http1 import ProtocolError, ResponseParser, request_bytes
+from tokenrelay.worker.upstream.openai import SSEStream
 
 CHUNKED = (
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"

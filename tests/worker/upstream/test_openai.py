@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from core.wire.params import SamplingParams
-from worker.upstream.failures import Refused, Retryable
-from worker.upstream.openai import (
+from tokenrelay.core.wire.params import SamplingParams
+from tokenrelay.worker.upstream.failures import Refused, Retryable
+from tokenrelay.worker.upstream.openai import (
     SSEDecoder,
     mentions_stream_options,
     parse_chunk,
