@@ -52,10 +52,10 @@ def write_result(path: Path, text: str) -> None:
 def load_generator_gc() -> Iterator[None]:
     """No cyclic-GC pauses in a load generator while it measures.
 
-    A full collection in a process holding 1,000 client sockets took 140-170 ms
-    on the 2-core bench machine, and each one showed up as a latency spike of the
-    system under test. Within the block, what exists is frozen out of the
-    collector and collection is off (reference counting still frees memory).
+    A full collection in a process holding 1,000 client sockets pauses all of them,
+    and each one showed up as a latency spike of the system under test. Within the
+    block, what exists is frozen out of the collector and collection is off
+    (reference counting still frees memory).
     Only for load generators: servers under test keep their own GC.
     """
     gc.collect()

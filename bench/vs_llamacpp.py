@@ -18,7 +18,7 @@ llama-server is a prerequisite of this bench only (never of the tests or the
 runtime): it is taken from ``--llama-server``, ``$LLAMA_SERVER`` or the cache
 ``~/.cache/tokenrelay-bench/llama.cpp/bin/llama-server``; else it is built
 there from the llama.cpp vendored in the llama-cpp-python sdist on PyPI
-(cmake + a C++ compiler; about 20 minutes on 2 cores).
+(cmake + a C++ compiler; a long build on a small machine).
 
     .venv/bin/python -m bench.vs_llamacpp                  # the full run (builds if needed)
     .venv/bin/python -m bench.vs_llamacpp --build-only     # only get llama-server

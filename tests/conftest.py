@@ -12,7 +12,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: see engine/__init__
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: see engine/__init__.py
 
 from tokenrelay.core.redis.embedded import EmbeddedRedis
 from tokenrelay.core.redis.local_cluster import LocalCluster, cluster_unsupported_reason

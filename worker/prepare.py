@@ -1,8 +1,8 @@
 """Prompts tokenized beside the engine loop, so a long one never stalls running streams.
 
-Tokenizing is the one per-request cost that grows with the input: 200,000
-characters take 0.25 to 0.8 s on one core, and a burst of such prompts run in
-the engine loop would hold every running stream's next token for seconds. The
+Tokenizing is the one per-request cost that grows with the input, and a burst of
+very long prompts run in the engine loop would hold every running stream's next
+token for seconds. The
 loop hands a request's body to :class:`Preparer` and goes on stepping; a
 background thread turns the body into token ids (the chat template rendered, or
 the prompt encoded) and the loop picks the result up on a later iteration.

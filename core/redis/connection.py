@@ -266,7 +266,7 @@ def _identity() -> dict[str, Any]:
     """The client name redis-py sends on connect (``CLIENT SETINFO``), resolved once.
 
     redis-py 7+ otherwise builds it for every new connection from the installed
-    package's metadata (about 1 ms of CPU each): during a burst of new pool
+    package's metadata: during a burst of new pool
     connections that was most of the gateway's time. Older redis-py resolves it
     once at import and takes no argument for it.
     """

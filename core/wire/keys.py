@@ -136,7 +136,7 @@ class Keys:
 
     def wake(self, model: str | None) -> str:
         """The sharded channel on which a gateway wakes idle workers of ``model`` when it
-        queues a request (cluster only: worker/wake.py)."""
+        queues a request (cluster only: worker/shards.py)."""
         return f"{self.prefix}wake:{{w}}" + (f":{model}" if model else "")
 
     def channel(self, stream_id: str) -> str:

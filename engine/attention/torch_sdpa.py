@@ -30,7 +30,7 @@ DECODE_BUCKET_MIN = 8  # at least this many rows per decode bucket
 DECODE_MAX_BUCKETS = 4
 # CPU: rows per decode bucket. 8 rows x ~500 tokens of K and V is ~5 MB, which stays in
 # cache between the gather and SDPA; one bucket of 64 rows goes out to memory and back
-# (bench/engine_profile.py buckets; docs/benchmarks.md).
+# (python -m bench.engine_profile attention; docs/benchmarks.md, "Engine profile").
 CPU_DECODE_BUCKET_ROWS = 8
 
 

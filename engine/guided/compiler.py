@@ -1,17 +1,17 @@
 """From a checked ``response_format`` to a grammar llguidance can run, cached per schema.
 
 One :class:`GrammarCompiler` per engine (per tokenizer): it wraps the model's tokenizer
-for llguidance once (about 1 s for a 49k vocabulary: build it when the first guided
+for llguidance once (costly for a large vocabulary: build it when the first guided
 request comes, not per request) and turns each :class:`~core.wire.response_format.ResponseFormat`
 into a validated :class:`Grammar`, kept in an LRU cache keyed by the format's type and
 compact schema text. :meth:`GrammarCompiler.matcher` then starts a sequence's
-:class:`~engine.guided.matcher.GuidedMatcher` on it (about 1 ms).
+:class:`~engine.guided.matcher.GuidedMatcher` on it (cheap).
 
 Why llguidance (``python -m bench.grammar_choice``, docs/benchmarks.md "Grammar engine
 for structured outputs"): among xgrammar, llguidance and outlines-core it is the only one
 whose random walks over every probe schema all parsed and validated, and it refuses the
 JSON Schema keywords it cannot enforce instead of dropping them; xgrammar filled the
-batch-64 mask 2-4x sooner but let raw control characters into strings with
+batch-64 mask sooner but let raw control characters into strings with
 ``maxLength``; outlines-core compiled in seconds and has no batch API.
 
 The JSON it allows is compact, on one line, with ``", "`` and ``": "`` as separators

@@ -3,10 +3,10 @@
 PyTorch has no paged attention for CPUs: the torch path copies every decoding
 sequence's K and V out of the block pool (``index_select``) before SDPA reads the copy,
 which makes the gather as costly as the attention itself. ``csrc/paged_attention.c``
-reads the blocks where they are (docs/benchmarks.md, "Engine").
+reads the blocks where they are (docs/benchmarks.md, "Engine profile").
 
 The kernel is plain C with OpenMP, called through ``ctypes``; it needs no PyTorch
-headers and compiles in about a second. It is built on first use with
+headers and compiles quickly. It is built on first use with
 ``$CC`` (else ``cc``) and ``-march=native`` into ``$TOKENRELAY_HOME/kernels``, under a
 name that hashes the source, the flags, the compiler's version and this CPU's feature
 flags, so a cache shared between machines never loads code built for another CPU

@@ -6,9 +6,9 @@ a pass over all the weights before any arithmetic, and for the small row counts
 of decoding (1 to 64 rows) it dominates. oneDNN can keep a weight in its blocked
 layout (``torch.ops.mkldnn._reorder_linear_weight``) and multiply against it
 directly (``torch.ops.mkldnn._linear_pointwise``, the op PyTorch's own compiler
-emits for frozen CPU linears). The engine end to end: 1.24x on the default model
-(docs/benchmarks.md, "Engine"). Packing costs about 1 s at load (it reads every
-weight).
+emits for frozen CPU linears). ``TOKENRELAY_PACKED_LINEAR=0|1 python -m
+bench.engine_throughput --skip-hf`` measures the engine end to end both ways. Packing
+costs a pass over every weight at load.
 
 The packed weight replaces the dense one, so memory grows only by the tied LM
 head (the embedding keeps its dense copy for the lookup). ``TOKENRELAY_PACKED_LINEAR=0``

@@ -4,7 +4,7 @@
 projections of ``csrc/quant_matmul.c``, rotary, the KV-cache write, the paged attention
 of ``csrc/paged_attention.c``, SwiGLU, residuals) for a flattened batch of tokens, so a
 step costs one ``ctypes`` call instead of ~15 PyTorch ops per layer. At one sequence the
-per-op overhead was as large as the matrix products (docs/benchmarks.md, "Engine").
+per-op overhead was as large as the matrix products (docs/benchmarks.md, "Engine profile").
 
 :class:`FusedDecoder` is bound once to the weights (:class:`LayerWeights` per layer, all
 of them CPU fp32 tensors or :class:`~engine.kernels.quant.QuantWeight`, kept referenced

@@ -2,7 +2,7 @@
 
 ``gguf.GGUFReader`` builds a numpy view for every part of every metadata field:
 for the default model's tokenizer (49152 tokens, 48900 merges) that is ~500k
-views, ~7 s per open on a laptop core, while loading the weights needs only the
+views, seconds per open, while loading the weights needs only the
 tensor index and the architecture. This reader walks the header once with
 ``struct``, skips array values (strings by their lengths), and maps the file
 read-only; each tensor's bytes are a slice of that map.

@@ -225,13 +225,14 @@ def gguf_parsed_once() -> Iterator[None]:
     transformers' dictionaries once, and each tensor-name map built once.
 
     transformers parses the whole file anew for the config, the tokenizer and the
-    weights (5.6 s each for the default model on the 2-core bench machine: the
-    reader walks every metadata field, the 49,152-entry vocabulary included), and
-    rebuilds gguf's tensor-name map at every level of the module tree while it
-    matches weight names. Both give the same answer each time, and transformers
-    only reads them, so the block hands out one of each. It takes the names from
-    the ``gguf`` module when it calls them, which is what is swapped here, for the
-    whole process: only the conversion (under its file lock) runs inside the block.
+    weights (seconds each for the default model: the reader walks every metadata
+    field, the 49,152-entry vocabulary included; docs/benchmarks.md, "Preparing the
+    default model"), and rebuilds gguf's tensor-name map at every level of the
+    module tree while it matches weight names. Both give the same answer each time,
+    and transformers only reads them, so the block hands out one of each. It takes
+    the names from the ``gguf`` module when it calls them, which is what is swapped
+    here, for the whole process: only the conversion (under its file lock) runs
+    inside the block.
     """
     import gguf
     from transformers import modeling_gguf_pytorch_utils as hf_gguf

@@ -88,7 +88,7 @@ class Sampler:
             raise ValueError("logits: expected [N, V] with one SamplingParams per row")
         asked: list[int] = []  # rows that want logprobs
         edited: list[int] = []  # rows with a logit bias or a penalty
-        for i, p in enumerate(params):  # one pass: a default batch pays ~10 us here
+        for i, p in enumerate(params):  # one pass: a default batch pays little here
             if p.logprobs is not None:
                 asked.append(i)
             if (
@@ -158,7 +158,7 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:
     """``logits.argmax(dim=-1)``: the first maximum of each row, a NaN counting as one.
 
     fp32 on a CPU goes through numpy, whose vectorised argmax finds the same index
-    about 20x sooner than torch's (8 us against 150 us for a 49k-token vocabulary).
+    much sooner than torch's for a large vocabulary.
     """
     cpu = logits.device.type == "cpu" and logits.dtype == torch.float32
     if cpu and logits.dim() == 2 and logits.shape[1] > 0:

@@ -1,9 +1,9 @@
 """Loading a model folder's tokenizer without paying for ``AutoTokenizer``.
 
 ``AutoTokenizer.from_pretrained`` first resolves the model's configuration
-class, which imports a large part of transformers: 5.7 s to a loaded tokenizer
-in a fresh process on a 2-core CPU, against 1.6 s for the class directly
-(``python -m bench.engine_profile start``). A folder whose
+class, which imports a large part of transformers: several times as long to a
+loaded tokenizer in a fresh process as the class directly (``python -m
+bench.engine_profile start``; docs/benchmarks.md, "Engine profile"). A folder whose
 ``tokenizer_config.json`` names the generic fast tokenizer (what transformers
 writes for a ``tokenizer.json``-backed tokenizer, as for the cached default
 model) is loaded with that class directly: the same object ``AutoTokenizer``

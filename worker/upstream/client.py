@@ -2,8 +2,8 @@
 
 Why not httpx (which the relay used first): a streamed token is one read of a few
 dozen bytes, and httpx's layers (httpcore, h11, anyio's streams, its text and line
-decoders) cost ~300 us of CPU per read, most of a relay worker's CPU at 1,600 tokens
-a second (docs/benchmarks.md, "Relay latency"). Here each connection is an
+decoders) cost most of a relay worker's CPU when it streams many tokens a second
+(docs/benchmarks.md, "Relay latency"). Here each connection is an
 :class:`asyncio.Protocol` that feeds the bytes to the sans-I/O parser of
 worker/upstream/http1.py as they arrive; a reader waits on one future per read.
 

@@ -1,6 +1,6 @@
 """The compiled CPU decode kernel: its build, its cache, its checks, and its answers.
 
-tests/engine/runner/test_attention.py runs every paged-attention case through it as well.
+tests/engine/attention/test_backends.py runs every paged-attention case through it as well.
 """
 
 from __future__ import annotations
