@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from tokenrelay.core.wire.logprobs import Logprobs, TokenLogprob
 from tokenrelay.core.wire.params import SamplingParams
 from tokenrelay.core.wire.tools import Tool
+from tokenrelay.core.wire.vocabulary import FinishReason
 from tokenrelay.engine.config import EngineConfig
 from tokenrelay.engine.scheduling.block_manager import BlockManager
 from tokenrelay.engine.scheduling.scheduler import Scheduler
@@ -49,7 +50,7 @@ class RequestOutput:
     new_text: str
     new_token_ids: list[int]
     finished: bool
-    finish_reason: str | None  # "stop" | "length" | "abort" | None
+    finish_reason: FinishReason | None  # STOP, LENGTH or CANCELLED (aborted); None: running
     prompt_tokens: int
     completion_tokens: int
     new_logprobs: list[Logprobs] | None = None
@@ -180,7 +181,7 @@ class LLMEngine:
         return len(token_ids)
 
     def _matcher(self, params: SamplingParams) -> GuidedMatcher | None:
-        """A guided request's grammar state (the compiler built on first use, ~1 s).
+        """A guided request's grammar state (the compiler built on first use).
 
         Raises ``ValueError`` (naming ``response_format``) for a grammar refused here.
         """
@@ -263,7 +264,13 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         outputs = [
             RequestOutput(
-                seq.request_id, "", [], True, "abort", seq.num_prompt_tokens, seq.num_output_tokens
+                seq.request_id,
+                "",
+                [],
+                True,
+                FinishReason.CANCELLED,
+                seq.num_prompt_tokens,
+                seq.num_output_tokens,
             )
             for seq in plan.aborted
         ]
@@ -302,22 +309,25 @@ class LLMEngine:
         params = seq.params
         detok = self._detok[seq.request_id]
         self.num_generated_tokens += 1
-        reason: str | None = None
+        reason: FinishReason | None = None
         if token in self.eos_token_ids and not params.ignore_eos:
-            text, reason = detok.flush(), "stop"  # EOS ends the text, never part of it
+            text, reason = detok.flush(), FinishReason.STOP  # EOS ends the text, never part of it
         elif token in params.stop_token_ids:  # vLLM: its text stays (none for a special one)
             text = detok.add(token)
-            text, reason = text + detok.flush(), "stop"
+            text, reason = text + detok.flush(), FinishReason.STOP
         else:
             text = detok.add(token)
             matcher = self._matchers.get(seq.request_id)
             if detok.stopped:
-                reason = "stop"
+                reason = FinishReason.STOP
             elif matcher is not None and self._complete(matcher, token):
-                text, reason = text + detok.flush(), "stop"  # no EOS step once the JSON is whole
+                text, reason = (
+                    text + detok.flush(),
+                    FinishReason.STOP,
+                )  # no EOS step once the JSON is whole
             elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
                 text += detok.flush()
-                reason = "length"
+                reason = FinishReason.LENGTH
         if reason is not None:
             self.scheduler.finish(seq, reason)
             del self._detok[seq.request_id]

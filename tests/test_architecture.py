@@ -252,3 +252,148 @@ def test_nothing_uses_the_bare_folder_names() -> None:
                 continue
             bad += [f"{where}:{node.lineno}: {n}" for n in names if n.split(".")[0] in OLD_NAMES]
     assert not bad, "\n".join(bad)
+
+
+# --- one vocabulary ----------------------------------------------------------------------
+# Finish reasons, error codes, stream statuses and event kinds are the StrEnums of
+# core/wire/vocabulary.py: a module that produces or compares one names the member, never
+# the bare string. "stop" is also a request field and "error" a frame type: only the
+# places where a string is used *as* one of these values count.
+
+
+def _vocabulary() -> dict[str, set[str]]:
+    from tokenrelay.core.wire.vocabulary import ErrorCode, EventKind, FinishReason, StreamStatus
+
+    return {
+        "finish reason": {str(v) for v in FinishReason},
+        "error code": {str(v) for v in ErrorCode},
+        "stream status": {str(v) for v in StreamStatus},
+        "event kind": {str(v) for v in EventKind},
+    }
+
+
+VOCAB = _vocabulary()
+# a compared or passed value's role, by the name it is compared with or passed as
+ROLE_OF_NAME = {
+    "finish_reason": ("finish reason",),
+    "reason": ("finish reason",),
+    "abort_reason": ("finish reason",),
+    "code": ("error code", "finish reason"),  # a rejected event's code may be "cancelled"
+    "status": ("stream status",),
+    "kind": ("event kind",),  # Event.kind (an attribute); a bare `kind` is a frame type
+}
+# callables whose first argument is one of them
+FIRST_ARG_ROLE = {
+    **dict.fromkeys(
+        (
+            *("error_for_code", "error_frame", "ProtocolError", "count_error", "Refusal", "of"),
+            *("Retryable", "Refused", "EngineRefused", "reject", "_refuse", "refuse"),
+            "rejected_fields",
+        ),
+        ("error code", "finish reason"),
+    ),
+    **dict.fromkeys(("done_fields", "_abort", "end", "finish"), ("finish reason",)),
+}
+# exceptions that take an error code at any position
+CODE_ANYWHERE = ("RequestError", "ResponseFormatError", "ToolError")
+
+
+def _name(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Name):
+        return None if node.id == "kind" else node.id
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "get"
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+    ):
+        return str(node.args[0].value)  # meta.get("st") ...
+    return None
+
+
+def _bare(node: ast.AST, roles: tuple[str, ...]) -> str | None:
+    """The vocabulary word a constant (or a tuple of them) spells, if any."""
+    values = node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set) else [node]
+    for v in values:
+        if isinstance(v, ast.Constant) and isinstance(v.value, str) and type(v) is ast.Constant:
+            for role in roles:
+                if v.value in VOCAB[role]:
+                    return f"{role} {v.value!r}"
+    return None
+
+
+def vocabulary_literals(tree: ast.AST) -> list[tuple[int, str]]:
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            for a, b in ((x, y) for x in sides for y in sides if x is not y):
+                roles = ROLE_OF_NAME.get(_name(a) or "")
+                if roles and (word := _bare(b, roles)):
+                    found.append((node.lineno, f"compared: {word}"))
+        elif isinstance(node, ast.Call):
+            for kw in node.keywords:
+                roles = ROLE_OF_NAME.get(kw.arg or "")
+                if roles and (word := _bare(kw.value, roles)):
+                    found.append((node.lineno, f"passed as {kw.arg}: {word}"))
+            func = node.func
+            fname = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            roles = FIRST_ARG_ROLE.get(fname or "")
+            if roles and node.args and (word := _bare(node.args[0], roles)):
+                found.append((node.lineno, f"passed to {fname}: {word}"))
+            if fname in CODE_ANYWHERE:
+                for arg in node.args:
+                    if word := _bare(arg, ("error code",)):
+                        found.append((node.lineno, f"passed to {fname}: {word}"))
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            args = node.args.args + node.args.kwonlyargs
+            defaults = [None] * (len(node.args.args) - len(node.args.defaults))
+            for arg, default in zip(args, [*defaults, *node.args.defaults, *node.args.kw_defaults],
+                                    strict=True):  # fmt: skip
+                roles = ROLE_OF_NAME.get(arg.arg)
+                if roles and default is not None and (word := _bare(default, roles)):
+                    found.append((node.lineno, f"default of {arg.arg}: {word}"))
+        elif isinstance(node, ast.Dict):
+            if node.keys and all(isinstance(k, ast.Constant) and type(k.value) is int
+                                 for k in node.keys):  # fmt: skip
+                for v in node.values:  # an HTTP status -> code table
+                    if word := _bare(v, ("error code",)):
+                        found.append((node.lineno, f"in a status table: {word}"))
+            for k, v in zip(node.keys, node.values, strict=True):
+                keyed = isinstance(k, ast.Constant) and k.value in ("finish_reason", "code")
+                if keyed and v is not None and (word := _bare(v, ROLE_OF_NAME[str(k.value)])):  # type: ignore[union-attr]
+                    found.append((node.lineno, f"as {k.value}: {word}"))  # type: ignore[union-attr]
+    return found
+
+
+VOCABULARY_HOME = {f"{NS}.core.wire.vocabulary"}
+
+
+@pytest.mark.parametrize("module", sorted(set(MODULES) - VOCABULARY_HOME))
+def test_vocabulary_comes_from_the_enums(module: str) -> None:
+    path = MODULES[module]
+    found = vocabulary_literals(ast.parse(path.read_text(), str(path)))
+    bad = [f"{path.relative_to(ROOT)}:{line}: {what}" for line, what in found]
+    assert not bad, "use the enums of core/wire/vocabulary.py:\n" + "\n".join(bad)
+
+
+def test_the_vocabulary_checker_sees_bare_strings() -> None:
+    src = (
+        'if ev.finish_reason == "stop": pass\n'
+        'error_frame("internal", "x")\n'
+        'done_fields("cancelled", 0, 0)\n'
+        'x = {"code": "not_found"}\n'
+        'if info.status != "done": pass\n'
+        'f(reason="length")\n'
+        'if ev.kind == "token": pass\n'
+        'raise RequestError("too_large", "m", "f")\n'
+        'def g(code="bad_request"): pass\n'
+        'T = {400: "bad_request"}\n'
+        # not the vocabulary: a request field, a frame type, a frame's kind
+        'out["stop"] = 1\nif frame.get("type") == "error": pass\nif kind == "token": pass\n'
+    )
+    found = vocabulary_literals(ast.parse(src))
+    assert sorted(line for line, _ in found) == list(range(1, 11)), found

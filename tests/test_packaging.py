@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -69,12 +70,19 @@ def test_the_base_install_is_a_gateway_and_a_relay() -> None:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel of this checkout (tracked and new files), built in a copy of it: the build
+    writes its build/ folder and the generated gRPC code beside the sources."""
+    src = tmp_path_factory.mktemp("src")
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    for name in listed:
+        if (ROOT / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, src / name)
     out = tmp_path_factory.mktemp("wheel")
-    build = tmp_path_factory.mktemp("build")  # setuptools' build/ away from the checkout
     cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-           "-q", "-w", str(out), str(ROOT)]  # fmt: skip
-    env = {**os.environ, "TMPDIR": str(build)}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+           "-q", "-w", str(out), str(src)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (whl,) = out.glob("tokenrelay-*.whl")
     return whl

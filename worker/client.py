@@ -18,6 +18,7 @@ from tokenrelay.core.wire.logprobs import Logprobs
 from tokenrelay.core.wire.params import SamplingParams
 from tokenrelay.core.wire.stats import checked_models
 from tokenrelay.core.wire.tools import Tool
+from tokenrelay.core.wire.vocabulary import ErrorCode, FinishReason
 from tokenrelay.worker.prepare import Prepared
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ class StepOutput(Protocol):
     new_text: str  # the text delta (stop strings never appear)
     new_token_ids: list[int]
     finished: bool
-    finish_reason: str | None  # "stop" | "length" | "abort" | None
+    finish_reason: FinishReason | None  # an aborted request: CANCELLED; None: running
     prompt_tokens: int
     completion_tokens: int
 
@@ -94,9 +95,9 @@ class EngineRefused(Exception):
     """An engine will not run a request; ``code`` is the protocol error code clients get
     (core/wire/errors.py: ``unavailable``, ``overloaded``, ``bad_request``, ...)."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
-        self.code = code
+        self.code = ErrorCode(code)
         self.message = message
 
 

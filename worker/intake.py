@@ -29,7 +29,9 @@ from typing import Any
 
 from tokenrelay.core.wire.events import accepted_fields, done_fields, rejected_fields
 from tokenrelay.core.wire.params import SamplingParams
+from tokenrelay.core.wire.records import MetaField as M
 from tokenrelay.core.wire.requests import Limits
+from tokenrelay.core.wire.vocabulary import ErrorCode, FinishReason, StreamStatus
 from tokenrelay.worker.client import EngineClient, EngineRefused, Starter, TakesBody
 from tokenrelay.worker.outbox import Active
 from tokenrelay.worker.prepare import Prepared, Preparer, input_chars
@@ -78,16 +80,16 @@ class Intake:
     def admit(self, req: Request) -> None:
         """Take one request: end it at once (see the module doc) or start tokenizing it."""
         meta = req.meta
-        ttl = float((meta or {}).get("ttl") or self.stream_ttl)
+        ttl = float((meta or {}).get(M.STREAM_TTL) or self.stream_ttl)
         dt = req.detach_timeout if req.detach_timeout is not None else self.detach_timeout
         if req.stream_id in self.active:
             return
-        if meta is None or meta.get("st") == "done":
+        if meta is None or meta.get(M.STATUS) == StreamStatus.DONE:
             self.wlog.ack([req.entry_id], req.queue)  # expired, or ended before it ran
             return
-        if meta.get("st") == "running":  # taken from a dead worker mid-stream
-            message = f"engine worker {meta.get('w', '?')} stopped responding"
-            if self.wlog.finish_foreign(req.stream_id, "error", message):
+        if meta.get(M.STATUS) == StreamStatus.RUNNING:  # taken from a dead worker mid-stream
+            message = f"engine worker {meta.get(M.WORKER, '?')} stopped responding"
+            if self.wlog.finish_foreign(req.stream_id, FinishReason.ERROR, message):
                 self.telemetry.ended_foreign(req.stream_id, req.request_id, meta)
             self.wlog.ack([req.entry_id], req.queue)
             return
@@ -95,7 +97,7 @@ class Intake:
         a.traceparent = req.traceparent
         self.active[a.stream_id] = a
         self.counters["requests"] += 1
-        if meta.get("cx") == "1":
+        if meta.get(M.CANCEL) == "1":
             self._cancelled_before_start(a)
             return
         try:
@@ -104,12 +106,12 @@ class Intake:
                 raise ValueError("request body is not valid JSON")
             params = SamplingParams(**(body.get("params") or {}))
         except (ValueError, TypeError) as exc:
-            self.reject(a, "bad_request", str(exc))
+            self.reject(a, ErrorCode.BAD_REQUEST, str(exc))
             return
         limit = self.max_input_chars  # the gateways' bound, for requests queued past one
         if limit is not None and (size := input_chars(body)) > limit:
             message = f"input is {size} characters; the limit is {limit} for this model's context"
-            self.reject(a, "too_large", message)
+            self.reject(a, ErrorCode.TOO_LARGE, message)
             return
         self.preparing[a.stream_id] = (params, meta)
         if params.offered_tools:  # the template shows them (a key no client body has)
@@ -160,28 +162,28 @@ class Intake:
         self.preparer.close()
         self.preparing.clear()
 
-    def reject(self, a: Active, code: str, message: str) -> None:
+    def reject(self, a: Active, code: ErrorCode, message: str) -> None:
         """End a stream that never ran: ``rejected`` with ``code``, then ``done error``."""
         self.counters["rejected"] += 1
-        a.events += [rejected_fields(code, message), done_fields("error", 0, 0, message)]
+        a.events += [rejected_fields(code, message), done_fields(FinishReason.ERROR, 0, 0, message)]
         a.final = True
         extra = {"stream_id": a.stream_id, "request_id": a.request_id, "code": code}
         log.info("request rejected: %s", message, extra=extra)
 
-    def end(self, a: Active, reason: str, message: str | None = None) -> None:
+    def end(self, a: Active, reason: FinishReason, message: str | None = None) -> None:
         """End a stream now (its engine request is already aborted or gone)."""
         if a.final or a.silent:
             return
-        prompt = int(a.meta.get("pt", 0) or 0)
+        prompt = int(a.meta.get(M.PROMPT_TOKENS, 0) or 0)
         a.events.append(done_fields(reason, prompt, a.completion_events, message))
         a.final = True
         self.counters[reason] = self.counters.get(reason, 0) + 1
 
     def _cancelled_before_start(self, a: Active) -> None:
-        a.events.append(rejected_fields("cancelled", "cancelled before it started"))
-        a.events.append(done_fields("cancelled", 0, 0))
+        a.events.append(rejected_fields(FinishReason.CANCELLED, "cancelled before it started"))
+        a.events.append(done_fields(FinishReason.CANCELLED, 0, 0))
         a.final = True
-        self.counters["cancelled"] += 1
+        self.counters[FinishReason.CANCELLED] += 1
 
     def _add(
         self, a: Active, prepared: Prepared, params: SamplingParams, meta: dict[str, str]
@@ -195,15 +197,17 @@ class Intake:
             self.reject(a, exc.code, exc.message)
             return
         except (ValueError, TypeError) as exc:
-            self.reject(a, "bad_request", str(exc))
+            self.reject(a, ErrorCode.BAD_REQUEST, str(exc))
             return
         except Exception as exc:
             log.exception("request could not be added", extra=extra)
-            self.reject(a, "internal", f"could not start: {exc.__class__.__name__}")
+            self.reject(a, ErrorCode.INTERNAL, f"could not start: {exc.__class__.__name__}")
             return
         a.in_engine = True
         a.tools = params.offered_tools
         self.telemetry.admitted(a.stream_id, meta, a.traceparent)
         a.events.append(accepted_fields(n, self.worker_id))
-        a.meta.update({"st": "running", "w": self.worker_id, "pt": str(n)})
+        a.meta.update(
+            {M.STATUS: StreamStatus.RUNNING, M.WORKER: self.worker_id, M.PROMPT_TOKENS: str(n)}
+        )
         log.info("request started", extra={**extra, "prompt_tokens": n})

@@ -29,6 +29,7 @@ from tokenrelay.core.redis.connection import Backoff, RedisHealth, check_cluster
 from tokenrelay.core.wire.events import token_fields
 from tokenrelay.core.wire.logprobs import encode_logprobs
 from tokenrelay.core.wire.stats import COUNTERS, WorkerStats
+from tokenrelay.core.wire.vocabulary import FinishReason
 from tokenrelay.worker.client import EngineClient, engine_config, local_engine, served_models
 from tokenrelay.worker.health import start_health
 from tokenrelay.worker.heartbeat import Heartbeat
@@ -163,7 +164,7 @@ class Worker:
         if self.intake.start_prepared():
             self.outbox.flush()  # clients get `started` before the first step
         for sid in self.wlog.read_control():
-            self._abort(sid, "cancelled")
+            self._abort(sid, FinishReason.CANCELLED)
         now = time.monotonic()
         if now - self._last_poll >= POLL_INTERVAL:
             self._last_poll = now
@@ -192,7 +193,9 @@ class Worker:
             for broken in list(self.active.values()):
                 if broken.in_engine and not broken.final:
                     self.engine.abort(broken.stream_id)
-                    self.intake.end(broken, "error", f"engine error: {exc.__class__.__name__}")
+                    self.intake.end(
+                        broken, FinishReason.ERROR, f"engine error: {exc.__class__.__name__}"
+                    )
             if self._step_failures >= MAX_STEP_FAILURES:
                 raise SystemExit(1) from exc
             return
@@ -215,9 +218,9 @@ class Worker:
                 if a.tools:
                     a.text.append(out.new_text)
             if out.finished:
-                reason = out.finish_reason or "stop"
-                if reason == "abort":
-                    reason = a.abort_reason or "cancelled"
+                reason = FinishReason(out.finish_reason or FinishReason.STOP)
+                if reason == FinishReason.CANCELLED:  # aborted: by a cancel, or expired
+                    reason = a.abort_reason or FinishReason.CANCELLED
                 self.counters[reason] = self.counters.get(reason, 0) + 1
                 message = getattr(out, "message", None)  # why, for "error" (worker/client.py)
                 a.events.append(
@@ -238,7 +241,7 @@ class Worker:
 
     # --- requests --------------------------------------------------------------------
 
-    def _abort(self, sid: str, reason: str) -> None:
+    def _abort(self, sid: str, reason: FinishReason) -> None:
         a = self.active.get(sid)
         if a is None or a.final or a.silent or a.abort_reason is not None:
             return
@@ -256,13 +259,13 @@ class Worker:
         for a in live:
             attached, cancel = state.get(a.stream_id, (1, False))
             if cancel:
-                self._abort(a.stream_id, "cancelled")
+                self._abort(a.stream_id, FinishReason.CANCELLED)
             elif attached:
                 a.detached_since = None
             elif a.detached_since is None:
                 a.detached_since = now
             elif now - a.detached_since >= a.detach_timeout:
-                self._abort(a.stream_id, "expired")
+                self._abort(a.stream_id, FinishReason.EXPIRED)
 
     # --- stats and shutdown ------------------------------------------------------------
 
@@ -303,7 +306,7 @@ class Worker:
             if a.in_engine:
                 self.engine.abort(a.stream_id)
                 a.in_engine = False  # no further step will report it
-            self.intake.end(a, "error", message)
+            self.intake.end(a, FinishReason.ERROR, message)
         with contextlib.suppress(Exception):
             self.outbox.flush()
         with contextlib.suppress(Exception):

@@ -18,10 +18,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tokenrelay.core.wire.events import decode_event, done_fields, entry_id
+from tokenrelay.core.wire.events import TOKEN, decode_event, done_fields, entry_id
 from tokenrelay.core.wire.logprobs import Logprobs
 from tokenrelay.core.wire.scripts import AppendResult
 from tokenrelay.core.wire.tools import Tool, encode_calls, parse_tool_calls
+from tokenrelay.core.wire.vocabulary import FinishReason
 from tokenrelay.worker.store import Batch, WorkerStore
 
 log = logging.getLogger("tokenrelay.worker")
@@ -42,7 +43,7 @@ class Active:
     final: bool = False  # the done event is in ``events``
     in_engine: bool = False
     silent: bool = False  # ended by someone else: write nothing more
-    abort_reason: str | None = None
+    abort_reason: FinishReason | None = None
     detached_since: float | None = None
     text_chars: int = 0  # characters of completion text in token events so far
     # logprobs of tokens whose text has not come out yet (they go with the next text)
@@ -53,7 +54,7 @@ class Active:
     traceparent: str | None = None  # the request entry's (--otlp-endpoint): spans' parent
 
     def done_event(
-        self, reason: str, prompt_tokens: int, completion_tokens: int, message: str | None
+        self, reason: FinishReason, prompt_tokens: int, completion_tokens: int, message: str | None
     ) -> list[str]:
         """The ``done`` event, with the calls the text made when tools were offered
         (then a ``stop`` is ``tool_calls``, core/wire/tools.py)."""
@@ -62,12 +63,12 @@ class Active:
             _, parsed = parse_tool_calls("".join(self.text), self.tools, self.stream_id)
             if parsed:
                 calls = encode_calls(parsed)
-                reason = "tool_calls" if reason == "stop" else reason
+                reason = FinishReason.TOOL_CALLS if reason == FinishReason.STOP else reason
         return done_fields(reason, prompt_tokens, completion_tokens, message, calls)
 
     @property
     def completion_events(self) -> int:
-        return sum(1 for ev in self.events if ev[1] == "t")
+        return sum(1 for ev in self.events if ev[1] == TOKEN)
 
 
 class Outbox:

@@ -27,7 +27,8 @@ from redis.retry import Retry
 
 from tokenrelay.core.redis.connection import credentials, is_outage, xreadgroup_one
 from tokenrelay.core.wire.keys import GROUP, slot_of
-from tokenrelay.worker.requests import entries_of, text
+from tokenrelay.core.wire.records import text
+from tokenrelay.worker.requests import entries_of
 
 log = logging.getLogger("tokenrelay.worker")
 

@@ -1,18 +1,17 @@
 """The stream log as engine workers see it (blocking redis-py, no asyncio).
 
-A worker takes requests from the request queues of the models it serves
-(``P requests:<model>``; ``P requests`` for a worker that names none) as a member of
-the consumer group, appends each engine step's events for all its streams in one
-pipelined round trip (:meth:`WorkerStore.flush`), learns about cancels from the
-``control`` stream and the stream metadata, checks whether clients are still
-attached, publishes a heartbeat with its stats, and claims the requests of
-workers that died. core/wire/keys.py has the key layout.
+A worker takes requests from the queues of its models (``P requests:<model>``;
+``P requests`` for a worker that names none) in the consumer group, appends each
+engine step's events for all its streams in one pipelined round trip
+(:meth:`WorkerStore.flush`), learns about cancels, checks whether clients are still
+attached, publishes a heartbeat, and claims the requests of workers that died.
+Keys: core/wire/keys.py; fields: core/wire/records.py.
 
 On a Redis Cluster (``cluster=True``) the same calls are split by slot: a queue is
 :data:`~core.wire.keys.QUEUE_SHARDS` streams (worker/shards.py reads them, and wakes an
-idle worker when a gateway queues a request), and an append call holds
-the streams of one master (:data:`~core.wire.scripts.APPEND_CLUSTER_LUA`), all calls in
-one pipeline that redis-py sends to the masters concurrently.
+idle worker when a gateway queues a request), and an append call holds the streams of
+one master (:data:`~core.wire.scripts.APPEND_CLUSTER_LUA`), all calls in one pipeline
+that redis-py sends to the masters concurrently.
 """
 
 from __future__ import annotations
@@ -42,6 +41,8 @@ from tokenrelay.core.wire.keys import (
     WORKER_DEAD_GRACE,
     Keys,
 )
+from tokenrelay.core.wire.records import MetaField as M
+from tokenrelay.core.wire.records import RequestField, text
 from tokenrelay.core.wire.scripts import (
     APPEND_CLUSTER_LUA,
     APPEND_LUA,
@@ -54,8 +55,8 @@ from tokenrelay.core.wire.scripts import (
     decode_append,
 )
 from tokenrelay.core.wire.stats import STATS_FIELD, WorkerStats
-from tokenrelay.core.wire.telemetry import DISCONNECTS_FIELD, RESUMES_FIELD
-from tokenrelay.worker.requests import Request, entries_of, parse_request, text
+from tokenrelay.core.wire.vocabulary import FinishReason, StreamStatus
+from tokenrelay.worker.requests import Request, entries_of, parse_request
 from tokenrelay.worker.shards import ShardReader
 
 log = logging.getLogger("tokenrelay.workerlog")
@@ -189,7 +190,7 @@ class WorkerStore:
             return []
         pipe = self.redis.pipeline(transaction=False)
         for _, _, fields in entries:
-            pipe.hgetall(self.keys.meta(text(fields.get(b"sid", b""))))
+            pipe.hgetall(self.keys.meta(text(fields.get(RequestField.STREAM_ID.encode(), b""))))
         metas = pipe.execute()
         plain = self.keys.requests  # Request.queue None: this one
         return [
@@ -238,19 +239,19 @@ class WorkerStore:
     def _master_of(self, slot: int) -> str:
         return str(self.redis.nodes_manager.get_node_from_slot(slot).name)  # type: ignore[attr-defined]
 
-    def finish_foreign(self, stream_id: str, reason: str, message: str) -> bool:
+    def finish_foreign(self, stream_id: str, reason: FinishReason, message: str) -> bool:
         """End a stream this worker does not run (its worker died); race-safe."""
         for _ in range(5):
             pipe = self.redis.pipeline(transaction=False)
             pipe.xrevrange(self.keys.stream(stream_id), count=1)
-            pipe.hmget(self.keys.meta(stream_id), "st", "pt", "ttl")
+            pipe.hmget(self.keys.meta(stream_id), M.STATUS, M.PROMPT_TOKENS, M.STREAM_TTL)
             top, (st, pt, ttl) = pipe.execute()
-            if st is None or st == b"done":
+            if st is None or text(st) == StreamStatus.DONE:
                 return False
             last = seq_of(top[0][0]) if top else -1
             first, events = plan_finish(last, int(pt or 0), reason, message)
             ttl_s = float(ttl or 3600.0)
-            res = self.flush([Batch(stream_id, first, events, {"fr": reason}, ttl_s)])[0]
+            res = self.flush([Batch(stream_id, first, events, {M.FINISH_REASON: reason}, ttl_s)])[0]
             if res.status == 1:
                 return True
             if res.status != 0:
@@ -299,7 +300,7 @@ class WorkerStore:
         for keys in groups:
             queue_script(pipe, ATTACHED_LUA, keys, [])
         for sid in stream_ids:
-            pipe.hget(self.keys.meta(sid), "cx")
+            pipe.hget(self.keys.meta(sid), M.CANCEL)
         replies = pipe.execute()
         counts = [n for reply in replies[: len(groups)] for n in reply]
         flags = replies[len(groups) :]
@@ -312,9 +313,9 @@ class WorkerStore:
         """Each stream's resume and disconnect counts (``rs``/``dc``, kept by gateways)."""
         pipe = self.redis.pipeline(transaction=False)
         for sid in stream_ids:
-            pipe.hmget(self.keys.meta(sid), RESUMES_FIELD, DISCONNECTS_FIELD)
+            pipe.hmget(self.keys.meta(sid), M.RESUMES, M.DISCONNECTS)
         return [
-            {RESUMES_FIELD: text(rs or b"0"), DISCONNECTS_FIELD: text(dc or b"0")}
+            {M.RESUMES: text(rs or b"0"), M.DISCONNECTS: text(dc or b"0")}
             for rs, dc in pipe.execute()
         ]
 

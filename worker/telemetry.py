@@ -32,7 +32,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tokenrelay.core.tracing import TOKEN_EVENT_EVERY, TraceParent, parse_traceparent
+from tokenrelay.core.wire.events import F
+from tokenrelay.core.wire.records import MetaField as M
 from tokenrelay.core.wire.telemetry import Hist, as_int, log_summary, new_hists
+from tokenrelay.core.wire.vocabulary import FinishReason
 
 if TYPE_CHECKING:
     from tokenrelay.core.tracing import Span, Tracing
@@ -173,8 +176,8 @@ class WorkerTelemetry:
         log_summary(
             stream_id=stream_id,
             request_id=request_id,
-            finish_reason="error",
-            prompt_tokens=as_int(meta.get("pt")),
+            finish_reason=FinishReason.ERROR,
+            prompt_tokens=as_int(meta.get(M.PROMPT_TOKENS)),
             completion_tokens=0,
             meta=meta,
             ended_by=self.worker_id,
@@ -216,8 +219,8 @@ class WorkerTelemetry:
             log_summary(
                 stream_id=a.stream_id,
                 request_id=a.request_id,
-                finish_reason=fields.get("r", "error"),
-                prompt_tokens=as_int(fields.get("pt")),
+                finish_reason=fields.get(F.REASON, FinishReason.ERROR),
+                prompt_tokens=as_int(fields.get(F.PROMPT_TOKENS)),
                 completion_tokens=completion,
                 meta=meta,
                 ended_by=self.worker_id,
@@ -247,9 +250,9 @@ class WorkerTelemetry:
             start_ns=_ns(ended),
             attributes={
                 "tokenrelay.stream_id": a.stream_id,
-                "tokenrelay.finish_reason": fields.get("r", "error"),
-                "tokenrelay.prompt_tokens": as_int(fields.get("pt")),
-                "tokenrelay.completion_tokens": as_int(fields.get("n")),
+                "tokenrelay.finish_reason": fields.get(F.REASON, FinishReason.ERROR),
+                "tokenrelay.prompt_tokens": as_int(fields.get(F.PROMPT_TOKENS)),
+                "tokenrelay.completion_tokens": as_int(fields.get(F.COMPLETION_TOKENS)),
             },
         )
         finish.end(_ns(now))

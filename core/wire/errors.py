@@ -1,15 +1,18 @@
 """The protocol's error codes, in one table, sans I/O.
 
-Every client-visible error carries one of :data:`ERROR_CODES` (docs/protocol.md,
+Every client-visible error carries one of the :class:`ErrorCode` s (docs/protocol.md,
 "Errors"). A WebSocket ``error`` frame sends the code as is; the HTTP API
-answers with the code's :attr:`ErrorCode.status` and OpenAI error
-:attr:`ErrorCode.type` (docs/api.md, "Errors"). The messages every transport
-shares for the same failure are defined here too.
+answers with the code's :attr:`ErrorSpec.status` and OpenAI error
+:attr:`ErrorSpec.type` (docs/api.md, "Errors"), and both take the retry hint of
+:attr:`ErrorSpec.retry_after` unless a refusal knows better (a full Redis). The
+messages every transport shares for the same failure are defined here too.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from tokenrelay.core.wire.vocabulary import ErrorCode
 
 __all__ = [
     "ERRORS",
@@ -19,36 +22,41 @@ __all__ = [
     "STORE_UNREACHABLE",
     "STORE_UNREACHABLE_RESUME",
     "ErrorCode",
+    "ErrorSpec",
+    "as_code",
     "lookup",
 ]
 
 
 @dataclass(frozen=True)
-class ErrorCode:
+class ErrorSpec:
     """One protocol error code and how each transport renders it."""
 
-    code: str
+    code: ErrorCode
     status: int  # the HTTP status
     type: str  # the OpenAI error ``type``
-    retry_after: float | None = None  # the default HTTP ``Retry-After`` (seconds), if any
+    retry_after: float | None = None  # the default retry hint (seconds), if any
     retry_in_frame: bool = False  # a WebSocket ``error`` frame carries ``retry_after``
 
 
-ERRORS: dict[str, ErrorCode] = {
+E = ErrorCode
+ERRORS: dict[ErrorCode, ErrorSpec] = {
     e.code: e
     for e in (
-        ErrorCode("bad_request", 400, "invalid_request_error"),
-        ErrorCode("unauthorized", 401, "authentication_error"),
-        ErrorCode("forbidden", 403, "permission_error"),
-        ErrorCode("not_found", 404, "invalid_request_error"),
-        ErrorCode("rate_limited", 429, "rate_limit_error", 1.0, retry_in_frame=True),
-        ErrorCode("too_large", 413, "invalid_request_error"),
-        ErrorCode("overloaded", 503, "server_error", 1.0, retry_in_frame=True),
-        ErrorCode("unavailable", 503, "server_error", 1.0),
-        ErrorCode("internal", 500, "server_error"),
+        ErrorSpec(E.BAD_REQUEST, 400, "invalid_request_error"),
+        ErrorSpec(E.UNAUTHORIZED, 401, "authentication_error"),
+        ErrorSpec(E.FORBIDDEN, 403, "permission_error"),
+        ErrorSpec(E.NOT_FOUND, 404, "invalid_request_error"),
+        ErrorSpec(E.RATE_LIMITED, 429, "rate_limit_error", 1.0, retry_in_frame=True),
+        ErrorSpec(E.TOO_LARGE, 413, "invalid_request_error"),
+        ErrorSpec(E.OVERLOADED, 503, "server_error", 1.0, retry_in_frame=True),
+        # no worker, Redis down, a draining gateway: what a store refusal has always said
+        ErrorSpec(E.UNAVAILABLE, 503, "server_error", 2.0),
+        ErrorSpec(E.INTERNAL, 500, "server_error"),
     )
 }
 ERROR_CODES = frozenset(ERRORS)
+assert set(ErrorCode) == ERROR_CODES, "every code has its row"
 
 STORE_UNREACHABLE = "the stream store is unreachable"  # Redis is down: retry with backoff
 STORE_UNREACHABLE_RESUME = f"{STORE_UNREACHABLE}; resume later"  # ... while streaming
@@ -56,6 +64,17 @@ NO_SUCH_STREAM = "no such stream (unknown or expired)"
 STORE_FULL = "the stream store is full; retry later"  # Redis at maxmemory: no new streams
 
 
-def lookup(code: str) -> ErrorCode:
+def as_code(raw: str | None) -> ErrorCode:
+    """A code as stored or received (a rejected event's ``c``): unknown or none is internal."""
+    try:
+        return ErrorCode(raw or ErrorCode.INTERNAL)
+    except ValueError:
+        return ErrorCode.INTERNAL
+
+
+def lookup(code: str) -> ErrorSpec:
     """The table entry for ``code``; an unknown code is ``internal``."""
-    return ERRORS.get(code, ERRORS["internal"])
+    try:
+        return ERRORS[ErrorCode(code)]
+    except ValueError:
+        return ERRORS[ErrorCode.INTERNAL]

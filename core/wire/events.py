@@ -2,7 +2,8 @@
 
 Each entry of ``P s:{stream_id}`` (core/wire/keys.py) is one event; its entry
 id *is* its offset (seq ``n`` has id ``n-1``). Field names are one letter so
-entries stay small. :data:`FINISH_REASONS` are the ``done`` event's reasons.
+entries stay small (:class:`F` names them); the kinds, finish reasons and codes are
+the enums of core/wire/vocabulary.py.
 
 Fields are only ever added, and optional: a reader ignores the fields it does
 not know (a token event's ``l``, its logprobs, core/wire/logprobs.py, is one).
@@ -13,7 +14,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-FINISH_REASONS = ("stop", "length", "tool_calls", "cancelled", "error", "expired")
+from tokenrelay.core.wire.vocabulary import ErrorCode, EventKind, FinishReason, StoredKind
+
+FINISH_REASONS = tuple(FinishReason)
+
+
+class F:
+    """The fields of a stream-log entry, as stored."""
+
+    KIND = "k"  # a StoredKind
+    TEXT = "x"  # a token event's text
+    LOGPROBS = "l"  # a token event's logprobs (core/wire/logprobs.py)
+    REASON = "r"  # a done event's FinishReason
+    PROMPT_TOKENS = "pt"
+    COMPLETION_TOKENS = "n"
+    CODE = "c"  # a rejected event's ErrorCode (or "cancelled")
+    MESSAGE = "m"
+    WORKER = "w"  # an accepted event's worker id
+    TOOL_CALLS = "tc"  # a done event's calls (core/wire/tools.py)
 
 
 def entry_id(seq: int) -> str:
@@ -26,7 +44,12 @@ def seq_of(entry_id: bytes | str) -> int:
 
 
 # Event kinds as stored (one letter keeps entries small).
-ACCEPTED, TOKEN, DONE, REJECTED = "a", "t", "d", "x"
+ACCEPTED, TOKEN, DONE, REJECTED = (
+    StoredKind.ACCEPTED,
+    StoredKind.TOKEN,
+    StoredKind.DONE,
+    StoredKind.REJECTED,
+)
 
 
 @dataclass(slots=True)
@@ -41,9 +64,9 @@ class Event:
     """
 
     seq: int
-    kind: str
+    kind: EventKind
     text: str = ""
-    finish_reason: str | None = None
+    finish_reason: str | None = None  # a FinishReason (as stored: one this version knows)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     code: str | None = None
@@ -53,7 +76,12 @@ class Event:
     tool_calls: str | None = None  # a done event's calls as stored (core.wire.tools.decode_calls)
 
 
-_KIND_NAMES = {ACCEPTED: "accepted", TOKEN: "token", DONE: "done", REJECTED: "rejected"}
+_KIND_NAMES = {
+    StoredKind.ACCEPTED: EventKind.ACCEPTED,
+    StoredKind.TOKEN: EventKind.TOKEN,
+    StoredKind.DONE: EventKind.DONE,
+    StoredKind.REJECTED: EventKind.REJECTED,
+}
 
 
 def _s(value: Any) -> str:
@@ -67,55 +95,57 @@ def decode_event(eid: bytes | str, fields: dict[Any, Any]) -> Event:
 
 def event_from_fields(seq: int, f: dict[str, str]) -> Event:
     """Build the :class:`Event` with seq ``seq`` from its stored fields."""
-    kind = _KIND_NAMES.get(f.get("k", ""), "unknown")
+    kind = _KIND_NAMES.get(f.get(F.KIND, ""), EventKind.UNKNOWN)  # type: ignore[call-overload]
     return Event(
         seq=seq,
         kind=kind,
-        text=f.get("x", ""),
-        finish_reason=f.get("r"),
-        prompt_tokens=int(f.get("pt", 0) or 0),
-        completion_tokens=int(f.get("n", 0) or 0),
-        code=f.get("c"),
-        message=f.get("m"),
-        worker=f.get("w"),
-        logprobs=f.get("l"),
-        tool_calls=f.get("tc"),
+        text=f.get(F.TEXT, ""),
+        finish_reason=f.get(F.REASON),
+        prompt_tokens=int(f.get(F.PROMPT_TOKENS, 0) or 0),
+        completion_tokens=int(f.get(F.COMPLETION_TOKENS, 0) or 0),
+        code=f.get(F.CODE),
+        message=f.get(F.MESSAGE),
+        worker=f.get(F.WORKER),
+        logprobs=f.get(F.LOGPROBS),
+        tool_calls=f.get(F.TOOL_CALLS),
     )
 
 
 def token_fields(text: str, logprobs: str | None = None) -> list[str]:
     """A token event; ``logprobs``: its ``l`` field (core.wire.logprobs.encode_logprobs)."""
     if logprobs is None:
-        return ["k", TOKEN, "x", text]
-    return ["k", TOKEN, "x", text, "l", logprobs]
+        return [F.KIND, TOKEN, F.TEXT, text]
+    return [F.KIND, TOKEN, F.TEXT, text, F.LOGPROBS, logprobs]
 
 
 def accepted_fields(prompt_tokens: int, worker: str) -> list[str]:
-    return ["k", ACCEPTED, "pt", str(prompt_tokens), "w", worker]
+    return [F.KIND, ACCEPTED, F.PROMPT_TOKENS, str(prompt_tokens), F.WORKER, worker]
 
 
-def rejected_fields(code: str, message: str) -> list[str]:
-    return ["k", REJECTED, "c", code, "m", message]
+def rejected_fields(code: ErrorCode | FinishReason, message: str) -> list[str]:
+    """A seq-0 refusal: an error ``code``, or ``cancelled`` before it started."""
+    return [F.KIND, REJECTED, F.CODE, code, F.MESSAGE, message]
 
 
 def done_fields(
-    reason: str,
+    reason: FinishReason,
     prompt_tokens: int,
     completion_tokens: int,
     message: str | None = None,
     tool_calls: str | None = None,
 ) -> list[str]:
     """A done event; ``tool_calls``: its ``tc`` field (core.wire.tools.encode_calls)."""
-    out = ["k", DONE, "r", reason, "pt", str(prompt_tokens), "n", str(completion_tokens)]
+    out = [F.KIND, DONE, F.REASON, reason, F.PROMPT_TOKENS, str(prompt_tokens),
+           F.COMPLETION_TOKENS, str(completion_tokens)]  # fmt: skip
     if message:
-        out += ["m", message]
+        out += [F.MESSAGE, message]
     if tool_calls:
-        out += ["tc", tool_calls]
+        out += [F.TOOL_CALLS, tool_calls]
     return out
 
 
 def plan_finish(
-    last_seq: int, prompt_tokens: int, reason: str, message: str | None
+    last_seq: int, prompt_tokens: int, reason: FinishReason, message: str | None
 ) -> tuple[int, list[list[str]]]:
     """``(first_seq, events)`` that end a stream from outside its worker.
 
@@ -125,6 +155,7 @@ def plan_finish(
     """
     done = done_fields(reason, prompt_tokens, max(0, last_seq), message)
     if last_seq < 0:
-        code = "cancelled" if reason == "cancelled" else "unavailable"
+        cancelled = reason == FinishReason.CANCELLED
+        code = FinishReason.CANCELLED if cancelled else ErrorCode.UNAVAILABLE
         return 0, [rejected_fields(code, message or reason), done]
     return last_seq + 1, [done]

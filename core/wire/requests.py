@@ -1,22 +1,17 @@
 """Validation of a generation request's sampling parameters and messages, sans I/O.
 
-One validator for every transport (the WebSocket ``generate`` frame, the
-OpenAI-style HTTP API, later gRPC): each maps its own field names and shapes
-onto :func:`validate_params` and :func:`validate_messages`, and turns the
-:class:`RequestError` they raise (a protocol error code, a message and the
-offending field) into its own error format. The limits (:class:`Limits`) and
-the constants clients see in the docs (:data:`DEFAULT_MAX_TOKENS_LIMIT`,
-:data:`MAX_SEED`, :data:`MAX_TEMPERATURE`, :data:`MAX_RESUME_TOKEN`) are defined
-here once.
+One validator for every transport (the WebSocket ``generate`` frame, the OpenAI-style
+HTTP API, gRPC): each maps its own field names and shapes onto :func:`validate_params`
+and :func:`validate_messages`, and turns the :class:`RequestError` they raise (an
+``ErrorCode``, a message, the offending field) into its own error format. The limits
+(:class:`Limits`) and the constants clients see in the docs are defined here once.
 
-Ids a client chooses travel into HTTP headers (``X-Request-Id``), log lines and
-Redis: :func:`validate_request_id` keeps every transport's request ids to one
-safe shape (:data:`REQUEST_ID_CHARS`), and :func:`validate_resume_token` bounds
-resume tokens before they are hashed.
+Ids a client chooses travel into HTTP headers, log lines and Redis:
+:func:`validate_request_id` keeps them to one safe shape (:data:`REQUEST_ID_CHARS`), and
+:func:`validate_resume_token` bounds resume tokens before they are hashed.
 
-An input that cannot fit the model's context is refused before anyone
-tokenizes it: :meth:`Limits.for_context` bounds the characters at
-:data:`CHARS_PER_TOKEN` per context token.
+An input that cannot fit the model's context is refused before anyone tokenizes it
+(:meth:`Limits.for_context`: :data:`CHARS_PER_TOKEN` per context token).
 """
 
 from __future__ import annotations
@@ -36,6 +31,7 @@ from tokenrelay.core.wire.params import (
 )
 from tokenrelay.core.wire.response_format import ResponseFormatError
 from tokenrelay.core.wire.structured import message_tool_fields, structured_params
+from tokenrelay.core.wire.vocabulary import ErrorCode
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -106,7 +102,7 @@ class Limits:
 class RequestError(ValueError):
     """A refused request: ``code`` (``bad_request`` or ``too_large``), message, field."""
 
-    def __init__(self, code: str, message: str, field: str | None = None) -> None:
+    def __init__(self, code: ErrorCode, message: str, field: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
@@ -137,7 +133,11 @@ def _got(value: Any) -> str:
 
 
 def _bad(name: str, message: str) -> RequestError:
-    return RequestError("bad_request", message, name)
+    return RequestError(ErrorCode.BAD_REQUEST, message, name)
+
+
+def _too_large(name: str | None, message: str) -> RequestError:
+    return RequestError(ErrorCode.TOO_LARGE, message, name)
 
 
 def _integer(value: Any, name: str) -> int:
@@ -157,13 +157,13 @@ def _stop(value: Any, name: str, limits: Limits) -> list[str]:
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
         raise _bad(name, f"{name} must be a string or a list of strings")
     if len(stops) > limits.max_stop:
-        raise RequestError("too_large", f"{name} may hold at most {limits.max_stop} strings", name)
+        raise _too_large(name, f"{name} may hold at most {limits.max_stop} strings")
     for s in stops:
         if not s:
             raise _bad(name, f"{name} strings must not be empty")
         if len(s) > limits.max_stop_chars:
             message = f"{name} strings are limited to {limits.max_stop_chars} characters"
-            raise RequestError("too_large", message, name)
+            raise _too_large(name, message)
     return list(stops)
 
 
@@ -232,7 +232,7 @@ def validate_params(
     try:
         return SamplingParams(**kw)
     except ValueError as exc:  # defensive: everything was checked above
-        raise RequestError("bad_request", str(exc)) from None
+        raise RequestError(ErrorCode.BAD_REQUEST, str(exc)) from None
 
 
 _RANGES: dict[str, tuple[float, float]] = {  # closed ranges of the number params
@@ -291,7 +291,7 @@ def _penalties(raw: Mapping[str, Any], limits: Limits, names: Mapping[str, str])
             raise _bad(name, f"{name} must be a list of token ids, got {_got(ids)}")
         if len(ids) > limits.max_stop_token_ids:
             message = f"{name} may hold at most {limits.max_stop_token_ids} token ids"
-            raise RequestError("too_large", message, name)
+            raise _too_large(name, message)
         kw["stop_token_ids"] = [_token(t, name, limits) for t in ids]
     if raw.get("logprobs") is not None:
         name = names.get("logprobs", "logprobs")
@@ -373,7 +373,7 @@ def validate_messages(
     if not raw:
         raise _bad("messages", "messages must not be empty")
     if len(raw) > limits.max_messages:
-        raise RequestError("too_large", f"at most {limits.max_messages} messages", "messages")
+        raise _too_large("messages", f"at most {limits.max_messages} messages")
     out = []
     for i, m in enumerate(raw):
         if not isinstance(m, dict):
@@ -397,4 +397,4 @@ def check_input_size(size: int, limits: Limits) -> None:
         message = f"input is {size} characters; the limit is {limits.max_input_chars}"
         if (ctx := limits.context_tokens) is not None:
             message += f" ({CHARS_PER_TOKEN} per token of the model's {ctx}-token context)"
-        raise RequestError("too_large", message)
+        raise _too_large(None, message)

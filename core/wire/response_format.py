@@ -41,6 +41,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from tokenrelay.core.wire.vocabulary import ErrorCode
+
 __all__ = [
     "FORMATS",
     "GRAMMAR_OPTIONS",
@@ -91,7 +93,7 @@ _JSON_SCHEMA_FIELDS = frozenset({"name", "schema", "strict", "description"})
 class ResponseFormatError(ValueError):
     """A refused ``response_format``: ``code`` (``bad_request`` or ``too_large``), ``field``."""
 
-    def __init__(self, message: str, field: str, code: str = "bad_request") -> None:
+    def __init__(self, message: str, field: str, code: ErrorCode = ErrorCode.BAD_REQUEST) -> None:
         super().__init__(f"{field}: {message}")
         self.code = code
         self.field = field
@@ -191,15 +193,15 @@ def check_schema(schema: dict[str, Any], field: str) -> str:
         raise ResponseFormatError(f"not JSON: {exc}", field) from exc
     if len(text.encode()) > MAX_SCHEMA_BYTES:
         message = f"is {len(text.encode())} bytes of JSON, more than {MAX_SCHEMA_BYTES}"
-        raise ResponseFormatError(message, field, "too_large")
+        raise ResponseFormatError(message, field, ErrorCode.TOO_LARGE)
     _check(schema, "", field)
     _check_compiles(text, field)
     return text
 
 
 def _check_compiles(text: str, field: str) -> None:
-    """llguidance's own verdict on the schema, without a tokenizer (under 1 ms for a
-    schema of a few dozen properties): what passes here, the engine compiles."""
+    """llguidance's own verdict on the schema, without a tokenizer (cheap): what passes
+    here, the engine compiles."""
     try:
         import llguidance
     except ImportError:  # pragma: no cover - a runtime dependency; the engine checks again
@@ -224,10 +226,10 @@ def _check_size(schema: Any, field: str) -> None:
         nodes += 1
         if nodes > MAX_SCHEMA_NODES:
             message = f"holds more than {MAX_SCHEMA_NODES} JSON values"
-            raise ResponseFormatError(message, field, "too_large")
+            raise ResponseFormatError(message, field, ErrorCode.TOO_LARGE)
         if depth > MAX_SCHEMA_DEPTH:
             message = f"is nested more than {MAX_SCHEMA_DEPTH} levels deep"
-            raise ResponseFormatError(message, field, "too_large")
+            raise ResponseFormatError(message, field, ErrorCode.TOO_LARGE)
         if isinstance(value, dict):
             stack.extend((v, depth + 1) for v in value.values())
         elif isinstance(value, list):

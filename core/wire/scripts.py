@@ -15,10 +15,42 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from string import Template
 from typing import Any
 
-from tokenrelay.core.wire.events import TOKEN, Event, decode_event, entry_id, event_from_fields
+from tokenrelay.core.wire.events import (
+    DONE,
+    TOKEN,
+    Event,
+    F,
+    decode_event,
+    entry_id,
+    event_from_fields,
+)
 from tokenrelay.core.wire.keys import Keys, slot_of
+from tokenrelay.core.wire.records import MetaField
+from tokenrelay.core.wire.vocabulary import EventKind, StreamStatus
+
+# The names the scripts share with the Python side: each script's source says '$ST' where
+# it means the metadata's status field, and so on (substituted once, at import).
+_NAMES = {
+    "ST": MetaField.STATUS,
+    "W": MetaField.WORKER,
+    "PT": MetaField.PROMPT_TOKENS,
+    "LAST": MetaField.LAST_SEQ,
+    "FR": MetaField.FINISH_REASON,
+    "QUEUED": StreamStatus.QUEUED,
+    "RUNNING": StreamStatus.RUNNING,
+    "DONE": StreamStatus.DONE,
+    "K": F.KIND,
+    "KDONE": DONE,
+    "R": F.REASON,
+}
+
+
+def _lua(source: str) -> str:
+    return Template(source).substitute(_NAMES)
+
 
 # KEYS: per stream: its log, meta and attach keys (3 per stream).
 # ARGV: channel ('' = publish nothing), maxlen, then one JSON array with an entry
@@ -41,7 +73,7 @@ from tokenrelay.core.wire.keys import Keys, slot_of
 # Then publishes what was written, as one message on the channel with Redis'
 # clock (see decode_published): gateways deliver live events from it without reading
 # every log. The log stays the truth; the message is only a fast path.
-APPEND_LUA = """
+APPEND_LUA = _lua("""
 local channel = ARGV[1]
 local maxlen = ARGV[2]
 local streams = cjson.decode(ARGV[3])
@@ -58,7 +90,7 @@ for s = 1, #streams do
     klog, kmeta, kattach = prefix .. 's:' .. tag, prefix .. 'm:' .. tag, prefix .. 'a:' .. tag
   end
   local first, evs = one[2], one[4]
-  local st = call('HGET', kmeta, 'st')
+  local st = call('HGET', kmeta, '$ST')
   if not st then
     answers[s] = {-1}
   else
@@ -66,7 +98,7 @@ for s = 1, #streams do
     local top = call('XREVRANGE', klog, '+', '-', 'COUNT', 1)
     if #top > 0 then last = tonumber(string.match(top[1][1], '^(%d+)')) end
     local code = 1
-    if st == 'done' then
+    if st == '$DONE' then
       code = -2
     elseif last ~= first - 1 then
       code = 0
@@ -84,10 +116,10 @@ for s = 1, #streams do
       for e = 1, #evs do
         local ev = evs[e]
         call('XADD', klog, 'MAXLEN', '~', maxlen, seq .. '-1', unpack(ev))
-        if ev[1] == 'k' and ev[2] == 'd' then
+        if ev[1] == '$K' and ev[2] == '$KDONE' then
           reason = ''
           for x = 1, #ev, 2 do
-            if ev[x] == 'r' then reason = ev[x + 1] end
+            if ev[x] == '$R' then reason = ev[x + 1] end
           end
         end
         seq = seq + 1
@@ -98,7 +130,7 @@ for s = 1, #streams do
       end
       if reason then
         local ttl = one[3]
-        call('HSET', kmeta, 'st', 'done', 'last', seq - 1, 'fr', reason)
+        call('HSET', kmeta, '$ST', '$DONE', '$LAST', seq - 1, '$FR', reason)
         call('EXPIRE', klog, ttl)
         call('EXPIRE', kmeta, ttl)
         call('EXPIRE', kattach, ttl)
@@ -121,7 +153,7 @@ if channel ~= '' and #published > 0 then
   end
 end
 return answers
-"""
+""")
 
 # The same script for a Redis Cluster (Redis >= 7): the keys it touches may span slots, as
 # long as the master it runs on serves them all, so one call appends a step's events for
@@ -223,8 +255,8 @@ def decode_published(payload: bytes | str) -> tuple[int, list[tuple[str, int, li
             raise ValueError("malformed events message")
         events = []
         for n, flat in enumerate(evs):
-            if len(flat) == 4 and flat[1] == TOKEN and flat[0] == "k":  # the common case
-                events.append(Event(first + n, "token", flat[3]))
+            if len(flat) == 4 and flat[1] == TOKEN and flat[0] == F.KIND:  # the common case
+                events.append(Event(first + n, EventKind.TOKEN, flat[3]))
             else:
                 fields = dict(zip(flat[0::2], flat[1::2], strict=True))
                 events.append(event_from_fields(first + n, fields))
@@ -251,19 +283,19 @@ return #KEYS
 # then one attachment id per stream.  Removes each attachment; where its stream
 # exists and is not done, HINCRBYs the field (a disconnect).  Returns 1 for each
 # stream counted that way, else 0.
-DETACH_LUA = """
+DETACH_LUA = _lua("""
 local out = {}
 for i = 1, #ARGV - 1 do
   local meta = KEYS[2 * i]
   redis.call('ZREM', KEYS[2 * i - 1], ARGV[i + 1])
   out[i] = 0
-  if redis.call('EXISTS', meta) == 1 and redis.call('HGET', meta, 'st') ~= 'done' then
+  if redis.call('EXISTS', meta) == 1 and redis.call('HGET', meta, '$ST') ~= '$DONE' then
     redis.call('HINCRBY', meta, ARGV[1], 1)
     out[i] = 1
   end
 end
 return out
-"""
+""")
 
 
 # KEYS: attach zsets.  Returns the number of live attachments of each.
@@ -324,13 +356,13 @@ return {allowed, wait, math.floor(tokens)}
 # queue: only while this worker runs it and its log holds nothing but the
 # seq-0 ``accepted`` marker. The log is deleted (the next worker writes seq 0
 # again) and the metadata says ``queued``. Returns 1 when handed back.
-RELEASE_LUA = """
-local st = redis.call('HGET', KEYS[2], 'st')
-if st == 'queued' then return 1 end
-if st ~= 'running' or redis.call('HGET', KEYS[2], 'w') ~= ARGV[1] then return 0 end
+RELEASE_LUA = _lua("""
+local st = redis.call('HGET', KEYS[2], '$ST')
+if st == '$QUEUED' then return 1 end
+if st ~= '$RUNNING' or redis.call('HGET', KEYS[2], '$W') ~= ARGV[1] then return 0 end
 if redis.call('XLEN', KEYS[1]) > 1 then return 0 end
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[2], 'st', 'queued')
-redis.call('HDEL', KEYS[2], 'w', 'pt')
+redis.call('HSET', KEYS[2], '$ST', '$QUEUED')
+redis.call('HDEL', KEYS[2], '$W', '$PT')
 return 1
-"""
+""")

@@ -36,6 +36,7 @@ from tokenrelay.core.wire.response_format import (
     ResponseFormatError,
     check_schema,
 )
+from tokenrelay.core.wire.vocabulary import ErrorCode
 
 __all__ = [
     "CLOSE",
@@ -139,7 +140,7 @@ def parse_tools(value: Any, field: str = "tools") -> tuple[Tool, ...]:
     if not isinstance(value, list):
         raise ToolError(f"must be an array, got {_kind(value)}", field)
     if len(value) > MAX_TOOLS:
-        raise ToolError(f"at most {MAX_TOOLS} tools", field, "too_large")
+        raise ToolError(f"at most {MAX_TOOLS} tools", field, ErrorCode.TOO_LARGE)
     tools: dict[str, Tool] = {}
     for i, raw in enumerate(value):
         where = f"{field}[{i}]"

@@ -28,6 +28,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
+from tokenrelay.core.wire.vocabulary import FinishReason
 from tokenrelay.engine.scheduling.batch import BatchItem, StepStats
 from tokenrelay.engine.scheduling.block_manager import BlockManager
 from tokenrelay.engine.scheduling.sequence import Sequence, SequenceStatus
@@ -113,7 +114,7 @@ class Scheduler:
             self._pending_aborts[request_id] = None
             return True
 
-    def finish(self, seq: Sequence, reason: str) -> None:
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
         """End ``seq`` (stop, length, abort) and release its blocks."""
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
@@ -151,7 +152,7 @@ class Scheduler:
         for request_id in pending:
             seq = self._live.get(request_id)
             if seq is not None:
-                self.finish(seq, "abort")
+                self.finish(seq, FinishReason.CANCELLED)
                 out.aborted.append(seq)
 
         bm = self.block_manager

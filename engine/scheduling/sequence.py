@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from tokenrelay.core.wire.params import SamplingParams
+from tokenrelay.core.wire.vocabulary import FinishReason
 
 
 class SequenceStatus(enum.Enum):
@@ -34,7 +35,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     num_registered_blocks: int = 0  # leading blocks already offered to the prefix cache
     num_cached_tokens: int = 0  # prefix-cache hit of the latest admission
     num_preemptions: int = 0

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tokenrelay.core.wire.vocabulary import ErrorCode
 from tokenrelay.gateway.http.openai_request import error_for_code
 
 log = logging.getLogger("tokenrelay.cors")
@@ -142,7 +143,7 @@ class CORSMiddleware:
             except BadPreflight as exc:
                 extra = {"origin": origin[:200], "path": scope["path"], "reason": str(exc)}
                 log.info("preflight refused", extra=extra)
-                await _refuse(send, "bad_request", str(exc), PREFLIGHT_VARY)
+                await _refuse(send, ErrorCode.BAD_REQUEST, str(exc), PREFLIGHT_VARY)
                 return
             await _preflight(send, origin, allowed)
             return
@@ -185,10 +186,12 @@ async def _preflight(send: Send, origin: str, allowed: str) -> None:
 
 async def _forbidden(send: Send, origin: str) -> None:
     shown = origin[:100]
-    await _refuse(send, "forbidden", f"Origin {shown!r} is not allowed (see --allow-origin).")
+    await _refuse(
+        send, ErrorCode.FORBIDDEN, f"Origin {shown!r} is not allowed (see --allow-origin)."
+    )
 
 
-async def _refuse(send: Send, code: str, message: str, vary: str = "Origin") -> None:
+async def _refuse(send: Send, code: ErrorCode, message: str, vary: str = "Origin") -> None:
     """An error answer without CORS headers: the browser blocks the request."""
     err = error_for_code(code, message)
     body = json.dumps(err.body()).encode()

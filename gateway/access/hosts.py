@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from tokenrelay.core.wire.vocabulary import ErrorCode
 from tokenrelay.gateway.http.openai_request import error_for_code
 
 log = logging.getLogger("tokenrelay.access")
@@ -83,7 +84,9 @@ class HostCheckMiddleware:
         if scope["type"] == "websocket":  # closing before accept refuses the handshake (403)
             await send({"type": "websocket.close", "code": 1008})
             return
-        err = error_for_code("forbidden", f"Host {shown!r} is not allowed (see --allowed-hosts).")
+        err = error_for_code(
+            ErrorCode.FORBIDDEN, f"Host {shown!r} is not allowed (see --allowed-hosts)."
+        )
         body = json.dumps(err.body()).encode()
         await send({
             "type": "http.response.start",

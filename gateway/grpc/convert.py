@@ -15,6 +15,7 @@ import json
 import math
 from typing import Any
 
+from tokenrelay.core.wire.vocabulary import ErrorCode
 from tokenrelay.gateway.ws import protocol as p
 
 # SamplingParams fields with presence (proto3 `optional`): copied when set
@@ -42,7 +43,7 @@ def _json_field(text: str, name: str, rid: str | None) -> Any:
         return json.loads(text)
     except (ValueError, RecursionError) as exc:
         raise p.ProtocolError(
-            "bad_request", f"{name} is not valid JSON: {exc}", request_id=rid
+            ErrorCode.BAD_REQUEST, f"{name} is not valid JSON: {exc}", request_id=rid
         ) from None
 
 
@@ -53,7 +54,7 @@ def _params(msg: Any, rid: str | None) -> dict[str, Any]:
             value = getattr(msg, name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise p.ProtocolError(
-                    "bad_request", f"{name} must be a finite number", request_id=rid
+                    ErrorCode.BAD_REQUEST, f"{name} must be a finite number", request_id=rid
                 )
             out[name] = value
     if msg.stop:
@@ -61,7 +62,7 @@ def _params(msg: Any, rid: str | None) -> dict[str, Any]:
     if msg.logit_bias:
         bias = dict(msg.logit_bias)
         if not all(math.isfinite(v) for v in bias.values()):
-            raise p.ProtocolError("bad_request", "logit_bias must hold finite numbers",
+            raise p.ProtocolError(ErrorCode.BAD_REQUEST, "logit_bias must hold finite numbers",
                                   request_id=rid)  # fmt: skip
         out["logit_bias"] = {str(k): v for k, v in sorted(bias.items())}
     if msg.stop_token_ids:
@@ -117,7 +118,9 @@ def client_frame_json(frame: Any) -> dict[str, Any]:
         return out
     if kind == "ping":
         return {"type": "ping"}
-    raise p.ProtocolError("bad_request", "empty ClientFrame: set generate, cancel, resume or ping")
+    raise p.ProtocolError(
+        ErrorCode.BAD_REQUEST, "empty ClientFrame: set generate, cancel, resume or ping"
+    )
 
 
 def parse_client_frame(frame: Any, limits: p.Limits) -> p.ClientFrame:

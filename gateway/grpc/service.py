@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from tokenrelay.core.wire.vocabulary import ErrorCode
 from tokenrelay.gateway.access.guard import AuthError, Principal
 from tokenrelay.gateway.grpc.convert import parse_client_frame, server_frame
 from tokenrelay.gateway.ws import protocol as p
@@ -88,7 +89,7 @@ class ChatCall(StreamSession):
     async def send(self, frame: dict[str, Any]) -> None:
         """Queue a frame for the writer (waits while the queue is full)."""
         if frame.get("type") == "error":
-            self.gw.metrics.count_error(frame.get("code", "internal"), self.transport)
+            self.gw.metrics.count_error(frame.get("code", ErrorCode.INTERNAL), self.transport)
         if not self._closing:
             await self.queue.put(server_frame(self.pb2, frame))
 
@@ -169,7 +170,7 @@ class ChatCall(StreamSession):
                 if self.rate.abusive:
                     self.close(grpc.StatusCode.RESOURCE_EXHAUSTED, "rate limit exceeded")
                     return
-                await self.send(p.error_frame("rate_limited", "too many frames; slow down"))
+                await self.send(p.error_frame(ErrorCode.RATE_LIMITED, "too many frames; slow down"))
                 continue
             await self.answer(functools.partial(self._parse, msg))
 
@@ -198,12 +199,12 @@ class RelayService:
         if not gw.guard.origins.allows(origin, metadata.get("host")):
             log.info("grpc origin refused", extra={"origin": (origin or "")[:200],
                                                    "client": address})  # fmt: skip
-            gw.metrics.count_error("forbidden", "grpc")
+            gw.metrics.count_error(ErrorCode.FORBIDDEN, "grpc")
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "origin not allowed")
         try:
             who = gw.guard.authenticate(metadata, {}, address)
         except AuthError as exc:
-            gw.metrics.count_error("unauthorized", "grpc")
+            gw.metrics.count_error(ErrorCode.UNAUTHORIZED, "grpc")
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
         if gw.shutting_down:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "gateway shutting down")

@@ -18,11 +18,12 @@ from starlette.responses import JSONResponse
 from tokenrelay.core import options
 from tokenrelay.core.redis.connection import is_outage
 from tokenrelay.core.wire.events import Event
+from tokenrelay.core.wire.vocabulary import ErrorCode
 from tokenrelay.gateway.http.openai_render import ChunkEncoder, StreamFormat
 from tokenrelay.gateway.http.openai_request import ApiError, error_for_code
 from tokenrelay.gateway.http.sse_response import Pump
-from tokenrelay.gateway.streams.errors import refusal
-from tokenrelay.gateway.streams.store import RedisUnavailable, StreamNotFound, StreamStore
+from tokenrelay.gateway.streams.errors import RedisUnavailable, StreamNotFound, refusal
+from tokenrelay.gateway.streams.store import StreamStore
 
 if TYPE_CHECKING:
     from tokenrelay.gateway.state import Gateway
@@ -62,12 +63,12 @@ async def read_body(request: Request, limit: int) -> bytes:
     """The request body, or a 413 as soon as it is over ``limit`` bytes."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        raise error_for_code("too_large", f"The request body is over {limit} bytes.")
+        raise error_for_code(ErrorCode.TOO_LARGE, f"The request body is over {limit} bytes.")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise error_for_code("too_large", f"The request body is over {limit} bytes.")
+            raise error_for_code(ErrorCode.TOO_LARGE, f"The request body is over {limit} bytes.")
         chunks.append(chunk)
     return b"".join(chunks)
 

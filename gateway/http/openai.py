@@ -29,6 +29,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from tokenrelay.core.wire.events import Event
+from tokenrelay.core.wire.vocabulary import ErrorCode, EventKind, FinishReason
 from tokenrelay.gateway.access.auth import AuthError
 from tokenrelay.gateway.access.cors import EXPOSE_HEADERS
 from tokenrelay.gateway.access.guard import Principal, RateLimited, TooManyStreams
@@ -58,9 +59,8 @@ from tokenrelay.gateway.http.openai_request import (
     request_id_header,
 )
 from tokenrelay.gateway.http.sse_response import GONE, Pump, SSEResponse, watch_disconnect
-from tokenrelay.gateway.streams.errors import STORE_ERRORS
+from tokenrelay.gateway.streams.errors import STORE_ERRORS, UnknownModel
 from tokenrelay.gateway.streams.models import Route as ModelRoute
-from tokenrelay.gateway.streams.models import UnknownModel
 
 if TYPE_CHECKING:
     from tokenrelay.gateway.state import Gateway
@@ -110,14 +110,16 @@ class OpenAIApi:
         try:
             return self.gw.guard.authenticate(request.headers, {}, address)
         except AuthError as exc:
-            raise error_for_code("unauthorized", str(exc)) from None
+            raise error_for_code(ErrorCode.UNAUTHORIZED, str(exc)) from None
 
     async def _admit(self, who: Principal) -> None:
         """The caller's requests-per-minute budget (``--rate-limit``), or a 429."""
         try:
             await self.gw.guard.admit(who)
         except RateLimited as exc:
-            raise error_for_code("rate_limited", str(exc), retry_after=exc.retry_after) from None
+            raise error_for_code(
+                ErrorCode.RATE_LIMITED, str(exc), retry_after=exc.retry_after
+            ) from None
 
     def take_slot(self, who: Principal) -> str:
         """Count one more generation for the caller (its API key, else its address)."""
@@ -125,12 +127,14 @@ class OpenAIApi:
         if self.active.get(client, 0) >= self.settings.max_per_client:
             limit = self.settings.max_per_client
             raise error_for_code(
-                "rate_limited", f"At most {limit} concurrent requests per client.", retry_after=1
+                ErrorCode.RATE_LIMITED,
+                f"At most {limit} concurrent requests per client.",
+                retry_after=1,
             )
         try:
             self.gw.guard.open_stream(who)  # --max-streams-per-key, WebSocket included
         except TooManyStreams as exc:
-            raise error_for_code("rate_limited", str(exc), retry_after=1) from None
+            raise error_for_code(ErrorCode.RATE_LIMITED, str(exc), retry_after=1) from None
         self.active[client] = self.active.get(client, 0) + 1
         return client
 
@@ -236,7 +240,7 @@ class OpenAIApi:
         except Exception:
             self.release(client)
             log.exception("request failed", extra={"request_id": rid})
-            return error_response(error_for_code("internal", "internal error"))
+            return error_response(error_for_code(ErrorCode.INTERNAL, "internal error"))
         sid = new.stream_id
         extra: dict[str, Any] = {"request_id": rid, "stream_id": sid, "api": kind,
                                  "stream": req.stream}  # fmt: skip
@@ -291,7 +295,7 @@ class OpenAIApi:
         except STORE_ERRORS as exc:
             return error_response(store_error(exc), run.headers)
         except StopAsyncIteration:
-            return error_response(error_for_code("internal", "the stream ended early"))
+            return error_response(error_for_code(ErrorCode.INTERNAL, "the stream ended early"))
         assert collector.result is not None
         return JSONResponse(collector.result, headers=run.headers)
 
@@ -305,13 +309,13 @@ class OpenAIApi:
                 refusal = Response(status_code=499)
             elif isinstance(item, Event):
                 first.append(item)
-                if item.kind == "rejected" and item.code != "cancelled":
+                if item.kind == EventKind.REJECTED and item.code != FinishReason.CANCELLED:
                     log.info("rejected by the worker", extra={**run.extra, "code": item.code})
                     refusal = error_response(stream_error(item), run.headers)
         except STORE_ERRORS as exc:
             refusal = error_response(store_error(exc), run.headers)
         except StopAsyncIteration:
-            refusal = error_response(error_for_code("internal", "the stream ended early"))
+            refusal = error_response(error_for_code(ErrorCode.INTERNAL, "the stream ended early"))
         if refusal is not None:
             await run.abort()
             return refusal

@@ -30,6 +30,7 @@ from starlette.responses import JSONResponse, Response
 
 from tokenrelay.core.wire.events import Event
 from tokenrelay.core.wire.requests import MAX_SEED
+from tokenrelay.core.wire.vocabulary import EventKind, FinishReason
 from tokenrelay.gateway.access.cors import EXPOSE_HEADERS
 from tokenrelay.gateway.http.common import START_WAIT, error_response, save_format, store_error
 from tokenrelay.gateway.http.openai_render import (
@@ -134,8 +135,8 @@ async def stream_choices(
                 item = await choice.pump.next(None)
                 if isinstance(item, Event):
                     await queue.put((i, item))
-                    if item.kind == "done" or (
-                        item.kind == "rejected" and item.code != "cancelled"
+                    if item.kind == EventKind.DONE or (
+                        item.kind == EventKind.REJECTED and item.code != FinishReason.CANCELLED
                     ):
                         break
         except StopAsyncIteration:
@@ -155,7 +156,7 @@ async def stream_choices(
             if item is None:
                 left -= 1
             elif isinstance(item, Event):
-                if item.kind == "done":
+                if item.kind == EventKind.DONE:
                     last[i] = item
                 yield _without_done(encoders[i].encode(item))
             elif isinstance(item, STORE_ERRORS):
@@ -167,7 +168,7 @@ async def stream_choices(
         if include_usage and last:
             prompt = max(ev.prompt_tokens for ev in last.values())
             completion = sum(ev.completion_tokens for ev in last.values())
-            total = Event(0, "done", prompt_tokens=prompt, completion_tokens=completion)
+            total = Event(0, EventKind.DONE, prompt_tokens=prompt, completion_tokens=completion)
             fmt = choices[0].fmt
             chunk = {"id": encoders[0].id, "object": fmt.object, "created": fmt.created,
                      "model": fmt.model, "choices": [], "usage": usage(total)}  # fmt: skip
@@ -272,6 +273,10 @@ async def _verdict(choice: Choice, gone: asyncio.Task[None]) -> Event | Response
         return None
     if item is GONE:
         return Response(status_code=499)
-    if isinstance(item, Event) and item.kind == "rejected" and item.code != "cancelled":
+    if (
+        isinstance(item, Event)
+        and item.kind == EventKind.REJECTED
+        and item.code != FinishReason.CANCELLED
+    ):
         return error_response(stream_error(item))
     return item if isinstance(item, Event) else None

@@ -32,6 +32,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from tokenrelay.core.wire.errors import as_code
 from tokenrelay.core.wire.events import Event
 from tokenrelay.core.wire.logprobs import (
     Logprobs,
@@ -40,6 +41,7 @@ from tokenrelay.core.wire.logprobs import (
     decode_logprobs,
 )
 from tokenrelay.core.wire.tools import CallTextFilter, content_before_calls, decode_calls
+from tokenrelay.core.wire.vocabulary import ErrorCode, EventKind, FinishReason
 from tokenrelay.gateway.http.openai_request import ApiError, error_body, error_for_code
 from tokenrelay.gateway.http.sse import DONE, encode_event
 
@@ -132,13 +134,13 @@ def usage(ev: Event) -> dict[str, int]:
 
 def stream_error(ev: Event) -> ApiError:
     """The error a ``rejected`` event or a ``done``/``error`` event stands for."""
-    if ev.kind == "rejected":
-        return error_for_code(ev.code or "internal", ev.message or "the request was rejected")
+    if ev.kind == EventKind.REJECTED:
+        return error_for_code(as_code(ev.code), ev.message or "the request was rejected")
     message = ev.message or "the engine failed to complete the request"
     lowered = message.lower()
     if "stopped responding" in lowered or "no engine worker" in lowered or "shut down" in lowered:
-        return error_for_code("unavailable", message)
-    return error_for_code("internal", message)
+        return error_for_code(ErrorCode.UNAVAILABLE, message)
+    return error_for_code(ErrorCode.INTERNAL, message)
 
 
 class ChunkEncoder:
@@ -201,24 +203,26 @@ class ChunkEncoder:
         """The SSE bytes for ``ev`` (empty when it shows as nothing)."""
         if self.finished:
             return b""
-        if ev.seq <= self._quiet_through and ev.kind != "done":
-            if ev.kind == "token" and self._calls is not None:
+        if ev.seq <= self._quiet_through and ev.kind != EventKind.DONE:
+            if ev.kind == EventKind.TOKEN and self._calls is not None:
                 self._calls.feed(ev.text)
             return b""
-        if ev.kind == "accepted" or (ev.kind == "rejected" and ev.code == "cancelled"):
+        if ev.kind == EventKind.ACCEPTED or (
+            ev.kind == EventKind.REJECTED and ev.code == FinishReason.CANCELLED
+        ):
             if self.fmt.kind == "chat":
                 return self._event(ev.seq, self._chunk([self._choice(None, None, role=True)]))
             return b""
-        if ev.kind == "rejected":
+        if ev.kind == EventKind.REJECTED:
             self._failed = True
             return self._event(ev.seq, stream_error(ev).body())
-        if ev.kind == "token":
+        if ev.kind == EventKind.TOKEN:
             lp = self.fmt.render_logprobs(ev)
             text = ev.text if self._calls is None else self._calls.feed(ev.text)
             if not text and self._calls is not None:
                 return b""  # held back: maybe a call (its logprobs are left out)
             return self._event(ev.seq, self._chunk([self._choice(text, None, logprobs=lp)]))
-        if ev.kind == "done":
+        if ev.kind == EventKind.DONE:
             return self.done(ev)
         return b""
 
@@ -226,8 +230,8 @@ class ChunkEncoder:
         """The end: finish chunk (or error event), usage chunk if asked for, ``[DONE]``."""
         self.finished = True
         out = b""
-        reason = ev.finish_reason or "error"
-        if reason == "error":
+        reason = ev.finish_reason or FinishReason.ERROR
+        if reason == FinishReason.ERROR:
             if not self._failed:
                 out += self._event(ev.seq, stream_error(ev).body())
         else:
@@ -288,16 +292,16 @@ class Collector:
 
         Raises :class:`ApiError` when the request was rejected or failed.
         """
-        if ev.kind == "rejected" and ev.code != "cancelled":
+        if ev.kind == EventKind.REJECTED and ev.code != FinishReason.CANCELLED:
             raise stream_error(ev)
-        if ev.kind == "token":
+        if ev.kind == EventKind.TOKEN:
             self.parts.append(ev.text)
             for key, value in (self.fmt.render_logprobs(ev) or {}).items():
                 if isinstance(value, list):  # (chat's "refusal" is null)
                     self.logprobs.setdefault(key, []).extend(value)
-        elif ev.kind == "done":
-            reason = ev.finish_reason or "error"
-            if reason == "error":
+        elif ev.kind == EventKind.DONE:
+            reason = ev.finish_reason or FinishReason.ERROR
+            if reason == FinishReason.ERROR:
                 raise stream_error(ev)
             self.result = self.body(reason, ev)
             calls = decode_calls(ev.tool_calls) if self.fmt.kind == "chat" else ()

@@ -31,6 +31,7 @@ from tokenrelay.core.wire.requests import (
     validate_params,
     validate_request_id,
 )
+from tokenrelay.core.wire.vocabulary import ErrorCode
 from tokenrelay.gateway.http.openai_fields import EXTENSIONS, TOOL_FIELDS, check_fields
 
 __all__ = [
@@ -93,7 +94,7 @@ def error_body(
 
 
 def error_for_code(
-    code: str, message: str, *, param: str | None = None, retry_after: float | None = None
+    code: ErrorCode, message: str, *, param: str | None = None, retry_after: float | None = None
 ) -> ApiError:
     """An :class:`ApiError` for a protocol error code (``bad_request``, ``overloaded``...).
 
@@ -128,7 +129,7 @@ def request_id_header(value: str | None, limits: Limits) -> str | None:
 
 
 def _bad(message: str, param: str | None = None) -> ApiError:
-    return error_for_code("bad_request", message, param=param)
+    return error_for_code(ErrorCode.BAD_REQUEST, message, param=param)
 
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
@@ -292,18 +293,20 @@ def _content(raw: Any, i: int, role: str) -> str:
         for j, part in enumerate(raw):
             if not isinstance(part, dict) or not isinstance(part.get("type"), str):
                 raise RequestError(
-                    "bad_request", f"'{param}[{j}]' must be an object with a 'type'", param
+                    ErrorCode.BAD_REQUEST, f"'{param}[{j}]' must be an object with a 'type'", param
                 )
             if part["type"] != "text":
                 raise RequestError(
-                    "bad_request", f"'{param}[{j}]': only text content is supported", param
+                    ErrorCode.BAD_REQUEST, f"'{param}[{j}]': only text content is supported", param
                 )
             if not isinstance(part.get("text"), str):
-                raise RequestError("bad_request", f"'{param}[{j}].text' must be a string", param)
+                raise RequestError(
+                    ErrorCode.BAD_REQUEST, f"'{param}[{j}].text' must be a string", param
+                )
             parts.append(part["text"])
         return "".join(parts)
     message = f"'{param}' must be a string or a list of text parts"
-    raise RequestError("bad_request", message, param)
+    raise RequestError(ErrorCode.BAD_REQUEST, message, param)
 
 
 def parse_chat(obj: dict[str, Any], *, served_model: str, limits: Limits) -> ApiRequest:

@@ -28,6 +28,7 @@ from tokenrelay.core.wire.errors import NO_SUCH_STREAM
 from tokenrelay.core.wire.events import Event
 from tokenrelay.core.wire.keys import STREAM_ID_RE
 from tokenrelay.core.wire.requests import RequestError, is_request_id, validate_resume_token
+from tokenrelay.core.wire.vocabulary import ErrorCode, StreamStatus
 from tokenrelay.gateway.access.cors import EXPOSE_HEADERS
 from tokenrelay.gateway.http.common import (
     HttpSettings,
@@ -46,8 +47,7 @@ from tokenrelay.gateway.http.openai_request import (
 )
 from tokenrelay.gateway.http.sse import parse_event_id
 from tokenrelay.gateway.http.sse_response import Pump, SSEResponse
-from tokenrelay.gateway.streams.errors import STORE_ERRORS
-from tokenrelay.gateway.streams.store import BadOffset
+from tokenrelay.gateway.streams.errors import STORE_ERRORS, BadOffset
 
 if TYPE_CHECKING:
     from tokenrelay.gateway.state import Gateway
@@ -69,7 +69,7 @@ def resume_token(request: Request, body: dict[str, Any] | None = None) -> str:
     if token is None or token == "":
         where = "?resume_token=, an X-Resume-Token header"
         where += " or 'resume_token' in the body" if body is not None else ""
-        raise error_for_code("unauthorized", f"Missing resume token: pass {where}.")
+        raise error_for_code(ErrorCode.UNAUTHORIZED, f"Missing resume token: pass {where}.")
     try:
         return validate_resume_token(token, name)
     except RequestError as exc:
@@ -79,7 +79,7 @@ def resume_token(request: Request, body: dict[str, Any] | None = None) -> str:
 def stream_id_of(request: Request) -> str:
     sid = str(request.path_params["stream_id"])
     if not STREAM_ID_RE.match(sid):
-        raise error_for_code("not_found", NO_SUCH_STREAM)
+        raise error_for_code(ErrorCode.NOT_FOUND, NO_SUCH_STREAM)
     return sid
 
 
@@ -89,10 +89,10 @@ def offset_of(request: Request) -> int:
         header = parse_event_id(request.headers.get("last-event-id"))
         query = parse_event_id(request.query_params.get("after"))
     except ValueError as exc:
-        raise error_for_code("bad_request", str(exc), param="after") from None
+        raise error_for_code(ErrorCode.BAD_REQUEST, str(exc), param="after") from None
     after = header if header is not None else query if query is not None else -1
     if after < -1:
-        raise error_for_code("bad_request", "'after' must be >= -1", param="after")
+        raise error_for_code(ErrorCode.BAD_REQUEST, "'after' must be >= -1", param="after")
     return after
 
 
@@ -120,7 +120,7 @@ class StreamsApi:
             after = offset_of(request)
             info = await slog.authorize(sid, token)
             last = info.last_seq
-            if info.status == "done" and last is not None and after >= last:
+            if info.status == StreamStatus.DONE and last is not None and after >= last:
                 if after > last:
                     raise BadOffset(f"after={after} is beyond the last event (seq {last})")
                 return Response(status_code=204, headers={"X-Stream-Id": sid})
@@ -129,7 +129,7 @@ class StreamsApi:
             fmt = StreamFormat.decode(
                 await load_format(slog, sid), model=self.model, created=int(time.time())
             )
-            attach_id = await slog.attach(sid) if info.status != "done" else None
+            attach_id = await slog.attach(sid) if info.status != StreamStatus.DONE else None
             answer = self._replay(request, sid, after, info.request_id, fmt, attach_id)
             attach_id = None  # the answer's cleanup detaches it now
             return answer
@@ -190,7 +190,7 @@ class StreamsApi:
             return error_response(store_error(exc))
         except ClientDisconnect:
             return Response(status_code=400)
-        done = before.status == "done"
+        done = before.status == StreamStatus.DONE
         log.info("cancel", extra={"stream_id": sid, "request_id": info.request_id, "done": done})
         return JSONResponse(
             {

@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from tokenrelay.core.wire.vocabulary import ErrorCode
 from tokenrelay.gateway.access.auth import AuthError
 from tokenrelay.gateway.http.common import error_response
 from tokenrelay.gateway.http.openai_request import error_for_code
@@ -42,7 +43,7 @@ def routes(gw: Gateway) -> list[BaseRoute]:
             # a bearer key only: a token cannot be traded for a longer-lived one
             who = guard.authenticate(request.headers, {}, address)
         except AuthError as exc:
-            return error_response(error_for_code("unauthorized", str(exc)))
+            return error_response(error_for_code(ErrorCode.UNAUTHORIZED, str(exc)))
         token, expires = guard.auth.issue_token(who.key_id or "")
         log.info("ws token issued", extra={"key_id": who.key_id, "client": address})
         body = {"token": token, "expires_at": expires, "auth_required": True,

@@ -18,19 +18,21 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tokenrelay.core.wire.vocabulary import ErrorCode
+
 if TYPE_CHECKING:
     from tokenrelay.gateway.observe.metrics import GatewayMetrics
     from tokenrelay.gateway.state import Gateway
 
 STATUS_CODES = {
-    400: "bad_request",
-    401: "unauthorized",
-    403: "forbidden",
-    404: "not_found",
-    405: "bad_request",
-    413: "too_large",
-    429: "rate_limited",
-    503: "unavailable",
+    400: ErrorCode.BAD_REQUEST,
+    401: ErrorCode.UNAUTHORIZED,
+    403: ErrorCode.FORBIDDEN,
+    404: ErrorCode.NOT_FOUND,
+    405: ErrorCode.BAD_REQUEST,
+    413: ErrorCode.TOO_LARGE,
+    429: ErrorCode.RATE_LIMITED,
+    503: ErrorCode.UNAVAILABLE,
 }
 MAX_ERROR_BODY = 16 * 1024  # bytes of an error body looked at for its code
 
@@ -44,7 +46,7 @@ def code_for(status: int, body: bytes) -> str:
         code = None
     if isinstance(code, str) and code:
         return code
-    return STATUS_CODES.get(status, "internal" if status >= 500 else "bad_request")
+    return STATUS_CODES.get(status, ErrorCode.INTERNAL if status >= 500 else ErrorCode.BAD_REQUEST)
 
 
 class HttpErrorCounter:

@@ -1,11 +1,11 @@
-"""What a stream-store exception tells the client, the same on every transport.
+"""The stream store's exceptions, and what each tells the client on every transport.
 
-:func:`refusal` maps the exceptions of :mod:`tokenrelay.gateway.streams.store`
-(:class:`NoWorker` and :class:`ShuttingDown`, :class:`Overloaded`, :class:`UnknownModel`,
-:class:`StreamNotFound`, :class:`StreamForbidden`, :class:`BadOffset`,
-:class:`RedisFull`, :class:`RedisUnavailable`) to a protocol error code and message; the WebSocket
-(gateway/ws/connection.py) makes an ``error`` frame of it, the HTTP API
-(gateway/http/common.py) an OpenAI-style error body.
+The gateway's parts that reach Redis (gateway/streams/: the store, its tailer and
+subscriptions, model routing) raise these; :func:`refusal` maps each to a protocol error
+code and message, which the WebSocket (gateway/ws/connection.py) makes an ``error``
+frame of and the HTTP API (gateway/http/common.py) an OpenAI-style error body. The retry
+hint is the code's own (core/wire/errors.py) but for a full Redis, which frees memory
+only as finished streams expire.
 """
 
 from __future__ import annotations
@@ -17,19 +17,70 @@ from tokenrelay.core.wire.errors import (
     STORE_FULL,
     STORE_UNREACHABLE,
     STORE_UNREACHABLE_RESUME,
+    lookup,
 )
-from tokenrelay.gateway.streams.models import UnknownModel
-from tokenrelay.gateway.streams.store import (
-    BadOffset,
-    NoWorker,
-    Overloaded,
-    RedisFull,
-    RedisUnavailable,
-    StreamForbidden,
-    StreamNotFound,
-)
+from tokenrelay.core.wire.vocabulary import ErrorCode
 
-__all__ = ["STORE_ERRORS", "Refusal", "refusal"]
+__all__ = [
+    "STORE_ERRORS",
+    "BadOffset",
+    "EventsTrimmed",
+    "NoWorker",
+    "Overloaded",
+    "RedisFull",
+    "RedisUnavailable",
+    "Refusal",
+    "ShuttingDown",
+    "StreamForbidden",
+    "StreamNotFound",
+    "UnknownModel",
+    "refusal",
+]
+
+
+class StreamNotFound(Exception):
+    """The stream does not exist (never did, or expired)."""
+
+
+class RedisUnavailable(Exception):
+    """Redis cannot be reached right now."""
+
+
+class RedisFull(RedisUnavailable):
+    """Redis is at its ``maxmemory`` (or nearly, for a new stream): it takes no writes now.
+
+    Reads still work. Whoever waits out an outage waits this out too; a new
+    stream is refused with ``overloaded`` (gateway/streams/errors.py).
+    """
+
+
+class StreamForbidden(Exception):
+    """The resume token does not match the stream."""
+
+
+class EventsTrimmed(StreamNotFound):
+    """The events right after the requested offset are no longer kept."""
+
+
+class BadOffset(ValueError):
+    """``after`` lies beyond the last event of the stream."""
+
+
+class Overloaded(Exception):
+    """Too many requests are waiting for an engine worker."""
+
+
+class NoWorker(Exception):
+    """No engine worker is alive."""
+
+
+class ShuttingDown(NoWorker):
+    """This gateway is draining: it takes no new requests."""
+
+
+class UnknownModel(LookupError):
+    """No live worker serves the requested model."""
+
 
 STORE_ERRORS = (
     NoWorker,
@@ -47,10 +98,15 @@ FULL_RETRY_AFTER = 5.0  # seconds: a full Redis frees memory as finished streams
 class Refusal:
     """A client-visible error: protocol ``code``, ``message``, retry hint, offending field."""
 
-    code: str
+    code: ErrorCode
     message: str
     retry_after: float | None = None  # seconds
     param: str | None = None
+
+    @classmethod
+    def of(cls, code: ErrorCode, message: str, param: str | None = None) -> Refusal:
+        """A refusal with its code's own retry hint (the error table's)."""
+        return cls(code, message, lookup(code).retry_after, param)
 
 
 def refusal(exc: BaseException, *, streaming: bool = False) -> Refusal:
@@ -59,19 +115,20 @@ def refusal(exc: BaseException, *, streaming: bool = False) -> Refusal:
     ``streaming``: the stream was already being delivered, so an outage tells the
     client to resume later.
     """
+    E = ErrorCode
     if isinstance(exc, NoWorker):  # ShuttingDown too
-        return Refusal("unavailable", str(exc), retry_after=2)
+        return Refusal.of(E.UNAVAILABLE, str(exc))
     if isinstance(exc, Overloaded):
-        return Refusal("overloaded", str(exc), retry_after=1)
+        return Refusal.of(E.OVERLOADED, str(exc))
     if isinstance(exc, UnknownModel):
-        return Refusal("not_found", str(exc), param="model")
+        return Refusal.of(E.NOT_FOUND, str(exc), param="model")
     if isinstance(exc, StreamNotFound):  # EventsTrimmed too
-        return Refusal("not_found", str(exc) or NO_SUCH_STREAM)
+        return Refusal.of(E.NOT_FOUND, str(exc) or NO_SUCH_STREAM)
     if isinstance(exc, StreamForbidden):
-        return Refusal("forbidden", str(exc))
+        return Refusal.of(E.FORBIDDEN, str(exc))
     if isinstance(exc, BadOffset):
-        return Refusal("bad_request", str(exc), param="after")
+        return Refusal.of(E.BAD_REQUEST, str(exc), param="after")
     if isinstance(exc, RedisFull):  # a write refused (Redis at maxmemory): not an outage
-        return Refusal("overloaded", STORE_FULL, retry_after=FULL_RETRY_AFTER)
+        return Refusal(E.OVERLOADED, STORE_FULL, retry_after=FULL_RETRY_AFTER)
     message = STORE_UNREACHABLE_RESUME if streaming else STORE_UNREACHABLE
-    return Refusal("unavailable", message, retry_after=2)
+    return Refusal.of(E.UNAVAILABLE, message)

@@ -29,17 +29,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tokenrelay.core.wire.stats import WorkerStats
-from tokenrelay.gateway.streams.store import NoWorker
+from tokenrelay.gateway.streams.errors import NoWorker, UnknownModel
 
 if TYPE_CHECKING:
     from tokenrelay.gateway.streams.store import StreamStore
 
 DEFAULT_NAME = "default"  # what the unnamed model is called when the gateway names none
 CACHE_S = 1.0  # seconds a look at the workers is reused (a miss looks again at once)
-
-
-class UnknownModel(LookupError):
-    """No live worker serves the requested model."""
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import os
@@ -42,6 +41,7 @@ from tokenrelay.core.redis.connection import (
 from tokenrelay.core.wire.events import Event, decode_event, entry_id, plan_finish, seq_of
 from tokenrelay.core.wire.ids import hash_token, new_resume_token, new_stream_id, token_matches
 from tokenrelay.core.wire.keys import ACTIVE_TTL, CONTROL_MAXLEN, DEFAULT_PREFIX, MAXLEN, Keys
+from tokenrelay.core.wire.records import MetaField, QueuedRequest, StreamMeta
 from tokenrelay.core.wire.scripts import APPEND_LUA, COUNT_LUA, Append, append_call, decode_append
 from tokenrelay.core.wire.stats import STATS_FIELD, WorkerStats
 from tokenrelay.core.wire.telemetry import (
@@ -52,10 +52,21 @@ from tokenrelay.core.wire.telemetry import (
     Hist,
     log_summary,
 )
+from tokenrelay.core.wire.vocabulary import EventKind, FinishReason, StreamStatus
 from tokenrelay.gateway.streams.attachments import Attachments
+from tokenrelay.gateway.streams.errors import (
+    BadOffset,
+    EventsTrimmed,
+    NoWorker,
+    Overloaded,
+    RedisFull,
+    RedisUnavailable,
+    ShuttingDown,
+    StreamForbidden,
+    StreamNotFound,
+)
 from tokenrelay.gateway.streams.memory import ADMIT_BELOW, MemoryGauge
-from tokenrelay.gateway.streams.subscription import RedisFull
-from tokenrelay.gateway.streams.tailer import RedisUnavailable, StreamNotFound, Tailer
+from tokenrelay.gateway.streams.tailer import Tailer
 
 if TYPE_CHECKING:
     from tokenrelay.core.tracing import Tracing
@@ -63,18 +74,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("tokenrelay.streamlog")
 
 __all__ = [
-    "BadOffset",
     "CancelOutcome",
-    "EventsTrimmed",
     "NewStream",
-    "NoWorker",
-    "Overloaded",
-    "RedisFull",
-    "RedisUnavailable",
-    "ShuttingDown",
-    "StreamForbidden",
-    "StreamInfo",
-    "StreamNotFound",
     "StreamStore",
 ]
 
@@ -82,52 +83,12 @@ REPLAY_PAGE = 256
 T = TypeVar("T")
 
 
-class StreamForbidden(Exception):
-    """The resume token does not match the stream."""
-
-
-class EventsTrimmed(StreamNotFound):
-    """The events right after the requested offset are no longer kept."""
-
-
-class BadOffset(ValueError):
-    """``after`` lies beyond the last event of the stream."""
-
-
-class Overloaded(Exception):
-    """Too many requests are waiting for an engine worker."""
-
-
-class NoWorker(Exception):
-    """No engine worker is alive."""
-
-
-class ShuttingDown(NoWorker):
-    """This gateway is draining: it takes no new requests."""
-
-
-@dataclass(frozen=True)
-class StreamInfo:
-    """A stream's metadata (``status`` is ``queued``, ``running`` or ``done``)."""
-
-    stream_id: str
-    status: str
-    request_id: str | None
-    worker: str | None
-    prompt_tokens: int
-    finish_reason: str | None
-    last_seq: int | None
-    cancel_requested: bool
-    token_hash: str
-    stream_ttl: float
-
-
 @dataclass(frozen=True)
 class CancelOutcome:
     """``already_finished``: the stream had ended before this cancel; ``info``: its metadata now."""
 
     already_finished: bool
-    info: StreamInfo
+    info: StreamMeta
 
 
 @dataclass(frozen=True)
@@ -301,30 +262,27 @@ class StreamStore:
             raise RedisFull("redis is nearly full (maxmemory)")
         sid, token = new_stream_id(), new_resume_token()
         attach_id = self.attachments.new_id() if attach else None
-        meta: dict[Any, Any] = {
-            "tok": hash_token(token),
-            "st": "queued",
-            "rid": request_id or "",
-            "ts": str(int(time.time() * 1000)),
-            "gw": self.gateway_id,
-            "ttl": str(self.stream_ttl),
-        }
-        if trace is not None:
-            meta[TRACE_FIELD] = trace[0]
+        meta = StreamMeta.new_fields(
+            hash_token(token),
+            request_id,
+            int(time.time() * 1000),
+            self.gateway_id,
+            self.stream_ttl,
+            None if trace is None else trace[0],
+        )
         pipe = atomic_pipeline(self.redis)
         pipe.hset(self.keys.meta(sid), mapping=meta)
         pipe.expire(self.keys.meta(sid), int(ACTIVE_TTL))
         if attach_id:
             self.attachments.queue(pipe, sid, attach_id)
-        request = {
-            "sid": sid,
-            "rid": request_id or "",
-            "body": json.dumps({**body, "model": model} if model else body, ensure_ascii=False),
-            "dt": str(self.detach_timeout),
-            "ttl": str(self.stream_ttl),
-        }
-        if trace is not None:
-            request[TRACE_FIELD] = trace[1]
+        request = QueuedRequest(
+            stream_id=sid,
+            request_id=request_id,
+            body={**body, "model": model} if model else body,
+            detach_timeout=self.detach_timeout,
+            stream_ttl=self.stream_ttl,
+            traceparent=None if trace is None else trace[1],
+        ).encode()
         if self.keys.cluster:
             # The metadata must be there before a worker can take the request: a cluster
             # pipeline sends to each master at once, so it is a round trip of its own.
@@ -340,26 +298,12 @@ class StreamStore:
         log.debug("stream created", extra={"stream_id": sid, "request_id": request_id})
         return NewStream(sid, token, attach_id)
 
-    async def info(self, stream_id: str) -> StreamInfo | None:
+    async def info(self, stream_id: str) -> StreamMeta | None:
         """The stream's metadata, or None for an unknown or expired stream."""
         raw: Any = await self._guard(self.redis.hgetall(self.keys.meta(stream_id)))
-        if not raw or b"tok" not in raw:
-            return None
-        f = {k.decode(): v.decode() for k, v in raw.items()}
-        return StreamInfo(
-            stream_id=stream_id,
-            status=f.get("st", "queued"),
-            request_id=f.get("rid") or None,
-            worker=f.get("w") or None,
-            prompt_tokens=int(f.get("pt") or 0),
-            finish_reason=f.get("fr") or None,
-            last_seq=int(f["last"]) if f.get("last") else None,
-            cancel_requested=f.get("cx") == "1",
-            token_hash=f["tok"],
-            stream_ttl=float(f.get("ttl") or self.stream_ttl),
-        )
+        return StreamMeta.decode(stream_id, raw or {}, self.stream_ttl)
 
-    async def authorize(self, stream_id: str, resume_token: str) -> StreamInfo:
+    async def authorize(self, stream_id: str, resume_token: str) -> StreamMeta:
         """Metadata of a stream the token opens; raises NotFound/Forbidden."""
         info = await self.info(stream_id)
         if info is None:
@@ -444,7 +388,7 @@ class StreamStore:
                     self.events_replayed += 1
                 yield ev
                 last = ev.seq
-                if ev.kind == "done":
+                if ev.kind == EventKind.DONE:
                     return
             if len(page) < REPLAY_PAGE:
                 break
@@ -456,7 +400,7 @@ class StreamStore:
                 appended, sub.appended = sub.appended, None  # a live batch's append time
                 for ev in events:
                     yield ev
-                    if ev.kind == "done":
+                    if ev.kind == EventKind.DONE:
                         return
                     if appended is not None:  # its first event is out: delivered
                         delivery.observe(time.time() - appended)
@@ -464,7 +408,7 @@ class StreamStore:
         finally:
             self.tailer.unsubscribe(sub)
 
-    async def cancel(self, stream_id: str) -> StreamInfo:
+    async def cancel(self, stream_id: str) -> StreamMeta:
         """Ask the engine to stop the stream (idempotent); returns its metadata now."""
         return (await self.request_cancel(stream_id)).info
 
@@ -473,32 +417,34 @@ class StreamStore:
         info = await self.info(stream_id)
         if info is None:
             raise StreamNotFound("no such stream (unknown or expired)")
-        if info.status == "done":
+        if info.status == StreamStatus.DONE:
             return CancelOutcome(True, info)
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hset(self.keys.meta(stream_id), "cx", "1")
+        pipe.hset(self.keys.meta(stream_id), MetaField.CANCEL, "1")
         pipe.xadd(self.keys.control, {"cancel": stream_id}, maxlen=CONTROL_MAXLEN, approximate=True)
         await self._guard(pipe.execute())
         self.cancels += 1
-        if info.status == "queued":  # no worker has it yet: end it here
-            await self.finish(stream_id, "cancelled", None)
+        if info.status == StreamStatus.QUEUED:  # no worker has it yet: end it here
+            await self.finish(stream_id, FinishReason.CANCELLED, None)
         log.info("cancel requested", extra={"stream_id": stream_id, "request_id": info.request_id})
         return CancelOutcome(False, await self.info(stream_id) or info)
 
-    async def finish(self, stream_id: str, reason: str, message: str | None) -> bool:
+    async def finish(self, stream_id: str, reason: FinishReason, message: str | None) -> bool:
         """End a stream from the gateway (race-safe against its worker); True if ended here."""
         for _ in range(5):
             pipe = self.redis.pipeline(transaction=False)
             pipe.xrevrange(self.keys.stream(stream_id), count=1)
-            fields = ("st", "pt", "ttl", "rid", RESUMES_FIELD, DISCONNECTS_FIELD)
+            M = MetaField
+            fields = (M.STATUS, M.PROMPT_TOKENS, M.STREAM_TTL, M.REQUEST_ID, M.RESUMES,
+                      M.DISCONNECTS)  # fmt: skip
             pipe.hmget(self.keys.meta(stream_id), *fields)
             top, (st, pt, ttl, rid, *counts) = await self._guard(pipe.execute())
-            if st is None or st == b"done":
+            if st is None or _str(st) == StreamStatus.DONE:
                 return False
             last = seq_of(top[0][0]) if top else -1
             first, events = plan_finish(last, int(pt or 0), reason, message)
             ttl_s = float(ttl or self.stream_ttl)
-            call = Append(stream_id, first, events, {"fr": reason}, ttl_s)
+            call = Append(stream_id, first, events, {MetaField.FINISH_REASON: reason}, ttl_s)
             keys, args = append_call(self.keys, [call], maxlen=MAXLEN)
             raw = await self._guard(self._append(keys=keys, args=args))
             res = decode_append(raw[0])
@@ -519,7 +465,7 @@ class StreamStore:
 
     async def _end_abandoned(self, stream_id: str, message: str) -> None:
         try:
-            await self.finish(stream_id, "error", message)
+            await self.finish(stream_id, FinishReason.ERROR, message)
         except RedisUnavailable:
             pass
 

@@ -22,24 +22,9 @@ from collections import deque
 from collections.abc import Callable
 
 from tokenrelay.core.wire.events import Event
+from tokenrelay.gateway.streams.errors import StreamNotFound
 
 BUFFER_LIMIT = 256  # events buffered per subscriber, at most
-
-
-class StreamNotFound(Exception):
-    """The stream does not exist (never did, or expired)."""
-
-
-class RedisUnavailable(Exception):
-    """Redis cannot be reached right now."""
-
-
-class RedisFull(RedisUnavailable):
-    """Redis is at its ``maxmemory`` (or nearly, for a new stream): it takes no writes now.
-
-    Reads still work. Whoever waits out an outage waits this out too; a new
-    stream is refused with ``overloaded`` (gateway/streams/errors.py).
-    """
 
 
 class Subscription:

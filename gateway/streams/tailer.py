@@ -43,14 +43,12 @@ from redis.retry import Retry
 from tokenrelay.core.redis.connection import Backoff, RedisHealth, is_outage, xread_one
 from tokenrelay.core.wire.events import Event, decode_event, entry_id
 from tokenrelay.core.wire.keys import WORKER_DEAD_GRACE, Keys
+from tokenrelay.core.wire.records import MetaField as M
+from tokenrelay.core.wire.vocabulary import StreamStatus
+from tokenrelay.gateway.streams.errors import RedisUnavailable, StreamNotFound
 from tokenrelay.gateway.streams.feed import LiveFeed
 from tokenrelay.gateway.streams.shardfeed import ShardedFeed
-from tokenrelay.gateway.streams.subscription import (
-    BUFFER_LIMIT,
-    RedisUnavailable,
-    StreamNotFound,
-    Subscription,
-)
+from tokenrelay.gateway.streams.subscription import BUFFER_LIMIT, Subscription
 
 log = logging.getLogger("tokenrelay.tailer")
 
@@ -336,7 +334,7 @@ class Tailer:
         quiet = sorted({s.stream_id for s in quiet_subs})
         pipe = self._pool.pipeline(transaction=False)
         for sid in quiet:
-            pipe.hmget(self.keys.meta(sid), "st", "w", "rid")
+            pipe.hmget(self.keys.meta(sid), M.STATUS, M.WORKER, M.REQUEST_ID)
         pipe.smembers(self.keys.workers)
         # on a cluster, a shard that does not answer leaves out only what lives there
         replies = await pipe.execute(raise_on_error=not self.sharded)
@@ -373,11 +371,14 @@ class Tailer:
             for sub in list(self._subs.get(sid, ())):
                 sub.fail(StreamNotFound("stream expired"))
             return
-        if st == b"running" and w:
+        if st == StreamStatus.RUNNING.encode() and w:
             since = self._missing_since.get(w.decode())
             if since is not None and now - since >= WORKER_DEAD_GRACE:
                 extra = {"stream_id": sid, "request_id": rid, "worker": w.decode()}
                 log.warning("engine worker stopped responding; ending its stream", extra=extra)
                 await self._finish(sid, f"engine worker {w.decode()} stopped responding")
-        elif st == b"queued" and now - (self._no_worker_since or now) >= NO_WORKER_GRACE:
+        elif (
+            st == StreamStatus.QUEUED.encode()
+            and now - (self._no_worker_since or now) >= NO_WORKER_GRACE
+        ):
             await self._finish(sid, "no engine worker is available")

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from tokenrelay.core.wire.vocabulary import ErrorCode
 from tokenrelay.gateway.access.guard import AuthError, Principal
 from tokenrelay.gateway.ws import protocol as p
 from tokenrelay.gateway.ws.session import FrameRate, StreamSession
@@ -134,7 +135,7 @@ class Connection(StreamSession):
         reading (a ``cancel``, say) while a client that reads slowly holds up writes.
         """
         if frame.get("type") == "error":
-            self.gw.metrics.count_error(frame.get("code", "internal"), "ws")
+            self.gw.metrics.count_error(frame.get("code", ErrorCode.INTERNAL), "ws")
         if not self._closing:
             await self.queue.put(p.encode(frame))
 
@@ -164,13 +165,15 @@ class Connection(StreamSession):
                 return
             text = msg.get("text")
             if text is None:
-                await self.send(p.error_frame("bad_request", "binary frames are not supported"))
+                await self.send(
+                    p.error_frame(ErrorCode.BAD_REQUEST, "binary frames are not supported")
+                )
                 continue
             if not self.rate.allow():
                 if self.rate.abusive:
                     self.close(p.CLOSE_POLICY, "rate limit exceeded")
                     return
-                await self.send(p.error_frame("rate_limited", "too many frames; slow down"))
+                await self.send(p.error_frame(ErrorCode.RATE_LIMITED, "too many frames; slow down"))
                 continue
             await self.answer(functools.partial(p.parse_frame, text, self.gw.limits))
 
@@ -189,7 +192,7 @@ async def websocket_endpoint(ws: WebSocket) -> None:
         who = gw.guard.authenticate(ws.headers, ws.query_params, address)
     except AuthError as exc:
         await ws.accept()
-        await ws.send_text(p.encode(p.error_frame("unauthorized", str(exc))))
+        await ws.send_text(p.encode(p.error_frame(ErrorCode.UNAUTHORIZED, str(exc))))
         await ws.close(p.CLOSE_POLICY, "unauthorized")
         return
     conn = Connection(ws, gw)

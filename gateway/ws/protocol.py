@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from tokenrelay.core.wire.errors import ERROR_CODES, ERRORS
+from tokenrelay.core.wire.errors import ERROR_CODES, lookup
 from tokenrelay.core.wire.events import (
     FINISH_REASONS as FINISH_REASONS,  # re-exported: done reasons
 )
@@ -36,6 +36,7 @@ from tokenrelay.core.wire.requests import (
 from tokenrelay.core.wire.requests import Limits as Limits  # re-exported: parse_frame takes them
 from tokenrelay.core.wire.requests import Message as Message
 from tokenrelay.core.wire.tools import decode_calls
+from tokenrelay.core.wire.vocabulary import ErrorCode
 
 PROTOCOL_VERSION = 1
 
@@ -54,7 +55,7 @@ class ProtocolError(Exception):
 
     def __init__(
         self,
-        code: str,
+        code: ErrorCode,
         message: str,
         *,
         request_id: str | None = None,
@@ -68,7 +69,7 @@ class ProtocolError(Exception):
         self.message = message
         self.request_id = request_id
         self.stream_id = stream_id
-        self.retry_after = retry_after if ERRORS[code].retry_in_frame else None
+        self.retry_after = retry_after if lookup(code).retry_in_frame else None
 
     def frame(self) -> dict[str, Any]:
         """The ``error`` frame for this error."""
@@ -148,19 +149,21 @@ def parse_frame(data: str, limits: Limits | None = None) -> ClientFrame:
     try:
         obj = json.loads(data, parse_constant=_reject_constant)
     except (ValueError, RecursionError) as exc:
-        raise ProtocolError("bad_request", f"frame is not valid JSON: {exc}") from None
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"frame is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
-        raise ProtocolError("bad_request", "frame must be a JSON object")
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "frame must be a JSON object")
     if _SURROGATE_ESCAPE.search(data):  # "\ud800" alone parses, but is no UTF-8 text
         try:
             json.dumps(obj, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:
-            raise ProtocolError("bad_request", "frame holds an unpaired UTF-16 surrogate") from None
+            raise ProtocolError(
+                ErrorCode.BAD_REQUEST, "frame holds an unpaired UTF-16 surrogate"
+            ) from None
     kind = obj.get("type")
     if kind is None:
-        raise ProtocolError("bad_request", "missing field 'type'")
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "missing field 'type'")
     if not isinstance(kind, str):
-        raise ProtocolError("bad_request", "field 'type' must be a string")
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "field 'type' must be a string")
     if kind == "generate":
         return _parse_generate(obj, limits)
     if kind == "cancel":
@@ -172,18 +175,18 @@ def parse_frame(data: str, limits: Limits | None = None) -> ClientFrame:
     if kind == "ping":
         return Ping()
     shown = kind if len(kind) <= 40 else kind[:40] + "..."
-    raise ProtocolError("bad_request", f"unknown frame type {shown!r}")
+    raise ProtocolError(ErrorCode.BAD_REQUEST, f"unknown frame type {shown!r}")
 
 
 def _stream_id(obj: dict[str, Any]) -> str:
     sid = obj.get("stream_id")
     if sid is None:
-        raise ProtocolError("bad_request", "missing field 'stream_id'")
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "missing field 'stream_id'")
     if not isinstance(sid, str):
-        raise ProtocolError("bad_request", "stream_id must be a string")
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "stream_id must be a string")
     if not STREAM_ID_RE.match(sid):
         shown = sid if len(sid) <= 64 else None
-        raise ProtocolError("not_found", "no such stream", stream_id=shown)
+        raise ProtocolError(ErrorCode.NOT_FOUND, "no such stream", stream_id=shown)
     return sid
 
 
@@ -198,13 +201,13 @@ def _parse_resume(obj: dict[str, Any]) -> Resume:
     sid = _stream_id(obj)
     token = obj.get("resume_token")
     if token is None:
-        raise ProtocolError("bad_request", "missing field 'resume_token'", stream_id=sid)
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "missing field 'resume_token'", stream_id=sid)
     token = _resume_token(token, sid)
     after = obj.get("after", 0)
     if isinstance(after, bool) or not isinstance(after, int):
-        raise ProtocolError("bad_request", "after must be an integer", stream_id=sid)
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "after must be an integer", stream_id=sid)
     if after < 0:
-        raise ProtocolError("bad_request", "after must be >= 0", stream_id=sid)
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "after must be >= 0", stream_id=sid)
     return Resume(sid, token, after)
 
 
@@ -216,34 +219,38 @@ def _parse_generate(obj: dict[str, Any], limits: Limits) -> Generate:
     messages, prompt = obj.get("messages"), obj.get("prompt")
     if messages is not None and prompt is not None:
         raise ProtocolError(
-            "bad_request", "give either 'messages' or 'prompt', not both", request_id=rid
+            ErrorCode.BAD_REQUEST, "give either 'messages' or 'prompt', not both", request_id=rid
         )
     if messages is None and prompt is None:
-        raise ProtocolError("bad_request", "missing field 'messages' (or 'prompt')", request_id=rid)
+        raise ProtocolError(
+            ErrorCode.BAD_REQUEST, "missing field 'messages' (or 'prompt')", request_id=rid
+        )
     try:
         parsed: tuple[Message, ...] | None = None
         if messages is not None:
             parsed = validate_messages(messages, limits)
         else:
             if not isinstance(prompt, str):
-                raise RequestError("bad_request", "prompt must be a string", "prompt")
+                raise RequestError(ErrorCode.BAD_REQUEST, "prompt must be a string", "prompt")
             if not prompt:
-                raise RequestError("bad_request", "prompt must not be empty", "prompt")
+                raise RequestError(ErrorCode.BAD_REQUEST, "prompt must not be empty", "prompt")
             check_input_size(len(prompt), limits)
         raw = obj.get("params")
         if raw is not None and not isinstance(raw, dict):
-            raise RequestError("bad_request", "params must be an object", "params")
+            raise RequestError(ErrorCode.BAD_REQUEST, "params must be an object", "params")
         raw = dict(raw or {})
         n = raw.pop("n", 1)
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
-            raise RequestError("bad_request", f"n must be an integer from 1 to {MAX_CHOICES}", "n")
+            raise RequestError(
+                ErrorCode.BAD_REQUEST, f"n must be an integer from 1 to {MAX_CHOICES}", "n"
+            )
         params = validate_params(raw, limits)
     except RequestError as exc:
         raise ProtocolError(exc.code, exc.message, request_id=rid) from None
     model = obj.get("model")
     if model is not None and (not isinstance(model, str) or not 0 < len(model) <= MAX_MODEL_NAME):
         message = f"model must be a string of 1 to {MAX_MODEL_NAME} characters"
-        raise ProtocolError("bad_request", message, request_id=rid)
+        raise ProtocolError(ErrorCode.BAD_REQUEST, message, request_id=rid)
     tp = obj.get("traceparent")
     traceparent = tp if isinstance(tp, str) else None
     return Generate(rid, params, parsed, prompt if parsed is None else None, model, n, traceparent)
@@ -357,7 +364,7 @@ def cancelled_frame(stream_id: str, state: str, finish_reason: str | None) -> di
 
 
 def error_frame(
-    code: str,
+    code: ErrorCode,
     message: str,
     *,
     request_id: str | None = None,

@@ -18,10 +18,16 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from tokenrelay.core.wire.errors import NO_SUCH_STREAM
+from tokenrelay.core.wire.errors import NO_SUCH_STREAM, as_code
+from tokenrelay.core.wire.vocabulary import ErrorCode, EventKind, FinishReason, StreamStatus
 from tokenrelay.gateway.access.guard import Principal, RateLimited, TooManyStreams
-from tokenrelay.gateway.streams.errors import STORE_ERRORS, refusal
-from tokenrelay.gateway.streams.store import RedisUnavailable, StreamForbidden, StreamNotFound
+from tokenrelay.gateway.streams.errors import (
+    STORE_ERRORS,
+    RedisUnavailable,
+    StreamForbidden,
+    StreamNotFound,
+    refusal,
+)
 from tokenrelay.gateway.ws import protocol as p
 
 if TYPE_CHECKING:
@@ -114,7 +120,7 @@ class StreamSession:
             await self.send(refused(exc).frame())
         except Exception:
             log.exception("frame handler failed", extra={"transport": self.transport})
-            await self.send(p.error_frame("internal", "internal error"))
+            await self.send(p.error_frame(ErrorCode.INTERNAL, "internal error"))
 
     async def handle(self, frame: p.ClientFrame) -> None:
         """Answer one parsed frame; raises :class:`~gateway.ws.protocol.ProtocolError`."""
@@ -141,7 +147,7 @@ class StreamSession:
             created = True
         except RateLimited as exc:
             raise p.ProtocolError(
-                "rate_limited", str(exc), request_id=rid, retry_after=exc.retry_after
+                ErrorCode.RATE_LIMITED, str(exc), request_id=rid, retry_after=exc.retry_after
             ) from None
         except STORE_ERRORS as exc:  # no worker, overloaded, Redis down, unknown model
             raise refused(exc, rid) from None
@@ -170,7 +176,7 @@ class StreamSession:
         self.slot_of[sid] = self._open_slot(None, sid, new_tail=old is None)
         try:  # the slot and the attachment go back on every way out but a started tail
             attach_id = None
-            if info.status != "done":
+            if info.status != StreamStatus.DONE:
                 with contextlib.suppress(RedisUnavailable):
                     attach_id = await self.gw.streams.attach(sid)
             self.attach_of[sid] = attach_id
@@ -189,12 +195,12 @@ class StreamSession:
         limit = self.gw.settings.max_streams_per_connection
         if new_tail and len(self.tails) >= limit:  # --max-streams-per-connection
             msg = f"at most {limit} concurrent streams per {self.channel}"
-            raise p.ProtocolError("rate_limited", msg, request_id=rid, stream_id=sid)
+            raise p.ProtocolError(ErrorCode.RATE_LIMITED, msg, request_id=rid, stream_id=sid)
         try:
             return self.gw.guard.open_stream(self.principal)
         except TooManyStreams as exc:
             raise p.ProtocolError(
-                "rate_limited", str(exc), request_id=rid, stream_id=sid, retry_after=1
+                ErrorCode.RATE_LIMITED, str(exc), request_id=rid, stream_id=sid, retry_after=1
             ) from None
 
     async def _cancel(self, c: p.Cancel) -> None:
@@ -272,19 +278,21 @@ async def tail_frames(
         tail = gw.streams.tail(sid, after, resumed=started is None)
         async with contextlib.aclosing(tail) as events:
             async for ev in events:
-                if ev.kind == "token":
+                if ev.kind == EventKind.TOKEN:
                     await send_token(sid, ev.seq, ev.text, ev.logprobs)
-                elif ev.kind == "done":
-                    reason = ev.finish_reason or "error"
+                elif ev.kind == EventKind.DONE:
+                    reason = ev.finish_reason or FinishReason.ERROR
                     await send(p.done_frame(sid, ev.seq, reason, ev.prompt_tokens,
                                             ev.completion_tokens, ev.message,
                                             ev.tool_calls))  # fmt: skip
                     return
-                elif started is not None and (ev.kind == "accepted" or ev.code == "cancelled"):
+                elif started is not None and (
+                    ev.kind == EventKind.ACCEPTED or ev.code == FinishReason.CANCELLED
+                ):
                     await send(p.started_frame(rid, sid, started[1], ev.prompt_tokens, started[2]))
                     started = None
-                elif started is not None and ev.kind == "rejected":
-                    code = ev.code if ev.code in p.ERROR_CODES else "internal"
+                elif started is not None and ev.kind == EventKind.REJECTED:
+                    code = as_code(ev.code)
                     await send(p.error_frame(code, ev.message or "rejected", request_id=rid))
                     return
     except (StreamNotFound, RedisUnavailable) as exc:  # expired/trimmed, or Redis is down
@@ -293,4 +301,4 @@ async def tail_frames(
         raise
     except Exception:
         log.exception("stream tail failed", extra={"stream_id": sid, "request_id": rid})
-        await send(p.error_frame("internal", "internal error", stream_id=sid))
+        await send(p.error_frame(ErrorCode.INTERNAL, "internal error", stream_id=sid))

@@ -94,7 +94,7 @@ def test_abort_mid_generation_returns_every_block(llm_engine: LLMEngine) -> None
     assert llm_engine.abort("ab-waiting")  # aborted before its first step
     assert not llm_engine.abort("no-such-request")
     outs = llm_engine.step()
-    aborted = {o.request_id: o for o in outs if o.finish_reason == "abort"}
+    aborted = {o.request_id: o for o in outs if o.finish_reason == "cancelled"}
     assert set(aborted) == {"ab1", "ab-waiting"}
     assert all(o.finished and o.new_text == "" and not o.new_token_ids for o in aborted.values())
     assert aborted["ab1"].completion_tokens >= 3

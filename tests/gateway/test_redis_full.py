@@ -31,9 +31,9 @@ from tokenrelay.core.wire.errors import STORE_FULL
 from tokenrelay.core.wire.events import accepted_fields, done_fields, token_fields
 from tokenrelay.core.wire.keys import HEARTBEAT_TTL
 from tokenrelay.core.wire.stats import WorkerStats
-from tokenrelay.gateway.streams.errors import refusal
+from tokenrelay.gateway.streams.errors import RedisFull, refusal
 from tokenrelay.gateway.streams.memory import MemoryGauge
-from tokenrelay.gateway.streams.store import RedisFull, StreamStore
+from tokenrelay.gateway.streams.store import StreamStore
 from tokenrelay.worker.outbox import Active, Outbox
 from tokenrelay.worker.store import WorkerStore
 

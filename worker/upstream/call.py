@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenrelay.core.wire.params import SamplingParams
+from tokenrelay.core.wire.vocabulary import ErrorCode, FinishReason
 from tokenrelay.worker.upstream.client import HttpClient, ReadTimeout, Response, TransportError
 from tokenrelay.worker.upstream.config import UpstreamConfig
 from tokenrelay.worker.upstream.failures import (
@@ -100,7 +101,9 @@ class Upstream:
                 "GET", "/models", headers=self.cfg.auth_headers()
             )
         except TransportError as exc:
-            raise Retryable("unavailable", f"upstream unreachable: {describe(exc)}") from None
+            raise Retryable(
+                ErrorCode.UNAVAILABLE, f"upstream unreachable: {describe(exc)}"
+            ) from None
         if resp.status_code >= 500:
             raise status_error(resp.status_code, content, None)
         try:
@@ -130,7 +133,7 @@ class Call:
         self.extra = {"stream_id": stream_id}
         self.started = False  # the first token is in: no more attempts
         self.chunks = 0
-        self.finish_reason: str | None = None
+        self.finish_reason: FinishReason | None = None
         self.usage: tuple[int, int] | None = None
         self.remote: tuple[str, str] | None = None  # a tokenrelay upstream's stream id, token
         self.sent_at = 0.0  # when the attempt's request went out (monotonic)
@@ -142,7 +145,7 @@ class Call:
             params = SamplingParams(**(self.body.get("params") or {}))
             if names := unrelayed(params):
                 said = ", ".join(names)
-                raise Refused("bad_request", f"not relayed to an upstream server: {said}")
+                raise Refused(ErrorCode.BAD_REQUEST, f"not relayed to an upstream server: {said}")
             while True:
                 try:
                     await self._attempt(params)
@@ -169,7 +172,7 @@ class Call:
             self._cancel_remote()
             self.up.count("upstream_broken")
             log.warning("upstream stream broken: %s", exc.message, extra=self.extra)
-            self.up.inbox.finish(self.stream_id, "error", exc.message, self._usage())
+            self.up.inbox.finish(self.stream_id, FinishReason.ERROR, exc.message, self._usage())
         except UpstreamError as exc:
             self._cancel_remote()
             self.up.count("upstream_refused")
@@ -179,9 +182,9 @@ class Call:
             log.exception("upstream call failed", extra=self.extra)
             message = f"upstream relay error: {type(exc).__name__}"
             if self.started:
-                self.up.inbox.finish(self.stream_id, "error", message, self._usage())
+                self.up.inbox.finish(self.stream_id, FinishReason.ERROR, message, self._usage())
             else:
-                self.up.inbox.refuse(self.stream_id, "internal", message)
+                self.up.inbox.refuse(self.stream_id, ErrorCode.INTERNAL, message)
 
     async def _attempt(self, params: SamplingParams) -> None:
         up = self.up
@@ -208,11 +211,13 @@ class Call:
             silence = f"upstream sent nothing for {up.cfg.timeout:g} s"
             if self.started:
                 raise Broken(f"{silence}; the answer is cut short") from None
-            raise Refused("unavailable", silence) from None
+            raise Refused(ErrorCode.UNAVAILABLE, silence) from None
         except TransportError as exc:
             if self.started:
                 raise Broken(f"upstream connection lost: {describe(exc)}") from None
-            raise Retryable("unavailable", f"upstream unreachable: {describe(exc)}") from None
+            raise Retryable(
+                ErrorCode.UNAVAILABLE, f"upstream unreachable: {describe(exc)}"
+            ) from None
 
     async def _read(self, resp: Response) -> None:
         events = SSEStream()
@@ -228,7 +233,7 @@ class Call:
         elif self.started:
             raise Broken("upstream closed the stream before it finished")
         else:
-            raise Retryable("unavailable", "upstream closed the stream before any text")
+            raise Retryable(ErrorCode.UNAVAILABLE, "upstream closed the stream before any text")
 
     def _on_event(self, data: str) -> bool:
         """Take one event; True when the stream is over."""
@@ -236,10 +241,10 @@ class Call:
             chunk = parse_chunk(data)
         except ValueError:
             said = f"upstream sent a malformed event: {data[:80]!r}"
-            raise (Broken(said) if self.started else Refused("unavailable", said)) from None
+            raise (Broken(said) if self.started else Refused(ErrorCode.UNAVAILABLE, said)) from None
         if chunk.error is not None:
             said = f"upstream error: {chunk.error}"
-            raise Broken(said) if self.started else Retryable("unavailable", said)
+            raise Broken(said) if self.started else Retryable(ErrorCode.UNAVAILABLE, said)
         return self._take(chunk)
 
     def _take(self, chunk: Chunk) -> bool:
@@ -261,7 +266,7 @@ class Call:
 
     def _finish(self) -> None:
         self.up.count("upstream_chunks", self.chunks)
-        reason = self.finish_reason or "stop"
+        reason = self.finish_reason or FinishReason.STOP
         self.up.inbox.finish(self.stream_id, reason, None, self._usage())
 
     def _usage(self) -> tuple[int, int]:

@@ -32,6 +32,8 @@ import math
 import random
 import time
 
+from tokenrelay.core.wire.vocabulary import ErrorCode
+
 MAX_ATTEMPTS = 4  # the first attempt and three more
 FIRST_DELAY = 0.25  # seconds
 MAX_DELAY = 2.0
@@ -42,7 +44,7 @@ JITTER = 0.2  # +-20%
 class UpstreamError(Exception):
     """An upstream call failed; ``code`` is a protocol error code (core/wire/errors.py)."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
@@ -51,7 +53,7 @@ class UpstreamError(Exception):
 class Retryable(UpstreamError):
     """A failure before the first token that another attempt may not meet."""
 
-    def __init__(self, code: str, message: str, *, retry_after: float | None = None) -> None:
+    def __init__(self, code: ErrorCode, message: str, *, retry_after: float | None = None) -> None:
         super().__init__(code, message)
         self.retry_after = retry_after  # the upstream's Retry-After, in seconds
 
@@ -64,7 +66,7 @@ class Broken(UpstreamError):
     """A failure after the first token: the stream ends with ``error``."""
 
     def __init__(self, message: str) -> None:
-        super().__init__("internal", message)
+        super().__init__(ErrorCode.INTERNAL, message)
 
 
 def parse_retry_after(raw: str | None, *, now: float | None = None) -> float | None:

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tokenrelay.core.wire.logprobs import Logprobs
+from tokenrelay.core.wire.vocabulary import ErrorCode, FinishReason
 from tokenrelay.worker.client import EngineRefused
 from tokenrelay.worker.prepare import Prepared
 
@@ -42,7 +43,7 @@ class Output:
     new_text: str
     new_token_ids: list[int]
     finished: bool
-    finish_reason: str | None
+    finish_reason: FinishReason | None
     prompt_tokens: int
     completion_tokens: int
     message: str | None = None  # why, for finish_reason "error"
@@ -58,7 +59,7 @@ class CallState:
     phase: str = OPENING
     text: list[str] = field(default_factory=list)  # deltas not yet drained
     chunks: int = 0  # chunks not yet drained
-    finish: tuple[str, str | None] | None = None  # (reason, message)
+    finish: tuple[FinishReason, str | None] | None = None  # (reason, message)
     usage: tuple[int, int] | None = None  # (prompt, completion) at the finish
     refusal: EngineRefused | None = None
     total_chunks: int = 0
@@ -102,7 +103,11 @@ class Inbox:
             self._news(st)
 
     def finish(
-        self, stream_id: str, reason: str, message: str | None, usage: tuple[int, int] | None
+        self,
+        stream_id: str,
+        reason: FinishReason,
+        message: str | None,
+        usage: tuple[int, int] | None,
     ) -> None:
         with self._cond:
             st = self._calls.get(stream_id)
@@ -112,7 +117,7 @@ class Inbox:
             st.usage = usage
             self._news(st)
 
-    def refuse(self, stream_id: str, code: str, message: str) -> None:
+    def refuse(self, stream_id: str, code: ErrorCode, message: str) -> None:
         """The call failed before its first token: the stream is refused with ``code``."""
         with self._cond:
             st = self._calls.get(stream_id)
@@ -168,8 +173,8 @@ class Inbox:
             if st.phase != ATTACHED:
                 del self._calls[stream_id]
                 return True
-            if st.finish is None or st.finish[0] != "abort":
-                st.finish = ("abort", None)
+            if st.finish is None or st.finish[0] != FinishReason.CANCELLED:
+                st.finish = (FinishReason.CANCELLED, None)
                 st.text.clear()
                 self._dirty = True
                 self._cond.notify_all()

@@ -33,16 +33,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenrelay.core.wire.params import SamplingParams
+from tokenrelay.core.wire.vocabulary import ErrorCode, FinishReason
 from tokenrelay.worker.upstream.failures import Refused, Retryable, UpstreamError
 
-# upstream finish reasons -> ours (core/wire/events.py FINISH_REASONS); others: "stop"
-FINISH_REASONS = {
-    "stop": "stop",
-    "eos_token": "stop",  # TGI
-    "stop_sequence": "stop",  # TGI
-    "length": "length",
-    "cancelled": "cancelled",  # tokenrelay
-    "expired": "expired",  # tokenrelay
+# upstream finish reasons -> ours (core/wire/vocabulary.py); others: stop
+UPSTREAM_REASONS: dict[str, FinishReason] = {
+    "stop": FinishReason.STOP,
+    "eos_token": FinishReason.STOP,  # TGI
+    "stop_sequence": FinishReason.STOP,  # TGI
+    "length": FinishReason.LENGTH,
+    "cancelled": FinishReason.CANCELLED,  # tokenrelay
+    "expired": FinishReason.EXPIRED,  # tokenrelay
 }
 _DEFAULTS = SamplingParams()
 MAX_ERROR_CHARS = 300
@@ -59,7 +60,7 @@ class Chunk:
     """What one streamed event carries (every field optional)."""
 
     text: str = ""
-    finish_reason: str | None = None  # ours, mapped
+    finish_reason: FinishReason | None = None  # ours, mapped
     usage: tuple[int, int] | None = None  # (prompt_tokens, completion_tokens)
     error: str | None = None  # the upstream reported a failure in the stream
     done: bool = False  # ``[DONE]``
@@ -210,7 +211,7 @@ def parse_chunk(data: str) -> Chunk:
         out.text = text if isinstance(text, str) else ""
         reason = choice.get("finish_reason")
         if isinstance(reason, str) and reason:
-            out.finish_reason = FINISH_REASONS.get(reason, "stop")
+            out.finish_reason = UPSTREAM_REASONS.get(reason, FinishReason.STOP)
     return out
 
 
@@ -248,16 +249,18 @@ def status_error(status: int, body: bytes, retry_after: float | None) -> Upstrea
     said = said or body.decode("utf-8", "replace").strip()[:MAX_ERROR_CHARS] or "no message"
     where = f"upstream answered HTTP {status}: {said}"
     if status == 429:
-        return Retryable("overloaded", where, retry_after=retry_after)
+        return Retryable(ErrorCode.OVERLOADED, where, retry_after=retry_after)
     if status >= 500 or status == 408:
-        return Retryable("unavailable", where, retry_after=retry_after)
+        return Retryable(ErrorCode.UNAVAILABLE, where, retry_after=retry_after)
     if status == 413:
-        return Refused("too_large", where)
+        return Refused(ErrorCode.TOO_LARGE, where)
     if status in (401, 403, 404):  # the relay's key or model: not the client's doing
-        return Refused("unavailable", where + " (check --upstream-api-key and --upstream-model)")
-    return Refused("bad_request", where)
+        return Refused(
+            ErrorCode.UNAVAILABLE, where + " (check --upstream-api-key and --upstream-model)"
+        )
+    return Refused(ErrorCode.BAD_REQUEST, where)
 
 
 def mentions_stream_options(error: UpstreamError) -> bool:
     """Whether a refusal is about ``stream_options`` (an upstream that does not take it)."""
-    return error.code == "bad_request" and "stream_options" in error.message
+    return error.code == ErrorCode.BAD_REQUEST and "stream_options" in error.message

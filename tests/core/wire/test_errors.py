@@ -14,8 +14,8 @@ from tokenrelay.core.wire.errors import (
 )
 from tokenrelay.gateway.http.common import store_error
 from tokenrelay.gateway.http.openai_request import error_for_code
-from tokenrelay.gateway.streams.errors import STORE_ERRORS, refusal
-from tokenrelay.gateway.streams.store import (
+from tokenrelay.gateway.streams.errors import (
+    STORE_ERRORS,
     BadOffset,
     EventsTrimmed,
     NoWorker,
@@ -24,6 +24,7 @@ from tokenrelay.gateway.streams.store import (
     ShuttingDown,
     StreamForbidden,
     StreamNotFound,
+    refusal,
 )
 from tokenrelay.gateway.ws import protocol as p
 

@@ -168,7 +168,7 @@ def test_abort_drops_waiting_and_running_at_the_next_step() -> None:
     assert sched.get("r0").status is SequenceStatus.RUNNING  # type: ignore[union-attr]
     out = step(sched, runner)
     assert sorted(s.request_id for s in out.aborted) == ["r0", "r3"]
-    assert all(s.finish_reason == "abort" and not s.block_table for s in out.aborted)
+    assert all(s.finish_reason == "cancelled" and not s.block_table for s in out.aborted)
     assert "r0" not in [i.request_id for i in out.items]
     assert not sched.abort("r0")  # already gone
     for rid in ("r1", "r2"):

@@ -6,7 +6,8 @@ import pytest
 
 from tokenrelay.core.wire.keys import Keys
 from tokenrelay.core.wire.stats import WorkerStats
-from tokenrelay.gateway.streams.models import Route, Served, UnknownModel
+from tokenrelay.gateway.streams.errors import UnknownModel
+from tokenrelay.gateway.streams.models import Route, Served
 
 
 def worker(backend: str, *models: str) -> WorkerStats:

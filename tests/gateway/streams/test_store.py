@@ -21,13 +21,13 @@ from tokenrelay.core.wire.ids import new_stream_id
 from tokenrelay.core.wire.keys import GROUP, WORKER_DEAD_GRACE
 from tokenrelay.core.wire.scripts import decode_published
 from tokenrelay.core.wire.stats import WorkerStats
-from tokenrelay.gateway.streams.store import (
+from tokenrelay.gateway.streams.errors import (
     BadOffset,
     EventsTrimmed,
     StreamForbidden,
     StreamNotFound,
-    StreamStore,
 )
+from tokenrelay.gateway.streams.store import StreamStore
 from tokenrelay.gateway.streams.tailer import BUFFER_LIMIT, Subscription
 from tokenrelay.worker.store import Batch, WorkerStore
 
@@ -392,7 +392,7 @@ async def test_redis_outage_and_recovery(tmp_path, prefix: str) -> None:  # type
         tail = asyncio.create_task(collect(slog, sid, 0))
         await asyncio.sleep(0.2)
         server.stop()
-        from tokenrelay.gateway.streams.store import RedisUnavailable
+        from tokenrelay.gateway.streams.errors import RedisUnavailable
 
         with pytest.raises(RedisUnavailable):
             await asyncio.wait_for(tail, 5)
