@@ -438,11 +438,11 @@ async def measure_resume(
     redis: EmbeddedRedis, gw_port: int, backlog: int, reps: int
 ) -> tuple[list[float], list[str]]:
     """Seconds from sending ``resume`` to the last replayed event, ``reps`` times."""
-    wlog = WorkerStore(redis.url, "bench-backlog", prefix=PREFIX)
+    store = WorkerStore(redis.url, "bench-backlog", prefix=PREFIX)
     try:
-        sid, token = backlog_stream(wlog, backlog, 600.0)
+        sid, token = backlog_stream(store, backlog, 600.0)
     finally:
-        wlog.close()
+        store.close()
     times: list[float] = []
     errors: list[str] = []
     for _ in range(reps):

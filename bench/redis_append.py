@@ -45,7 +45,7 @@ def redis_usec(client: Any, commands: tuple[str, ...]) -> float:
     return float(sum(stats.get(f"cmdstat_{c}", {}).get("usec", 0) for c in commands))
 
 
-def peer_flush(wlog: WorkerStore, script: Any, batches: list[Batch]) -> None:
+def peer_flush(store: WorkerStore, script: Any, batches: list[Batch]) -> None:
     """The former flush: ``WorkerStore.flush`` queueing a registered Script (so redis-py
     adds its SCRIPT EXISTS round trip) instead of ``EVAL``; nothing else differs."""
 
@@ -53,14 +53,14 @@ def peer_flush(wlog: WorkerStore, script: Any, batches: list[Batch]) -> None:
         script(keys=keys, args=args, client=pipe)
 
     with mock.patch.object(workerlog, "queue_script", registered):
-        assert all(r.status == 1 for r in wlog.flush(batches))
+        assert all(r.status == 1 for r in store.flush(batches))
 
 
 def run(url: str, size: int, steps: int, events: int = 1) -> dict[str, Any]:
-    wlog = WorkerStore(url, "bench-append")
-    script = wlog.redis.register_script(APPEND_LUA)
-    admin = wlog.redis
-    sids = [sid for sid, _ in create_streams(wlog, size, stream_ttl=600)]
+    store = WorkerStore(url, "bench-append")
+    script = store.redis.register_script(APPEND_LUA)
+    admin = store.redis
+    sids = [sid for sid, _ in create_streams(store, size, stream_ttl=600)]
     wall: dict[str, list[float]] = {"ours": [], "peer": []}
     usec: dict[str, float] = {"ours": 0.0, "peer": 0.0}
     seq = 1
@@ -71,14 +71,14 @@ def run(url: str, size: int, steps: int, events: int = 1) -> dict[str, Any]:
             before = redis_usec(admin, ("eval", "evalsha", "script"))
             t = time.perf_counter()
             if who == "ours":
-                assert all(r.status == 1 for r in wlog.flush(batches))
+                assert all(r.status == 1 for r in store.flush(batches))
             else:
-                peer_flush(wlog, script, batches)
+                peer_flush(store, script, batches)
             wall[who].append(time.perf_counter() - t)
             usec[who] += redis_usec(admin, ("eval", "evalsha", "script")) - before
             seq += events
             time.sleep(0.002)  # steps are apart, as an engine's are
-    wlog.close()
+    store.close()
     return {"wall": wall, "usec": usec}
 
 

@@ -97,14 +97,14 @@ def _init(barrier: Any) -> None:
 
 def write(job: Job) -> dict[str, Any]:
     """A writer: create its streams, wait for the others, then flush ``steps`` decode steps."""
-    wlog: WorkerStore | None = None
+    store: WorkerStore | None = None
     try:
-        wlog = WorkerStore(job.url, f"bench-{job.writer}", cluster=job.cluster)
-        sids = [sid for sid, _ in create_streams(wlog, job.streams, stream_ttl=600)]
+        store = WorkerStore(job.url, f"bench-{job.writer}", cluster=job.cluster)
+        sids = [sid for sid, _ in create_streams(store, job.streams, stream_ttl=600)]
     except BaseException:
         _barrier.abort()  # the other writers stop waiting for this one
-        if wlog is not None:
-            wlog.close()
+        if store is not None:
+            store.close()
         raise
     steps_ms: list[float] = []
     failed = 0
@@ -115,12 +115,12 @@ def write(job: Job) -> dict[str, Any]:
             fields = [token_fields(stamp_text(time.time()))]
             batches = [Batch(sid, seq, fields) for sid in sids]
             t = time.perf_counter()
-            results = wlog.flush(batches)
+            results = store.flush(batches)
             steps_ms.append((time.perf_counter() - t) * 1000)
             failed += sum(r.status != 1 for r in results) + len(batches) - len(results)
         end = time.monotonic()
     finally:
-        wlog.close()
+        store.close()
     return {"start": start, "end": end, "steps_ms": steps_ms, "failed": failed}
 
 

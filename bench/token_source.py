@@ -57,7 +57,7 @@ def parse_stamp(text: str) -> float:
 
 
 def frame(obj: dict[str, Any]) -> str:
-    """Compact JSON, as gateway/ws/protocol.py encodes frames."""
+    """Compact JSON, as gateway/session/protocol.py encodes frames."""
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -73,14 +73,14 @@ def wait_go() -> None:
 
 
 def create_streams(
-    wlog: WorkerStore, n: int, *, stream_ttl: float, chunk: int = 500
+    store: WorkerStore, n: int, *, stream_ttl: float, chunk: int = 500
 ) -> list[tuple[str, str]]:
     """``n`` running streams: the gateway's metadata, then the worker's seq-0 marker."""
     out: list[tuple[str, str]] = []
     for start in range(0, n, chunk):
         count = min(chunk, n - start)
         ids = [(new_stream_id(), new_resume_token()) for _ in range(count)]
-        pipe = wlog.redis.pipeline(transaction=False)
+        pipe = store.redis.pipeline(transaction=False)
         for sid, token in ids:
             meta = {
                 "tok": hash_token(token),
@@ -90,34 +90,34 @@ def create_streams(
                 "gw": "bench",
                 "ttl": str(stream_ttl),
             }
-            pipe.hset(wlog.keys.meta(sid), mapping=meta)  # type: ignore[arg-type]
-            pipe.expire(wlog.keys.meta(sid), int(ACTIVE_TTL))
+            pipe.hset(store.keys.meta(sid), mapping=meta)  # type: ignore[arg-type]
+            pipe.expire(store.keys.meta(sid), int(ACTIVE_TTL))
         pipe.execute()
         running = {"st": "running", "w": SOURCE_ID, "pt": "1"}
         batches = [Batch(sid, 0, [accepted_fields(1, SOURCE_ID)], dict(running)) for sid, _ in ids]
-        for res in wlog.flush(batches):
+        for res in store.flush(batches):
             assert res.status == 1, res
         out.extend(ids)
     return out
 
 
-def finish_streams(wlog: WorkerStore, sids: list[str], last_token: int, stream_ttl: float) -> None:
+def finish_streams(store: WorkerStore, sids: list[str], last_token: int, stream_ttl: float) -> None:
     done = done_fields("length", 1, last_token)
     batches = [Batch(sid, last_token + 1, [done], {"fr": "length"}, stream_ttl) for sid in sids]
-    for res in wlog.flush(batches):
+    for res in store.flush(batches):
         assert res.status == 1, res
 
 
-def backlog_stream(wlog: WorkerStore, events: int, stream_ttl: float) -> tuple[str, str]:
+def backlog_stream(store: WorkerStore, events: int, stream_ttl: float) -> tuple[str, str]:
     """A finished stream with ``events`` token events (for the resume measurement)."""
-    sid, token = create_streams(wlog, 1, stream_ttl=stream_ttl)[0]
+    sid, token = create_streams(store, 1, stream_ttl=stream_ttl)[0]
     seq = 1
     while seq <= events:
         k = min(500, events - seq + 1)
         fields = [token_fields(stamp_text(time.time()))] * k
-        assert wlog.flush([Batch(sid, seq, fields)])[0].status == 1
+        assert store.flush([Batch(sid, seq, fields)])[0].status == 1
         seq += k
-    finish_streams(wlog, [sid], events, stream_ttl)
+    finish_streams(store, [sid], events, stream_ttl)
     return sid, token
 
 
@@ -144,21 +144,21 @@ def heartbeat(url: str, prefix: str, stop: threading.Event) -> None:
 
 
 def run_redis(args: argparse.Namespace) -> None:
-    wlog = WorkerStore(args.redis_url, SOURCE_ID, prefix=args.prefix)
-    wlog.heartbeat(BENCH_STATS)
+    store = WorkerStore(args.redis_url, SOURCE_ID, prefix=args.prefix)
+    store.heartbeat(BENCH_STATS)
     stop = threading.Event()
     beater = threading.Thread(target=heartbeat, args=(args.redis_url, args.prefix, stop))
     beater.start()
     try:
-        stream_for(wlog, args)
+        stream_for(store, args)
     finally:
         stop.set()
         beater.join()
-        wlog.close()
+        store.close()
 
 
-def stream_for(wlog: WorkerStore, args: argparse.Namespace) -> None:
-    streams = create_streams(wlog, args.streams, stream_ttl=args.stream_ttl)
+def stream_for(store: WorkerStore, args: argparse.Namespace) -> None:
+    streams = create_streams(store, args.streams, stream_ttl=args.stream_ttl)
     emit({"streams": streams, "pid": os.getpid()})
     wait_go()
     sids = [sid for sid, _ in streams]
@@ -166,13 +166,13 @@ def stream_for(wlog: WorkerStore, args: argparse.Namespace) -> None:
     flush_ms: list[float] = []
     with load_generator_gc():  # a simulated worker: the load, not the system under test
         start = time.monotonic()
-        tick_all(wlog, groups, args, start, flush_ms)
-    finish_streams(wlog, sids, args.events, args.stream_ttl)
+        tick_all(store, groups, args, start, flush_ms)
+    finish_streams(store, sids, args.events, args.stream_ttl)
     emit({"ticks": args.events, "wall_s": time.monotonic() - start, "flush_ms": flush_ms})
 
 
 def tick_all(
-    wlog: WorkerStore,
+    store: WorkerStore,
     groups: list[list[str]],
     args: argparse.Namespace,
     start: float,
@@ -185,7 +185,7 @@ def tick_all(
             pace(start, (seq - 1) * len(groups) + g, args.rate * len(groups))
             t = time.time()  # the worker's step ends: its events go to Redis now
             fields = [token_fields(stamp_text(t))]
-            res = wlog.flush([Batch(sid, seq, fields) for sid in group])
+            res = store.flush([Batch(sid, seq, fields) for sid in group])
             flush_ms.append((time.time() - t) * 1000)
             bad = [(sid, r) for sid, r in zip(group, res, strict=True) if r.status != 1]
             if bad:

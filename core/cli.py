@@ -14,7 +14,7 @@ ENTRIES = {
     "serve": "tokenrelay.core.serve:main",
     "gateway": "tokenrelay.gateway.server:main",
     "worker": "tokenrelay.worker.main:main",
-    "model": "tokenrelay.worker.models:main",
+    "model": "tokenrelay.worker.model_command:main",
 }
 
 

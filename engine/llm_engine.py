@@ -59,6 +59,8 @@ class RequestOutput:
 class LLMEngine:
     """Continuous batching over a paged KV cache, one step at a time."""
 
+    backend = "engine"  # what a worker's stats call it (the worker's EngineClient)
+
     def __init__(self, config: EngineConfig) -> None:
 
         from tokenrelay.engine.attention.registry import choose
@@ -352,6 +354,10 @@ class LLMEngine:
     def close(self) -> None:
         """Stop the tensor-parallel ranks, if any (idempotent; nothing to do otherwise)."""
         self.runner.close()
+
+    def served_models(self) -> list[str] | None:
+        """None: the model is the one it was built with (the worker names it)."""
+        return None
 
     def reset_prefix_cache(self) -> int:
         """Forget the cached-free prefix blocks (for benchmarks and tests)."""

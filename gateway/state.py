@@ -21,9 +21,9 @@ from tokenrelay.gateway.access.auth import SecuritySettings
 from tokenrelay.gateway.access.guard import Guard
 from tokenrelay.gateway.observe.metrics import GatewayMetrics
 from tokenrelay.gateway.observe.readiness import ReadinessWatch
-from tokenrelay.gateway.streams.models import ModelDirectory
+from tokenrelay.gateway.session import protocol as p
+from tokenrelay.gateway.streams.routing import ModelDirectory
 from tokenrelay.gateway.streams.store import StreamStore
-from tokenrelay.gateway.ws import protocol as p
 
 if TYPE_CHECKING:
     from tokenrelay.gateway.ws.connection import Connection

@@ -5,7 +5,7 @@
 // connection, events for a stream or for the client, timers to set or clear, and "this
 // connection drains, open the next one". It opens no socket and sets no timer:
 // tokenrelay-client.js does that around it, as gateway/ws/connection.py does around
-// gateway/ws/protocol.py. What it owns is what makes streamed text exactly-once: per-stream
+// gateway/session/protocol.py. What it owns is what makes streamed text exactly-once: per-stream
 // seq bookkeeping (drop repeats, replay from the last seq on a gap), resume offsets, cancel,
 // and which refusals are retried, when, and how often.
 //

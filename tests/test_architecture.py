@@ -42,7 +42,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     # torch-free bookkeeping (unit-tested fast and exactly)
     f"{NS}.engine.scheduling": ("torch",),
     # sans-I/O: no sockets, no event loop, no web framework, no Redis
-    f"{NS}.gateway.ws.protocol": SANS_IO,
+    f"{NS}.gateway.session.protocol": SANS_IO,
     f"{NS}.gateway.http.sse": SANS_IO,
     f"{NS}.gateway.http.openai_request": SANS_IO,
     f"{NS}.gateway.http.openai_render": SANS_IO,

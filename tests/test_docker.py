@@ -145,7 +145,7 @@ def test_worker_healthcheck_asks_the_health_port(redis_server: EmbeddedRedis) ->
         assert not _healthy(code, server.port)
     finally:
         server.close()
-        worker.wlog.close()
+        worker.store.close()
 
 
 def test_the_build_context_leaves_out_the_checkout_state() -> None:

@@ -26,7 +26,6 @@ gets a 500 and never reaches the worker's loop.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -51,6 +50,7 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
     from tokenrelay.worker.main import Worker
+    from tokenrelay.worker.settings import WorkerSettings
 
 log = logging.getLogger("tokenrelay.worker")
 
@@ -170,19 +170,16 @@ class HealthServer:
         return 404, TEXT, b"not found: /healthz and /metrics only\n"
 
 
-def start_health(args: argparse.Namespace, worker_id: str) -> HealthServer | None:
+def start_health(settings: WorkerSettings) -> HealthServer | None:
     """Open ``--health-port`` on ``--health-host`` (None when the port is 0: off).
 
     Raises ``ValueError`` with one line when the port cannot be opened.
     """
-    port = int(getattr(args, "health_port", 0) or 0)
-    host = str(getattr(args, "health_host", None) or "127.0.0.1")
+    port, host = settings.health_port, settings.health_host
     if port == 0:
         return None
-    if not 0 < port < 65536:
-        raise ValueError(f"--health-port {port}: not a TCP port")
     try:
-        server = HealthServer(worker_id, host, port)
+        server = HealthServer(settings.worker_id, host, port)
     except OSError as exc:
         raise ValueError(f"--health-port {port}: cannot listen on {host}: {exc}") from None
     log.info("health port listening", extra={"host": host, "port": port})

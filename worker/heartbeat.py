@@ -34,14 +34,14 @@ class Heartbeat(threading.Thread):
     def __init__(self, worker: Worker, url: str, prefix: str, *, cluster: bool = False) -> None:
         super().__init__(name="heartbeat", daemon=True)
         self.worker = worker
-        self.wlog = WorkerStore(url, worker.worker_id, prefix=prefix, cluster=cluster)
+        self.store = WorkerStore(url, worker.worker_id, prefix=prefix, cluster=cluster)
         self.health = RedisHealth("heartbeat")
 
     def run(self) -> None:
         snapshot, waited = self.worker.snapshot, 0.0  # the first beat's: taken just before
         while not self.worker.stopping.is_set():
             try:
-                self.wlog.heartbeat(snapshot)
+                self.store.heartbeat(snapshot)
                 self.health.ok()
             except Exception as exc:
                 if not is_outage(exc):

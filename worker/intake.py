@@ -15,10 +15,10 @@ consumer group it decides what the stream log says first:
   ``accepted`` event (seq 0). A stream cancelled meanwhile ends as one
   cancelled before it ran.
 
-An engine with no tokenizer (:class:`worker.client.TakesBody`: the upstream
+An engine with no tokenizer (:class:`worker.engine_client.TakesBody`: the upstream
 relay, worker/upstream/) takes the body as is through its own starter in place
 of the tokenizer; the request comes back once the engine has it running, or
-with the :class:`worker.client.EngineRefused` whose code the stream is
+with the :class:`worker.engine_client.EngineRefused` whose code the stream is
 ``rejected`` with.
 """
 
@@ -32,7 +32,7 @@ from tokenrelay.core.wire.params import SamplingParams
 from tokenrelay.core.wire.records import MetaField as M
 from tokenrelay.core.wire.requests import Limits
 from tokenrelay.core.wire.vocabulary import ErrorCode, FinishReason, StreamStatus
-from tokenrelay.worker.client import EngineClient, EngineRefused, Starter, TakesBody
+from tokenrelay.worker.engine_client import EngineClient, EngineRefused, Starter, TakesBody
 from tokenrelay.worker.outbox import Active
 from tokenrelay.worker.prepare import Prepared, Preparer, input_chars
 from tokenrelay.worker.store import Request, WorkerStore
@@ -47,7 +47,7 @@ class Intake:
     def __init__(
         self,
         engine: EngineClient,
-        wlog: WorkerStore,
+        store: WorkerStore,
         active: dict[str, Active],
         counters: dict[str, int],
         telemetry: WorkerTelemetry,
@@ -56,11 +56,11 @@ class Intake:
         stream_ttl: float,
     ) -> None:
         self.engine = engine
-        self.wlog = wlog
+        self.store = store
         self.active = active
         self.counters = counters
         self.telemetry = telemetry
-        self.worker_id = wlog.worker_id
+        self.worker_id = store.worker_id
         self.detach_timeout = detach_timeout
         self.stream_ttl = stream_ttl
         self.preparer: Starter = (
@@ -85,13 +85,13 @@ class Intake:
         if req.stream_id in self.active:
             return
         if meta is None or meta.get(M.STATUS) == StreamStatus.DONE:
-            self.wlog.ack([req.entry_id], req.queue)  # expired, or ended before it ran
+            self.store.ack([req.entry_id], req.queue)  # expired, or ended before it ran
             return
         if meta.get(M.STATUS) == StreamStatus.RUNNING:  # taken from a dead worker mid-stream
             message = f"engine worker {meta.get(M.WORKER, '?')} stopped responding"
-            if self.wlog.finish_foreign(req.stream_id, FinishReason.ERROR, message):
+            if self.store.finish_foreign(req.stream_id, FinishReason.ERROR, message):
                 self.telemetry.ended_foreign(req.stream_id, req.request_id, meta)
-            self.wlog.ack([req.entry_id], req.queue)
+            self.store.ack([req.entry_id], req.queue)
             return
         a = Active(req.stream_id, req.request_id, req.entry_id, dt, ttl, queue=req.queue)
         a.traceparent = req.traceparent

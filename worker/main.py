@@ -1,6 +1,6 @@
 """``tokenrelay worker``: the engine loop, fed from and streaming to Redis.
 
-One worker process drives one engine through :class:`worker.client.EngineClient`
+One worker process drives one engine through :class:`worker.engine_client.EngineClient`
 (our :class:`engine.LLMEngine`, or with ``--upstream`` a relay to an
 OpenAI-compatible server: worker/upstream/). Its loop:
 take requests from the consumer group (blocking briefly only when idle),
@@ -18,9 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import os
-import secrets
-import socket
 import sys
 import threading
 import time
@@ -30,12 +27,13 @@ from tokenrelay.core.wire.events import token_fields
 from tokenrelay.core.wire.logprobs import encode_logprobs
 from tokenrelay.core.wire.stats import COUNTERS, WorkerStats
 from tokenrelay.core.wire.vocabulary import FinishReason
-from tokenrelay.worker.client import EngineClient, engine_config, local_engine, served_models
+from tokenrelay.worker.engine_client import EngineClient, engine_config, local_engine, served_models
 from tokenrelay.worker.health import start_health
 from tokenrelay.worker.heartbeat import Heartbeat
 from tokenrelay.worker.intake import Intake
 from tokenrelay.worker.lifecycle import StatusPipe, die_with_serve, install_signals
 from tokenrelay.worker.outbox import Active, Outbox, hand_back
+from tokenrelay.worker.settings import WorkerSettings
 from tokenrelay.worker.store import WorkerStore
 from tokenrelay.worker.telemetry import WorkerTelemetry
 
@@ -52,26 +50,26 @@ class Worker:
     """Runs one engine against the stream log until :meth:`stop`."""
 
     def __init__(
-        self, engine: EngineClient, wlog: WorkerStore, *, detach_timeout: float, stream_ttl: float
+        self, engine: EngineClient, store: WorkerStore, *, detach_timeout: float, stream_ttl: float
     ) -> None:
         self.engine = engine
-        self.wlog = wlog
-        self.worker_id = wlog.worker_id
+        self.store = store
+        self.worker_id = store.worker_id
         self.detach_timeout = detach_timeout
         self.stream_ttl = stream_ttl
         self.max_seqs = int(engine.stats().get("max_num_seqs", 64))
-        self.outbox = Outbox(wlog, engine.abort)
+        self.outbox = Outbox(store, engine.abort)
         self.active = self.outbox.streams  # stream id -> Active
         self.health = RedisHealth("worker")
         self.stopping = threading.Event()
         self.draining = threading.Event()  # SIGTERM: finish what runs, take nothing new
         self.drain_deadline = 0.0
         self._handed_back = False
-        self.telemetry = WorkerTelemetry(wlog, self.worker_id, getattr(engine, "backend", "engine"))
+        self.telemetry = WorkerTelemetry(store, self.worker_id, engine.backend)
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.intake = Intake(
             engine,
-            wlog,
+            store,
             self.active,
             self.counters,
             self.telemetry,
@@ -94,8 +92,8 @@ class Worker:
         while not self.stopping.is_set():
             try:
                 if not started:
-                    self.wlog.ensure_group()
-                    self.intake.admit_all(self.wlog.read_own_pending())
+                    self.store.ensure_group()
+                    self.intake.admit_all(self.store.read_own_pending())
                     started = True
                 self._iteration()
                 self.health.ok()
@@ -144,7 +142,7 @@ class Worker:
         the engine's, and those still being tokenized."""
         for sid in [*self.engine.unstarted_requests(), *self.intake.preparing]:
             a = self.active.get(sid)
-            if a is not None and hand_back(a, self.wlog, self.engine.abort):
+            if a is not None and hand_back(a, self.store, self.engine.abort):
                 self.telemetry.forget(sid)
                 self.intake.forget(sid)
 
@@ -157,13 +155,13 @@ class Worker:
         room = 0 if self.draining.is_set() else self.max_seqs - len(self.active)
         if room > 0:
             if busy:  # with the cancel notices in one round trip (read_control below)
-                reqs = self.wlog.read_new(room)
+                reqs = self.store.read_new(room)
             else:
-                reqs = self.wlog.read_requests(room, IDLE_BLOCK_MS)
+                reqs = self.store.read_requests(room, IDLE_BLOCK_MS)
             self.intake.admit_all(reqs)
         if self.intake.start_prepared():
             self.outbox.flush()  # clients get `started` before the first step
-        for sid in self.wlog.read_control():
+        for sid in self.store.read_control():
             self._abort(sid, FinishReason.CANCELLED)
         now = time.monotonic()
         if now - self._last_poll >= POLL_INTERVAL:
@@ -171,9 +169,9 @@ class Worker:
             self._poll(now)
         if now - self._last_claim >= CLAIM_INTERVAL and not self.draining.is_set():
             self._last_claim = now
-            self.intake.admit_all(self.wlog.claim_dead())
+            self.intake.admit_all(self.store.claim_dead())
             # requests read just before an outage interrupted their admission
-            self.intake.admit_all(self.wlog.read_own_pending())
+            self.intake.admit_all(self.store.read_own_pending())
         if self.engine.has_unfinished():
             self._step()
             self.outbox.flush()
@@ -222,7 +220,9 @@ class Worker:
                 if reason == FinishReason.CANCELLED:  # aborted: by a cancel, or expired
                     reason = a.abort_reason or FinishReason.CANCELLED
                 self.counters[reason] = self.counters.get(reason, 0) + 1
-                message = getattr(out, "message", None)  # why, for "error" (worker/client.py)
+                message = getattr(
+                    out, "message", None
+                )  # why, for "error" (worker/engine_client.py)
                 a.events.append(
                     a.done_event(reason, out.prompt_tokens, out.completion_tokens, message)
                 )
@@ -255,7 +255,7 @@ class Worker:
         keep = set(self.active) | {a.stream_id for a in self.outbox.finished}
         self.telemetry.prune(keep)
         live = [a for a in self.active.values() if a.in_engine and a.abort_reason is None]
-        state = self.wlog.poll([a.stream_id for a in live])
+        state = self.store.poll([a.stream_id for a in live])
         for a in live:
             attached, cancel = state.get(a.stream_id, (1, False))
             if cancel:
@@ -270,7 +270,7 @@ class Worker:
     # --- stats and shutdown ------------------------------------------------------------
 
     def _publish_stats(self) -> None:
-        self.wlog.follow(getattr(self.engine, "served_models", None))  # a relay learns them
+        self.store.follow(self.engine.served_models)  # a relay learns them
         self._stats_wanted.clear()
         engine = {k: v for k, v in self.engine.stats().items() if isinstance(v, int | float)}
         self.snapshot = WorkerStats(
@@ -281,7 +281,7 @@ class Worker:
             engine=engine,
             hist=self.telemetry.snapshot(),
             backend=self.telemetry.backend,
-            models=self.wlog.models,
+            models=self.store.models,
         )
         self._stats_at = time.monotonic()
         self._stats_taken.set()
@@ -312,7 +312,7 @@ class Worker:
         with contextlib.suppress(Exception):
             self.telemetry.finished(self.outbox.take_finished())
         with contextlib.suppress(Exception):
-            self.wlog.unregister()
+            self.store.unregister()
 
 
 def check(args: argparse.Namespace) -> int:
@@ -343,19 +343,18 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _run_worker(args: argparse.Namespace, status: StatusPipe) -> int:
-    if not args.redis_url:
-        raise ValueError("--redis-url is required (or TOKENRELAY_REDIS_URL)")
-    check_cluster_mode(args.redis_url, bool(getattr(args, "redis_cluster", False)))
-    worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
+    settings = WorkerSettings.from_args(args)  # ValueError: one line, exit 2
+    check_cluster_mode(settings.redis_url, settings.redis_cluster)
+    worker_id = settings.worker_id
     stop = threading.Event()
     tracing = None
-    if getattr(args, "otlp_endpoint", None):  # else nothing of OpenTelemetry is imported
+    if settings.otlp_endpoint:  # else nothing of OpenTelemetry is imported
         from tokenrelay.core.tracing import WORKER_SERVICE, start_tracing
 
-        tracing = start_tracing(args.otlp_endpoint, WORKER_SERVICE, worker_id)
-    health = start_health(args, worker_id)  # --health-port: 503 "loading" until attached
+        tracing = start_tracing(settings.otlp_endpoint, WORKER_SERVICE, worker_id)
+    health = start_health(settings)  # --health-port: 503 "loading" until attached
     engine: EngineClient
-    if getattr(args, "upstream", None):  # a relay to an upstream server (worker/upstream/)
+    if settings.upstream:  # a relay to an upstream server (worker/upstream/)
         from tokenrelay.worker.upstream.engine import upstream_engine
 
         engine = relay = upstream_engine(args)
@@ -365,26 +364,25 @@ def _run_worker(args: argparse.Namespace, status: StatusPipe) -> int:
         log.info("loading model", extra={"model": args.model, "worker": worker_id})
         engine = local_engine(args)  # a signal while loading just ends the process
 
-    prefix = getattr(args, "redis_prefix", "tr:")
-    cluster = bool(getattr(args, "redis_cluster", False))
-    wlog = WorkerStore(args.redis_url, worker_id, prefix=prefix, models=models, cluster=cluster)
-    worker = Worker(engine, wlog, detach_timeout=args.detach_timeout, stream_ttl=args.stream_ttl)
+    cluster = settings.redis_cluster
+    store = WorkerStore(settings.redis_url, worker_id, prefix=settings.redis_prefix,
+                        models=models, cluster=cluster)  # fmt: skip
+    worker = Worker(engine, store, detach_timeout=settings.detach_timeout,
+                    stream_ttl=settings.stream_ttl)  # fmt: skip
     worker.stopping = stop
     worker.telemetry.tracing = tracing
-    drain_timeout = float(getattr(args, "drain_timeout", 30.0))
+    drain_timeout = settings.drain_timeout
     install_signals(lambda: worker.drain(drain_timeout), stop.set, worker.draining.is_set)
     worker._publish_stats()
     if health is not None:
         health.attach(worker)  # its loop runs in this thread
-    Heartbeat(worker, args.redis_url, prefix, cluster=cluster).start()
+    Heartbeat(worker, settings.redis_url, settings.redis_prefix, cluster=cluster).start()
     log.info("worker ready", extra={"worker": worker_id, **engine.stats()})
     status.ready()
     worker.run()
     if worker.telemetry.tracing is not None:
         worker.telemetry.tracing.shutdown()  # exports the spans still held
-    close = getattr(engine, "close", None)  # a relay's calls and connections (worker/upstream/)
-    if callable(close):
-        close()
+    engine.close()  # a relay's calls and connections, tensor-parallel ranks
     log.info("worker stopped", extra={"worker": worker_id, "drained": worker.draining.is_set()})
     return 0
 

@@ -74,8 +74,8 @@ class Active:
 class Outbox:
     """Active streams by id, flushed to Redis in one round trip."""
 
-    def __init__(self, wlog: WorkerStore, abort: Callable[[str], object]) -> None:
-        self.wlog = wlog
+    def __init__(self, store: WorkerStore, abort: Callable[[str], object]) -> None:
+        self.store = store
         self._abort = abort  # stops an engine request
         self.streams: dict[str, Active] = {}
         self.finished: list[Active] = []  # done and confirmed in Redis (see take_finished)
@@ -101,7 +101,7 @@ class Outbox:
             )
             for a in todo
         ]
-        for a, res in zip(todo, self.wlog.flush(batches), strict=True):
+        for a, res in zip(todo, self.store.flush(batches), strict=True):
             if res.status == 1:
                 a.written = len(a.events)
             else:
@@ -136,12 +136,12 @@ class Outbox:
         if a.in_engine:
             self._abort(a.stream_id)
         with contextlib.suppress(Exception):
-            self.wlog.ack([a.entry], a.queue)
+            self.store.ack([a.entry], a.queue)
         extra = {"stream_id": a.stream_id, "request_id": a.request_id}
         log.info("stream ended elsewhere; dropping it", extra=extra)
 
 
-def hand_back(a: Active, wlog: WorkerStore, abort: Callable[[str], object]) -> bool:
+def hand_back(a: Active, store: WorkerStore, abort: Callable[[str], object]) -> bool:
     """Hand an unstarted stream back to the request queue; True when done.
 
     Its stream log is reset to ``queued`` (:meth:`WorkerStore.release`), the
@@ -153,7 +153,7 @@ def hand_back(a: Active, wlog: WorkerStore, abort: Callable[[str], object]) -> b
         return False
     extra = {"stream_id": a.stream_id, "request_id": a.request_id}
     try:
-        released = a.written == 0 or wlog.release(a.stream_id)
+        released = a.written == 0 or store.release(a.stream_id)
     except Exception as exc:
         log.warning("could not hand a request back: %r", exc, extra=extra)
         return False

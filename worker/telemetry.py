@@ -106,8 +106,8 @@ def _created(meta: Mapping[str, str] | None, default: float) -> float:
 class WorkerTelemetry:
     """Timings of the streams a worker runs, and its latency histograms."""
 
-    def __init__(self, wlog: WorkerStore, worker_id: str, backend: str = "engine") -> None:
-        self.wlog = wlog
+    def __init__(self, store: WorkerStore, worker_id: str, backend: str = "engine") -> None:
+        self.store = store
         self.worker_id = worker_id
         self.backend = backend  # engine or upstream: in the summary lines
         self.hists: dict[str, Hist] = new_hists(backend)
@@ -196,7 +196,7 @@ class WorkerTelemetry:
             return
         metas: list[dict[str, str]] = [{} for _ in done]
         with contextlib.suppress(Exception):  # the counts are best effort
-            metas = self.wlog.stream_counts([a.stream_id for a in done])
+            metas = self.store.stream_counts([a.stream_id for a in done])
         now = time.time()
         for a, meta in zip(done, metas, strict=True):
             ev = a.events[-1]

@@ -2,9 +2,9 @@
 
 A ``ClientFrame`` becomes the JSON object of the WebSocket frame it stands for
 (:func:`client_frame_json`), which :func:`parse_client_frame` then parses and validates
-with the WebSocket's own :func:`gateway.ws.protocol.parse_frame`: one validator, one set
+with the WebSocket's own :func:`gateway.session.protocol.parse_frame`: one validator, one set
 of error codes and messages. Server frames are built as the WebSocket's dicts
-(gateway/ws/protocol.py) and turned into a ``ServerFrame`` by :func:`server_frame`.
+(gateway/session/protocol.py) and turned into a ``ServerFrame`` by :func:`server_frame`.
 The JSON-text fields of the proto (``tools_json`` ...) carry what protocol v1 carries as
 nested JSON. ``pb2`` is the generated module (gateway/grpc/generated.py).
 """
@@ -16,7 +16,7 @@ import math
 from typing import Any
 
 from tokenrelay.core.wire.vocabulary import ErrorCode
-from tokenrelay.gateway.ws import protocol as p
+from tokenrelay.gateway.session import protocol as p
 
 # SamplingParams fields with presence (proto3 `optional`): copied when set
 _OPTIONAL_PARAMS = (
@@ -87,7 +87,7 @@ def client_frame_json(frame: Any) -> dict[str, Any]:
     """The protocol v1 frame (a JSON-able dict) that a ``ClientFrame`` stands for.
 
     An empty string is a field left out (proto3 cannot tell them apart). Raises
-    :class:`~gateway.ws.protocol.ProtocolError` for what JSON cannot carry (a JSON-text
+    :class:`~gateway.session.protocol.ProtocolError` for what JSON cannot carry (a JSON-text
     field that is not JSON, a non-finite number) or an empty ``ClientFrame``.
     """
     kind = frame.WhichOneof("frame")
@@ -129,7 +129,7 @@ def parse_client_frame(frame: Any, limits: p.Limits) -> p.ClientFrame:
 
 
 def server_frame(pb2: Any, frame: dict[str, Any]) -> Any:
-    """The ``ServerFrame`` of a protocol v1 server frame (gateway/ws/protocol.py's dicts)."""
+    """The ``ServerFrame`` of a protocol v1 server frame (gateway/session/protocol.py's dicts)."""
     kind = frame["type"]
     if kind == "token":
         lp = frame.get("logprobs")

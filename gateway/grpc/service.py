@@ -1,6 +1,6 @@
 """``tokenrelay.v1.Relay/Chat``: one bidirectional call carrying any number of streams.
 
-Each call is a :class:`ChatCall`, a :class:`gateway.ws.session.StreamSession` (the
+Each call is a :class:`ChatCall`, a :class:`gateway.session.stream_session.StreamSession` (the
 WebSocket protocol's generate / resume / cancel / tails, frames as dicts) whose frames are
 turned into ``ServerFrame`` messages (gateway/grpc/convert.py) and written by one writer
 task through a bounded queue (``send_queue`` frames, as a WebSocket's): a client that reads
@@ -37,8 +37,8 @@ import grpc
 from tokenrelay.core.wire.vocabulary import ErrorCode
 from tokenrelay.gateway.access.guard import AuthError, Principal
 from tokenrelay.gateway.grpc.convert import parse_client_frame, server_frame
-from tokenrelay.gateway.ws import protocol as p
-from tokenrelay.gateway.ws.session import FrameRate, StreamSession
+from tokenrelay.gateway.session import protocol as p
+from tokenrelay.gateway.session.stream_session import FrameRate, StreamSession
 
 if TYPE_CHECKING:
     from tokenrelay.gateway.state import Gateway

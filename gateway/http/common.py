@@ -16,7 +16,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from tokenrelay.core import options
-from tokenrelay.core.redis.connection import is_outage
 from tokenrelay.core.wire.events import Event
 from tokenrelay.core.wire.vocabulary import ErrorCode
 from tokenrelay.gateway.http.openai_render import ChunkEncoder, StreamFormat
@@ -73,23 +72,17 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def load_format(slog: StreamStore, stream_id: str) -> str | None:
+async def load_format(streams: StreamStore, stream_id: str) -> str | None:
     """The stored :class:`StreamFormat` of a stream (None: started over the WebSocket)."""
-    try:
-        raw = await slog.redis.hget(slog.keys.meta(stream_id), FORMAT_FIELD)
-    except Exception as exc:
-        if is_outage(exc):
-            raise RedisUnavailable("redis is unreachable") from None
-        raise
-    return raw.decode() if isinstance(raw, bytes) else raw
+    return await streams.meta_field(stream_id, FORMAT_FIELD)
 
 
 async def save_format(
-    slog: StreamStore, stream_id: str, fmt: StreamFormat, extra: Mapping[str, Any]
+    streams: StreamStore, stream_id: str, fmt: StreamFormat, extra: Mapping[str, Any]
 ) -> None:
     """Store the format with the stream, so a resume renders the same chunks."""
     try:
-        await slog.redis.hset(slog.keys.meta(stream_id), FORMAT_FIELD, fmt.encode())
+        await streams.set_meta_field(stream_id, FORMAT_FIELD, fmt.encode())
     except Exception:  # a resume then renders chat chunks; never fail the request for it
         log.warning("could not store the stream format", extra=dict(extra), exc_info=True)
 

@@ -4,7 +4,7 @@ Routes (listed in gateway/app.py):
 ``POST /v1/chat/completions``, ``POST /v1/completions`` (streaming as SSE
 chunks with ``id: <seq>`` then ``data: [DONE]``, or not), ``GET /v1/models``
 and ``GET /v1/models/{model}`` (the models of the live workers,
-gateway/streams/models.py). gateway/http/streams.py resumes and cancels.
+gateway/streams/routing.py). gateway/http/streams.py resumes and cancels.
 
 A request becomes a stream in the same :class:`gateway.streams.store.StreamStore` as
 a WebSocket ``generate``, so it can be resumed over either transport. A client
@@ -60,7 +60,7 @@ from tokenrelay.gateway.http.openai_request import (
 )
 from tokenrelay.gateway.http.sse_response import GONE, Pump, SSEResponse, watch_disconnect
 from tokenrelay.gateway.streams.errors import STORE_ERRORS, UnknownModel
-from tokenrelay.gateway.streams.models import Route as ModelRoute
+from tokenrelay.gateway.streams.routing import Route as ModelRoute
 
 if TYPE_CHECKING:
     from tokenrelay.gateway.state import Gateway

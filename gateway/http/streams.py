@@ -112,24 +112,24 @@ class StreamsApi:
 
     async def events(self, request: Request) -> Response:
         """``GET /v1/streams/{stream_id}/events``: replay after an offset, then tail."""
-        slog = self.gw.streams
+        streams = self.gw.streams
         attach_id: str | None = None
         try:
             sid = stream_id_of(request)
             token = resume_token(request)
             after = offset_of(request)
-            info = await slog.authorize(sid, token)
+            info = await streams.authorize(sid, token)
             last = info.last_seq
             if info.status == StreamStatus.DONE and last is not None and after >= last:
                 if after > last:
                     raise BadOffset(f"after={after} is beyond the last event (seq {last})")
                 return Response(status_code=204, headers={"X-Stream-Id": sid})
             if after >= 0:
-                await slog.check_after(sid, after)
+                await streams.check_after(sid, after)
             fmt = StreamFormat.decode(
-                await load_format(slog, sid), model=self.model, created=int(time.time())
+                await load_format(streams, sid), model=self.model, created=int(time.time())
             )
-            attach_id = await slog.attach(sid) if info.status != StreamStatus.DONE else None
+            attach_id = await streams.attach(sid) if info.status != StreamStatus.DONE else None
             answer = self._replay(request, sid, after, info.request_id, fmt, attach_id)
             attach_id = None  # the answer's cleanup detaches it now
             return answer
@@ -139,7 +139,7 @@ class StreamsApi:
             return error_response(store_error(exc))
         finally:  # an attachment no answer took (something failed) goes at once
             if attach_id is not None:
-                await slog.detach(sid, attach_id)
+                await streams.detach(sid, attach_id)
 
     def _replay(
         self,
@@ -151,7 +151,7 @@ class StreamsApi:
         attach_id: str | None,
     ) -> Response:
         """The SSE answer of a resume; its cleanup detaches ``attach_id`` however it ends."""
-        slog = self.gw.streams
+        streams = self.gw.streams
         usage = request.query_params.get("include_usage")
         if usage is not None:
             fmt = dataclasses.replace(fmt, include_usage=usage.lower() in ("1", "true"))
@@ -159,7 +159,7 @@ class StreamsApi:
         log.info("resume", extra=extra)
         encoder = ChunkEncoder(fmt, sid, quiet_through=after)
         start = -1 if encoder.needs_history else after
-        pump: Pump[Event] = Pump(slog.tail(sid, start, resumed=True))
+        pump: Pump[Event] = Pump(streams.tail(sid, start, resumed=True))
         cleaned = False
 
         async def cleanup() -> None:  # once: the frames' finally and the response's on_close
@@ -167,7 +167,7 @@ class StreamsApi:
             if not cleaned:
                 cleaned = True
                 await pump.aclose()
-                await slog.detach(sid, attach_id)
+                await streams.detach(sid, attach_id)
 
         frames = event_frames(encoder, pump, [], extra, cleanup)
         headers = {"X-Stream-Id": sid, "Access-Control-Expose-Headers": EXPOSE_HEADERS}

@@ -38,9 +38,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from tokenrelay.core.metrics import NS, histogram_families, worker_families
-from tokenrelay.core.redis.connection import is_outage
-from tokenrelay.core.wire.keys import GROUP
-from tokenrelay.core.wire.stats import STATS_FIELD, WorkerStats
+from tokenrelay.core.wire.stats import WorkerStats
+from tokenrelay.gateway.streams.errors import RedisFull, RedisUnavailable
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -80,38 +79,21 @@ class GatewayMetrics:
 
     async def refresh(self) -> None:
         """Read the live workers' stats and the queue depth from Redis."""
-        slog = self.gw.streams
+        streams = self.gw.streams
         view = ClusterView()
         try:
-            ids = await slog.live_workers(max_age=0)
-            pipe = slog.redis.pipeline(transaction=False)
-            for wid in ids:
-                pipe.hget(slog.keys.worker(wid), STATS_FIELD)
-            replies = await pipe.execute(raise_on_error=False)
-            models = {
-                m for raw in replies for m in getattr(WorkerStats.from_json(raw), "models", [])
-            }
-            queues = [q for m in [*sorted(models), None] for q in slog.keys.queue_shards(m)]
-            pipe = slog.redis.pipeline(transaction=False)
-            for queue in queues:
-                pipe.xlen(queue)
-                pipe.xpending(queue, GROUP)
-            replies += await pipe.execute(raise_on_error=False)
+            ids = await streams.live_workers(max_age=0)
+            stats = dict(zip(ids, await streams.worker_stats(ids), strict=True))
+            models: set[str | None] = {m for s in stats.values() if s for m in s.models}
+            depth = await streams.queue_depth([*sorted(models, key=str), None])
         except Exception as exc:
-            if not is_outage(exc):
+            if not isinstance(exc, RedisUnavailable | RedisFull):
                 log.warning("metrics: reading worker stats failed: %r", exc)
             self.view = view
             return
         view.redis_up = True
-        for wid, raw in zip(ids, replies, strict=False):
-            stats = WorkerStats.from_json(raw)
-            if stats is not None:
-                view.workers[wid] = stats
-        depths = replies[len(ids) :]
-        for length, pending in zip(depths[0::2], depths[1::2], strict=True):
-            if isinstance(length, int):
-                taken = pending.get("pending", 0) if isinstance(pending, dict) else 0
-                view.queue_depth = (view.queue_depth or 0) + max(0, length - int(taken or 0))
+        view.workers = {wid: s for wid, s in stats.items() if s is not None}
+        view.queue_depth = depth
         self.view = view
 
     def render(self) -> bytes:
@@ -132,18 +114,18 @@ class _Collector(Collector):
 
     def _gateway(self) -> Iterator[Metric]:
         gw = self.metrics.gw
-        slog = gw.streams
+        streams = gw.streams
         view = self.metrics.view
         gauges: dict[str, tuple[str, float]] = {
             "websocket_connections": ("Open WebSocket connections.", len(gw.connections)),
             "gateway_streams_attached": (
                 "Unfinished streams a client of this gateway is attached to.",
-                len(slog.attachments.tracked),
+                len(streams.attachments.tracked),
             ),
             "gateway_draining": ("1 while this gateway drains for shutdown.", gw.shutting_down),
             "live_feed_up": (
                 "1 while this gateway is subscribed to the live feed of appends.",
-                slog.tailer.feed.up,
+                streams.tailer.feed.up,
             ),
             "redis_up": ("1 when the last scrape could read Redis.", view.redis_up),
             "workers": ("Engine workers with a live heartbeat.", len(view.workers)),
@@ -156,20 +138,20 @@ class _Collector(Collector):
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(NS + name, doc, value=float(value))
         counters = {
-            "resumes": ("Stream resumes served by this gateway.", slog.resumes),
+            "resumes": ("Stream resumes served by this gateway.", streams.resumes),
             "resume_events_replayed": (
                 "Events replayed to resuming clients.",
-                slog.events_replayed,
+                streams.events_replayed,
             ),
-            "cancel_requests": ("Cancels accepted for unfinished streams.", slog.cancels),
-            "disconnects": ("Clients that left a stream before its end.", slog.disconnects),
+            "cancel_requests": ("Cancels accepted for unfinished streams.", streams.cancels),
+            "disconnects": ("Clients that left a stream before its end.", streams.disconnects),
             "live_feed_messages": (
                 "Messages of the live feed of appends received by this gateway.",
-                slog.tailer.feed.messages,
+                streams.tailer.feed.messages,
             ),
             "catch_up_reads": (
                 "Reads of stream logs for subscribers behind the live feed (XREAD calls).",
-                slog.tailer.catch_up_reads,
+                streams.tailer.catch_up_reads,
             ),
         }
         for name, (doc, value) in counters.items():
@@ -180,7 +162,7 @@ class _Collector(Collector):
             "one observation per append batch of a stream.",
             labels=[],
         )
-        delivery.add_metric([], slog.delivery.prometheus_buckets(), slog.delivery.sum)
+        delivery.add_metric([], streams.delivery.prometheus_buckets(), streams.delivery.sum)
         yield delivery
 
     def _workers(self) -> Iterator[Metric]:

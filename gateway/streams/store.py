@@ -40,7 +40,14 @@ from tokenrelay.core.redis.connection import (
 )
 from tokenrelay.core.wire.events import Event, decode_event, entry_id, plan_finish, seq_of
 from tokenrelay.core.wire.ids import hash_token, new_resume_token, new_stream_id, token_matches
-from tokenrelay.core.wire.keys import ACTIVE_TTL, CONTROL_MAXLEN, DEFAULT_PREFIX, MAXLEN, Keys
+from tokenrelay.core.wire.keys import (
+    ACTIVE_TTL,
+    CONTROL_MAXLEN,
+    DEFAULT_PREFIX,
+    GROUP,
+    MAXLEN,
+    Keys,
+)
 from tokenrelay.core.wire.records import MetaField, QueuedRequest, StreamMeta
 from tokenrelay.core.wire.scripts import APPEND_LUA, COUNT_LUA, Append, append_call, decode_append
 from tokenrelay.core.wire.stats import STATS_FIELD, WorkerStats
@@ -187,6 +194,30 @@ class StreamStore:
         self._workers_cache = (time.monotonic(), alive)
         return alive
 
+    async def queue_depth(self, models: list[str | None]) -> int | None:
+        """Requests waiting on the queues of ``models`` (queued, not yet taken by a worker);
+        ``None`` when no queue could be read."""
+        queues = [q for m in models for q in self.keys.queue_shards(m)]
+        pipe = self.redis.pipeline(transaction=False)
+        for queue in queues:
+            pipe.xlen(queue)
+            pipe.xpending(queue, GROUP)
+        replies = await self._guard(pipe.execute(raise_on_error=False))
+        depth = None
+        for length, pending in zip(replies[0::2], replies[1::2], strict=True):
+            if isinstance(length, int):
+                taken = pending.get("pending", 0) if isinstance(pending, dict) else 0
+                depth = (depth or 0) + max(0, length - int(taken or 0))
+        return depth
+
+    async def meta_field(self, stream_id: str, name: str) -> str | None:
+        """One field of a stream's metadata hash (``RedisUnavailable`` when Redis is down)."""
+        return _str(await self._guard(self.redis.hget(self.keys.meta(stream_id), name)))
+
+    async def set_meta_field(self, stream_id: str, name: str, value: str) -> None:
+        """Set one field of a stream's metadata hash (a transport's own, such as its format)."""
+        await self._guard(self.redis.hset(self.keys.meta(stream_id), name, value))
+
     async def worker_stats(self, workers: list[str]) -> list[WorkerStats | None]:
         """Each worker's last published stats (``None`` where there are none)."""
         pipe = self.redis.pipeline(transaction=False)
@@ -210,7 +241,7 @@ class StreamStore:
         traceparent: str | None = None,
         received_ns: int | None = None,
     ) -> NewStream:
-        """Create a stream and queue its request for ``model`` (gateway/streams/models.py;
+        """Create a stream and queue its request for ``model`` (gateway/streams/routing.py;
         ``None``: on ``P requests``, for workers that name no model).
 
         With tracing on, the ``gateway.receive`` span (child of the client's

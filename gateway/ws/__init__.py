@@ -1,1 +1,2 @@
-"""The WebSocket: protocol v1 (sans I/O) and the connection that carries it."""
+"""The WebSocket transport: one socket carrying many streams of protocol v1
+(gateway/session/)."""

@@ -10,7 +10,8 @@ being writable, the queue fills, the tails stop pulling from Redis (the log is t
 and nothing else waits. Writes take ``_send_lock`` (first come, first served), so each
 stream's frames leave in the order its tail produced them. docs/protocol.md is the
 reference for the frames. What a stream needs (generate, resume, cancel, per-key slots,
-attachments, the tail) is :class:`gateway.ws.session.StreamSession`'s, as for gRPC calls.
+attachments, the tail) is gateway/session/stream_session.py's ``StreamSession``, as for
+gRPC calls.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from tokenrelay.core.wire.vocabulary import ErrorCode
 from tokenrelay.gateway.access.guard import AuthError, Principal
-from tokenrelay.gateway.ws import protocol as p
-from tokenrelay.gateway.ws.session import FrameRate, StreamSession
+from tokenrelay.gateway.session import protocol as p
+from tokenrelay.gateway.session.stream_session import FrameRate, StreamSession
 
 if TYPE_CHECKING:
     from tokenrelay.gateway.state import Gateway
@@ -144,7 +145,7 @@ class Connection(StreamSession):
         await self.send_encoded(p.encode_token(sid, seq, text, logprobs))
 
     async def send_encoded(self, text: str) -> None:
-        """A stream tail's frame, already encoded with :mod:`tokenrelay.gateway.ws.protocol`.
+        """A stream tail's frame, already encoded with :mod:`tokenrelay.gateway.session.protocol`.
 
         Written at once when nothing is queued or being written, else queued for
         the writer (waits while the queue is full). Either way the tail waits

@@ -58,13 +58,13 @@ def open_wlog(url: str, prefix: str, *, cluster: bool = False) -> Iterator[Worke
 
 
 @pytest.fixture
-async def slog(redis_server: EmbeddedRedis, prefix: str) -> AsyncIterator[StreamStore]:
+async def stream_store(redis_server: EmbeddedRedis, prefix: str) -> AsyncIterator[StreamStore]:
     async with open_slog(redis_server.url, prefix) as log:
         yield log
 
 
 @pytest.fixture
-def wlog(redis_server: EmbeddedRedis, prefix: str) -> Iterator[WorkerStore]:
+def worker_store(redis_server: EmbeddedRedis, prefix: str) -> Iterator[WorkerStore]:
     with open_wlog(redis_server.url, prefix) as log:
         yield log
 

@@ -46,14 +46,14 @@ class Beat(threading.Thread):
 
     def __init__(self, url: str) -> None:
         super().__init__(name="test-heartbeat", daemon=True)
-        self.wlog = WorkerStore(url, WORKER, prefix=PREFIX)
+        self.store = WorkerStore(url, WORKER, prefix=PREFIX)
         self.stop = threading.Event()
         self.refused = 0  # beats a full Redis refused
 
     def run(self) -> None:
         while not self.stop.is_set():
             try:
-                self.wlog.heartbeat(WorkerStats(worker_id=WORKER))
+                self.store.heartbeat(WorkerStats(worker_id=WORKER))
             except redis.RedisError as exc:
                 assert is_full(exc), exc
                 self.refused += 1
@@ -64,12 +64,12 @@ class Producer:
     """What an engine worker does in Redis, step by step: admit, append, finish."""
 
     def __init__(self, url: str) -> None:
-        self.wlog = WorkerStore(url, WORKER, prefix=PREFIX)
-        self.wlog.ensure_group()
-        self.outbox = Outbox(self.wlog, lambda sid: None)
+        self.store = WorkerStore(url, WORKER, prefix=PREFIX)
+        self.store.ensure_group()
+        self.outbox = Outbox(self.store, lambda sid: None)
 
     def admit(self) -> Active:
-        reqs = self.wlog.read_requests(1, 5000)
+        reqs = self.store.read_requests(1, 5000)
         assert reqs, "no request arrived"
         req = reqs[0]
         a = Active(req.stream_id, req.request_id, req.entry_id, 30.0, 60.0)

@@ -27,18 +27,18 @@ CONN = "[data-testid=connection]"
 def bare_gateway(redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[tuple[str, WorkerStore]]:
     prefix = f"ready-{uuid.uuid4().hex[:6]}:"
     gw, addr = start_gateway(redis_server.url, prefix, tmp_path)
-    wlog = WorkerStore(redis_server.url, "ui-worker", prefix=prefix)
+    worker_store = WorkerStore(redis_server.url, "ui-worker", prefix=prefix)
     try:
         wait_ready(addr, gw, 60, need_worker=False)
-        wlog.ensure_group()
-        yield addr, wlog
+        worker_store.ensure_group()
+        yield addr, worker_store
     finally:
         stop_all([gw])
-        wlog.unregister()
-        wlog.close()
+        worker_store.unregister()
+        worker_store.close()
 
 
-def _check_loading_then_ready(page: Any, scope: str, wlog: WorkerStore) -> None:
+def _check_loading_then_ready(page: Any, scope: str, worker_store: WorkerStore) -> None:
     conn, send, box = (
         f"{scope}{CONN}",
         f"{scope}[data-testid=send]",
@@ -51,7 +51,7 @@ def _check_loading_then_ready(page: Any, scope: str, wlog: WorkerStore) -> None:
     page.press(box, "Enter")  # held: the text stays, nothing is asked
     assert page.input_value(box) == "Hello?"
     assert page.locator(f"{scope}[data-testid=message]").count() == 0
-    wlog.heartbeat(WorkerStats())  # the worker has loaded its model
+    worker_store.heartbeat(WorkerStats())  # the worker has loaded its model
     page.wait_for_selector(f"{conn}[data-state=open]", timeout=10_000)
     assert page.is_enabled(send)
 
@@ -59,11 +59,11 @@ def _check_loading_then_ready(page: Any, scope: str, wlog: WorkerStore) -> None:
 def test_chat_page_holds_the_send_until_a_worker_is_ready(
     browser: Any, bare_gateway: tuple[str, WorkerStore]
 ) -> None:
-    addr, wlog = bare_gateway
+    addr, worker_store = bare_gateway
     h = _open_page(browser, viewport={"width": 1280, "height": 800})
     try:
         h.page.goto(f"http://{addr}/")
-        _check_loading_then_ready(h.page, "", wlog)
+        _check_loading_then_ready(h.page, "", worker_store)
         assert not h.console_errors()
     finally:
         h.context.close()
@@ -72,12 +72,12 @@ def test_chat_page_holds_the_send_until_a_worker_is_ready(
 def test_widget_holds_the_send_until_a_worker_is_ready(
     browser: Any, bare_gateway: tuple[str, WorkerStore]
 ) -> None:
-    addr, wlog = bare_gateway
+    addr, worker_store = bare_gateway
     h = _open_page(browser, viewport={"width": 1280, "height": 800})
     try:
         h.page.goto(f"http://{addr}/embed-demo")
         h.page.click("tokenrelay-chat [data-testid=widget-launcher]")
-        _check_loading_then_ready(h.page, "tokenrelay-chat ", wlog)
+        _check_loading_then_ready(h.page, "tokenrelay-chat ", worker_store)
         assert not h.console_errors()
     finally:
         h.context.close()

@@ -23,31 +23,31 @@ PREFIX = "wdrain:"
 
 
 async def _run_stream(url: str, worker: Worker) -> list[Event]:
-    slog = StreamStore(url, prefix=PREFIX, stream_ttl=60)
-    await slog.start()
+    stream_store = StreamStore(url, prefix=PREFIX, stream_ttl=60)
+    await stream_store.start()
     try:
         for _ in range(100):  # the heartbeat thread registers the worker
-            if await slog.live_workers(max_age=0):
+            if await stream_store.live_workers(max_age=0):
                 break
             await asyncio.sleep(0.05)
         body = {"prompt": "Count slowly:", "params": {"max_tokens": 500, "ignore_eos": True}}
-        new = await slog.create(body, "drain-rq", attach=False)
+        new = await stream_store.create(body, "drain-rq", attach=False)
         events: list[Event] = []
-        async for ev in slog.tail(new.stream_id, -1):
+        async for ev in stream_store.tail(new.stream_id, -1):
             events.append(ev)
             if ev.kind == "token" and len([e for e in events if e.kind == "token"]) == 2:
                 worker.drain(0.3)  # far too short for 500 tokens
         return events
     finally:
-        await slog.close()
+        await stream_store.close()
 
 
 def test_drain_timeout_ends_the_stream_with_a_clear_error(
     llm_engine: Any, redis_server: EmbeddedRedis, caplog: pytest.LogCaptureFixture
 ) -> None:
     url = redis_server.url
-    wlog = WorkerStore(url, "drain-test-worker", prefix=PREFIX)
-    worker = Worker(llm_engine, wlog, detach_timeout=30, stream_ttl=60)
+    worker_store = WorkerStore(url, "drain-test-worker", prefix=PREFIX)
+    worker = Worker(llm_engine, worker_store, detach_timeout=30, stream_ttl=60)
     worker._publish_stats()
     Heartbeat(worker, url, PREFIX).start()
     thread = threading.Thread(target=worker.run, name="test-worker")
@@ -61,7 +61,7 @@ def test_drain_timeout_ends_the_stream_with_a_clear_error(
         thread.join(30)
         while llm_engine.has_unfinished():  # let the engine process the abort
             llm_engine.step()
-        wlog.close()
+        worker_store.close()
     assert not thread.is_alive()
     done = events[-1]
     assert done.kind == "done" and done.finish_reason == "error", done

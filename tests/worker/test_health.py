@@ -24,6 +24,7 @@ from tokenrelay.core.wire.stats import WorkerStats
 from tokenrelay.core.wire.telemetry import BUCKETS, Hist
 from tokenrelay.worker.health import LOOP_STALE_S, STEP_LIMIT_S, HealthServer, start_health
 from tokenrelay.worker.main import Worker
+from tokenrelay.worker.settings import WorkerSettings
 from tokenrelay.worker.store import WorkerStore
 
 PREFIX = "whealth:"
@@ -67,9 +68,9 @@ class Idle(threading.Thread):
 
 
 def make_worker(url: str) -> Worker:
-    wlog = WorkerStore(url, WID, prefix=PREFIX)
-    wlog.ensure_group()
-    w = Worker(IdleEngine(), wlog, detach_timeout=30, stream_ttl=60)
+    worker_store = WorkerStore(url, WID, prefix=PREFIX)
+    worker_store.ensure_group()
+    w = Worker(IdleEngine(), worker_store, detach_timeout=30, stream_ttl=60)
     w._publish_stats()
     return w
 
@@ -89,7 +90,7 @@ def worker(redis_server: EmbeddedRedis) -> Iterator[Worker]:
     try:
         yield w
     finally:
-        w.wlog.close()
+        w.store.close()
 
 
 def test_loading_then_alive_then_draining_then_stopping(
@@ -147,7 +148,7 @@ def test_redis_down_is_unhealthy_and_back_is_healthy(server: HealthServer, tmp_p
     finally:
         worker.stop()
         loop.join(10)
-        worker.wlog.close()
+        worker.store.close()
         redis.cleanup()
     assert not loop.is_alive()
     assert healthz(server.port)[1]["reason"] == "stopping"
@@ -230,16 +231,16 @@ def test_other_paths_methods_and_garbage_do_no_harm(server: HealthServer, worker
 
 
 def test_start_health_is_off_by_default_and_names_a_busy_port() -> None:
-    assert start_health(argparse.Namespace(health_port=0), WID) is None
+    url = "redis://127.0.0.1:1"
+    assert start_health(WorkerSettings(url, worker_id=WID)) is None
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        args = argparse.Namespace(health_port=port, health_host="127.0.0.1")
         with pytest.raises(ValueError, match=f"--health-port {port}"):
-            start_health(args, WID)
+            start_health(WorkerSettings(url, worker_id=WID, health_port=port))
     with pytest.raises(ValueError, match="not a TCP port"):
-        start_health(argparse.Namespace(health_port=70000), WID)
+        WorkerSettings.from_args(argparse.Namespace(redis_url=url, health_port=70000))
 
 
 @pytest.mark.slow

@@ -44,8 +44,8 @@ class Gated:
 
 @pytest.fixture
 def running(llm_engine: Any, redis_server: EmbeddedRedis) -> Iterator[tuple[Worker, Gated]]:
-    wlog = WorkerStore(redis_server.url, "intake-test-worker", prefix=PREFIX)
-    worker = Worker(llm_engine, wlog, detach_timeout=30, stream_ttl=60)
+    worker_store = WorkerStore(redis_server.url, "intake-test-worker", prefix=PREFIX)
+    worker = Worker(llm_engine, worker_store, detach_timeout=30, stream_ttl=60)
     gated = Gated(worker.intake.encode)
     worker.intake.preparer = Preparer(gated)
     worker._publish_stats()
@@ -60,21 +60,21 @@ def running(llm_engine: Any, redis_server: EmbeddedRedis) -> Iterator[tuple[Work
         thread.join(30)
         while llm_engine.has_unfinished():  # let the engine process any abort
             llm_engine.step()
-        wlog.close()
+        worker_store.close()
 
 
 async def _store(url: str) -> StreamStore:
-    slog = StreamStore(url, prefix=PREFIX, stream_ttl=60)
-    await slog.start()
+    stream_store = StreamStore(url, prefix=PREFIX, stream_ttl=60)
+    await stream_store.start()
     for _ in range(100):  # the heartbeat thread registers the worker
-        if await slog.live_workers(max_age=0):
-            return slog
+        if await stream_store.live_workers(max_age=0):
+            return stream_store
         await asyncio.sleep(0.05)
     raise AssertionError("the worker never registered")
 
 
-async def _events(slog: StreamStore, sid: str) -> list[Event]:
-    return [ev async for ev in slog.tail(sid, -1)]
+async def _events(stream_store: StreamStore, sid: str) -> list[Event]:
+    return [ev async for ev in stream_store.tail(sid, -1)]
 
 
 def _wait(pred: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -91,13 +91,13 @@ def test_a_long_prompt_runs_with_the_engines_own_token_count(
     gated.gate.set()
 
     async def go() -> list[Event]:
-        slog = await _store(redis_server.url)
+        stream_store = await _store(redis_server.url)
         try:
             body = {"prompt": LONG_PROMPT, "params": {"max_tokens": 3, "temperature": 0}}
-            new = await slog.create(body, "intake-long", attach=False)
-            return await _events(slog, new.stream_id)
+            new = await stream_store.create(body, "intake-long", attach=False)
+            return await _events(stream_store, new.stream_id)
         finally:
-            await slog.close()
+            await stream_store.close()
 
     events = asyncio.run(go())
     assert gated.entered.is_set()  # it went through the thread
@@ -112,18 +112,18 @@ def test_a_stream_cancelled_while_tokenized_ends_as_cancelled_before_it_ran(
     worker, gated = running
 
     async def go() -> list[Event]:
-        slog = await _store(redis_server.url)
+        stream_store = await _store(redis_server.url)
         try:
             body = {"prompt": LONG_PROMPT, "params": {"max_tokens": 50}}
-            new = await slog.create(body, "intake-cancel", attach=False)
+            new = await stream_store.create(body, "intake-cancel", attach=False)
             await asyncio.to_thread(gated.entered.wait, 30)
-            await slog.cancel(new.stream_id)
+            await stream_store.cancel(new.stream_id)
             sid = new.stream_id
             await asyncio.to_thread(_wait, lambda: worker.active[sid].abort_reason == "cancelled")
             gated.gate.set()
-            return await _events(slog, sid)
+            return await _events(stream_store, sid)
         finally:
-            await slog.close()
+            await stream_store.close()
 
     events = asyncio.run(go())
     assert [e.kind for e in events] == ["rejected", "done"], events
@@ -140,19 +140,19 @@ def test_a_drain_hands_a_stream_being_tokenized_back_to_the_queue(
     worker, gated = running
 
     async def go() -> str:
-        slog = await _store(redis_server.url)
+        stream_store = await _store(redis_server.url)
         try:
             body = {"prompt": LONG_PROMPT, "params": {"max_tokens": 50}}
-            new = await slog.create(body, "intake-drain", attach=False)
+            new = await stream_store.create(body, "intake-drain", attach=False)
             await asyncio.to_thread(gated.entered.wait, 30)
             worker.drain(5.0)
             await asyncio.to_thread(_wait, lambda: not worker.active)
             gated.gate.set()
-            info = await slog.info(new.stream_id)
+            info = await stream_store.info(new.stream_id)
             assert info is not None
             return info.status
         finally:
-            await slog.close()
+            await stream_store.close()
 
     assert asyncio.run(go()) == "queued"
     assert not worker.intake.preparing

@@ -48,7 +48,7 @@ class ScriptedEngine(IdleEngine):
 
 
 @pytest.fixture
-def wlog(redis_server: EmbeddedRedis) -> Iterator[WorkerStore]:
+def worker_store(redis_server: EmbeddedRedis) -> Iterator[WorkerStore]:
     store = WorkerStore(redis_server.url, "lp-test-worker", prefix="wlp:")
     try:
         yield store
@@ -56,8 +56,8 @@ def wlog(redis_server: EmbeddedRedis) -> Iterator[WorkerStore]:
         store.close()
 
 
-def run(wlog: WorkerStore, script: list[list[Out]]) -> list[Any]:
-    worker = Worker(ScriptedEngine(script), wlog, detach_timeout=30, stream_ttl=60)
+def run(worker_store: WorkerStore, script: list[list[Out]]) -> list[Any]:
+    worker = Worker(ScriptedEngine(script), worker_store, detach_timeout=30, stream_ttl=60)
     a = Active("s", None, "0-0", 30, 60, in_engine=True)
     worker.active["s"] = a
     while worker.engine.has_unfinished():
@@ -66,7 +66,9 @@ def run(wlog: WorkerStore, script: list[list[Out]]) -> list[Any]:
             enumerate(a.events)]  # fmt: skip
 
 
-def test_held_back_tokens_go_with_the_next_text_and_eos_with_none(wlog: WorkerStore) -> None:
+def test_held_back_tokens_go_with_the_next_text_and_eos_with_none(
+    worker_store: WorkerStore,
+) -> None:
     a, b, c = lp("Hel", -0.1), lp("\ufffd", -0.2), lp("lo", -0.3)
     script = [
         [Out("s", "Hel", [1], False, None, 3, 1, [a])],
@@ -74,17 +76,17 @@ def test_held_back_tokens_go_with_the_next_text_and_eos_with_none(wlog: WorkerSt
         [Out("s", "\u201clo", [3], False, None, 3, 3, [c])],
         [Out("s", "", [0], True, "stop", 3, 4, None)],  # EOS: no logprob, no text
     ]
-    events = run(wlog, script)
+    events = run(worker_store, script)
     assert [e.kind for e in events] == ["token", "token", "done"]
     assert decode_logprobs(events[0].logprobs) == (0, [a])
     assert decode_logprobs(events[1].logprobs) == (3, [b, c])  # offset: after "Hel"
     assert events[2].logprobs is None
 
 
-def test_no_field_when_not_asked(wlog: WorkerStore) -> None:
+def test_no_field_when_not_asked(worker_store: WorkerStore) -> None:
     script = [
         [Out("s", "Hi", [1], False, None, 3, 1, None)],
         [Out("s", "!", [2], True, "length", 3, 2, None)],
     ]
-    events = run(wlog, script)
+    events = run(worker_store, script)
     assert [e.logprobs for e in events] == [None, None, None]

@@ -29,39 +29,39 @@ TOKENS = 64
 
 async def _run_stream(server: EmbeddedRedis) -> tuple[list[Event], int, int]:
     """The stream's events; the last seq in Redis once it is full, and 2 s later."""
-    slog = StreamStore(server.url, prefix=PREFIX, stream_ttl=60, admit_memory=None)
-    await slog.start()
+    stream_store = StreamStore(server.url, prefix=PREFIX, stream_ttl=60, admit_memory=None)
+    await stream_store.start()
     client = server.client()
     try:
         for _ in range(100):  # the heartbeat thread registers the worker
-            if await slog.live_workers(max_age=0):
+            if await stream_store.live_workers(max_age=0):
                 break
             await asyncio.sleep(0.05)
         params = {"max_tokens": TOKENS, "temperature": 0, "ignore_eos": True}
-        new = await slog.create({"prompt": "Count slowly:", "params": params}, "full-rq")
+        new = await stream_store.create({"prompt": "Count slowly:", "params": params}, "full-rq")
         events: list[Event] = []
         at_fill = later = -1
-        async for ev in slog.tail(new.stream_id, -1):
+        async for ev in stream_store.tail(new.stream_id, -1):
             events.append(ev)
             if ev.seq == 1:  # the first token
                 limit = fill(client)
                 await asyncio.sleep(0.5)  # appends in flight land or are refused
-                at_fill = await slog.last_seq(new.stream_id)  # reads still work
+                at_fill = await stream_store.last_seq(new.stream_id)  # reads still work
                 await asyncio.sleep(2.0)  # the heartbeat beats at least once
-                later = await slog.last_seq(new.stream_id)
+                later = await stream_store.last_seq(new.stream_id)
                 make_room(client, limit)
         return events, at_fill, later
     finally:
         client.close()
-        await slog.close()
+        await stream_store.close()
 
 
 def test_a_full_redis_pauses_the_worker_and_loses_nothing(
     llm_engine: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     with EmbeddedRedis(tmp_path / "redis", maxmemory="8mb") as server:
-        wlog = WorkerStore(server.url, "full-test-worker", prefix=PREFIX)
-        worker = Worker(llm_engine, wlog, detach_timeout=30, stream_ttl=60)
+        worker_store = WorkerStore(server.url, "full-test-worker", prefix=PREFIX)
+        worker = Worker(llm_engine, worker_store, detach_timeout=30, stream_ttl=60)
         worker._publish_stats()
         Heartbeat(worker, server.url, PREFIX).start()
         thread = threading.Thread(target=worker.run, name="test-worker")
@@ -72,7 +72,7 @@ def test_a_full_redis_pauses_the_worker_and_loses_nothing(
         finally:
             worker.stop()
             thread.join(30)
-            wlog.close()
+            worker_store.close()
     assert not thread.is_alive()
     assert at_fill == later < TOKENS + 1, "the worker wrote while Redis was full"
     assert [ev.seq for ev in events] == list(range(TOKENS + 2))  # accepted, tokens, done

@@ -51,17 +51,25 @@ class IdleEngine:
         self.calls += 1
         return {"max_num_seqs": 4, "num_steps": self.calls}
 
+    backend = "engine"
+
+    def served_models(self) -> list[str] | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
 
 @pytest.fixture
 def worker(redis_server: EmbeddedRedis) -> Iterator[Worker]:
-    wlog = WorkerStore(redis_server.url, "stats-test-worker", prefix=PREFIX)
-    wlog.ensure_group()
-    w = Worker(IdleEngine(), wlog, detach_timeout=30, stream_ttl=60)
+    worker_store = WorkerStore(redis_server.url, "stats-test-worker", prefix=PREFIX)
+    worker_store.ensure_group()
+    w = Worker(IdleEngine(), worker_store, detach_timeout=30, stream_ttl=60)
     w.max_seqs = 0  # no room: an iteration does not block on the request stream
     try:
         yield w
     finally:
-        wlog.close()
+        worker_store.close()
 
 
 def test_the_loop_takes_a_snapshot_when_asked_or_when_it_is_old(worker: Worker) -> None:

@@ -6,7 +6,7 @@ import pytest
 
 from tokenrelay.core.cli import build_parser
 from tokenrelay.core.serve import worker_command
-from tokenrelay.worker.client import engine_config
+from tokenrelay.worker.engine_client import engine_config
 
 
 def test_the_worker_flag_sets_the_engines_tensor_parallel_size() -> None:

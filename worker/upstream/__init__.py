@@ -2,7 +2,7 @@
 
 ``tokenrelay worker --upstream URL`` runs the same worker loop (worker/main.py,
 worker/intake.py, worker/outbox.py) over :class:`worker.upstream.engine.UpstreamEngine`,
-an :class:`worker.client.EngineClient` whose requests are streaming HTTP calls to
+an :class:`worker.engine_client.EngineClient` whose requests are streaming HTTP calls to
 vLLM, TGI, llama.cpp's server, Ollama or another tokenrelay. One concept per module:
 
 - ``config``: the upstream's URL, model, key and limits, from the command line;

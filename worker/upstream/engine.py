@@ -1,4 +1,4 @@
-"""The relay's engine: an :class:`worker.client.EngineClient` whose requests are HTTP calls.
+"""The relay's engine: an :class:`worker.engine_client.EngineClient` whose requests are HTTP calls.
 
 :class:`UpstreamEngine` is what ``tokenrelay worker --upstream URL`` drives in
 place of our engine, with the same worker loop (worker/main.py): the same
@@ -9,7 +9,7 @@ one pooled :class:`worker.upstream.client.HttpClient` (keep-alive connections, a
 ``--max-inflight`` + a few), so many streams share a handful of threads and the
 worker loop never blocks on the network.
 
-It has no tokenizer (:class:`worker.client.TakesBody`): Intake hands it each
+It has no tokenizer (:class:`worker.engine_client.TakesBody`): Intake hands it each
 request body through :meth:`UpstreamEngine.starter`; a call opens with its first
 token (only then is the stream ``accepted``: failures before it can still be
 retried, or refuse the stream with ``unavailable``), the worker attaches it
@@ -38,7 +38,7 @@ from typing import Any
 
 from tokenrelay.core.wire.params import SamplingParams
 from tokenrelay.core.wire.tools import Tool
-from tokenrelay.worker.client import Starter
+from tokenrelay.worker.engine_client import Starter
 from tokenrelay.worker.prepare import Prepared
 from tokenrelay.worker.upstream.call import Call, Upstream
 from tokenrelay.worker.upstream.client import HttpClient, TransportError
@@ -197,7 +197,7 @@ class UpstreamEngine:
 
 
 class _Starter:
-    """The engine's :class:`worker.client.Starter`: calls not yet attached."""
+    """The engine's :class:`worker.engine_client.Starter`: calls not yet attached."""
 
     def __init__(self, engine: UpstreamEngine) -> None:
         self.engine = engine

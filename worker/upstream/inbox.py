@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from tokenrelay.core.wire.logprobs import Logprobs
 from tokenrelay.core.wire.vocabulary import ErrorCode, FinishReason
-from tokenrelay.worker.client import EngineRefused
+from tokenrelay.worker.engine_client import EngineRefused
 from tokenrelay.worker.prepare import Prepared
 
 OPENING, OPEN, ATTACHED = "opening", "open", "attached"
@@ -33,7 +33,7 @@ OPENING, OPEN, ATTACHED = "opening", "open", "attached"
 
 @dataclass
 class Output:
-    """One call's news in one step (a :class:`worker.client.StepOutput`).
+    """One call's news in one step (a :class:`worker.engine_client.StepOutput`).
 
     ``new_token_ids`` has one placeholder (-1) per streamed chunk: an upstream
     does not say its token ids, and the worker only counts them (telemetry).

@@ -14,6 +14,7 @@ from tokenrelay.core.wire.errors import (
 )
 from tokenrelay.gateway.http.common import store_error
 from tokenrelay.gateway.http.openai_request import error_for_code
+from tokenrelay.gateway.session import protocol as p
 from tokenrelay.gateway.streams.errors import (
     STORE_ERRORS,
     BadOffset,
@@ -26,7 +27,6 @@ from tokenrelay.gateway.streams.errors import (
     StreamNotFound,
     refusal,
 )
-from tokenrelay.gateway.ws import protocol as p
 
 DOCUMENTED = {  # docs/protocol.md "Errors" and docs/api.md "Errors"
     "bad_request": (400, "invalid_request_error"),

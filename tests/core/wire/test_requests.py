@@ -29,7 +29,7 @@ from tokenrelay.gateway.http.openai_request import (
     parse_completion,
     request_id_header,
 )
-from tokenrelay.gateway.ws import protocol as p
+from tokenrelay.gateway.session import protocol as p
 
 LIMITS = Limits()
 SMALL = Limits(max_input_chars=10, max_messages=2, max_stop=2, max_stop_chars=3, max_tokens=50)

@@ -34,10 +34,10 @@ def limited(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactor
 
 
 def fake_worker(redis_server: EmbeddedRedis) -> WorkerStore:
-    wlog = WorkerStore(redis_server.url, "lim-worker", prefix="lim:")
-    wlog.ensure_group()
-    wlog.heartbeat(WorkerStats())
-    return wlog
+    worker_store = WorkerStore(redis_server.url, "lim-worker", prefix="lim:")
+    worker_store.ensure_group()
+    worker_store.heartbeat(WorkerStats())
+    return worker_store
 
 
 async def test_too_many_connections_close_with_1013(limited: str) -> None:
@@ -58,7 +58,7 @@ async def test_too_many_connections_close_with_1013(limited: str) -> None:
 async def test_streams_per_socket_and_queue_length(
     limited: str, redis_server: EmbeddedRedis
 ) -> None:
-    wlog = fake_worker(redis_server)
+    worker_store = fake_worker(redis_server)
     c = await Client.open(limited)
     d = await Client.open(limited)
     try:
@@ -77,7 +77,7 @@ async def test_streams_per_socket_and_queue_length(
         await c.close()
         await d.close()
         redis_server.client().delete("lim:requests")
-        wlog.close()
+        worker_store.close()
 
 
 async def _open_when_a_slot_is_free(url: str, wait: float = 10.0) -> Client:

@@ -104,8 +104,8 @@ def secured(
     logs = tmp_path_factory.mktemp("sec-logs")
     keys = logs / "keys.txt"
     keys.write_text(f"{KEY_A}\n{KEY_B}\n")
-    wlog = WorkerStore(redis_server.url, "sec-worker", prefix=PREFIX)
-    wlog.ensure_group()
+    worker_store = WorkerStore(redis_server.url, "sec-worker", prefix=PREFIX)
+    worker_store.ensure_group()
     # no engine worker here: a stream left queued never ends, so drain for at most 1 s
     flags = ["--api-keys-file", str(keys), "--allow-origin", "https://app.example.com",
              "--rate-limit", "4", "--max-streams-per-key", "3", "--drain-timeout", "1",
@@ -117,12 +117,12 @@ def secured(
     try:
         for addr, proc in ((a, gw_a), (b, gw_b), (o, gw_o)):
             wait_ready(addr, proc, 60, need_worker=False)
-        wlog.heartbeat(WorkerStats())
+        worker_store.heartbeat(WorkerStats())
         yield Secured(redis_server, a, b, gw_a, gw_b, o)
     finally:
         stop_all([gw_a, gw_b, gw_o])
         redis_server.client().delete(f"{PREFIX}requests")
-        wlog.close()
+        worker_store.close()
     for proc in (gw_a, gw_b):
         text = proc.log_text()
         assert KEY_A not in text and KEY_B not in text, "an API key was logged"
@@ -313,9 +313,9 @@ async def test_without_keys_each_client_address_is_limited(secured: Secured) -> 
         frame = await c.recv(5)
         return None if frame["type"] in ("pong", "started") else frame
 
-    wlog = WorkerStore(secured.redis.url, "secopen-worker", prefix="secopen:")
-    wlog.ensure_group()
-    wlog.heartbeat(WorkerStats())  # a worker "is running"; the requests just stay queued
+    worker_store = WorkerStore(secured.redis.url, "secopen-worker", prefix="secopen:")
+    worker_store.ensure_group()
+    worker_store.heartbeat(WorkerStats())  # a worker "is running"; the requests just stay queued
     far = {"X-Forwarded-For": "203.0.113.7"}
     c = await Client.open(secured.open, additional_headers=far)
     try:
@@ -341,10 +341,10 @@ async def test_without_keys_each_client_address_is_limited(secured: Secured) -> 
         await c.close()
     local = await Client.open(secured.open)  # this machine: not counted
     try:
-        wlog.heartbeat(WorkerStats())
+        worker_store.heartbeat(WorkerStats())
         for i in range(5):
             assert await generate(local, f"l{i}") is None
     finally:
         await local.close()
         secured.redis.client().delete("secopen:requests")
-        wlog.close()
+        worker_store.close()

@@ -8,7 +8,7 @@ import pytest
 
 from tests.gateway.grpc.client import frame_dict, pb2
 from tokenrelay.gateway.grpc.convert import client_frame_json, parse_client_frame, server_frame
-from tokenrelay.gateway.ws import protocol as p
+from tokenrelay.gateway.session import protocol as p
 
 LIMITS = p.Limits()
 

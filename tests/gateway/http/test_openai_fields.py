@@ -12,7 +12,7 @@ import pytest
 from tests.root import ROOT
 from tokenrelay.gateway.http import openai_fields as f
 from tokenrelay.gateway.http.openai_request import ApiError, parse_chat, parse_completion
-from tokenrelay.gateway.ws.protocol import Limits
+from tokenrelay.gateway.session.protocol import Limits
 
 LIMITS = Limits()
 MSG = [{"role": "user", "content": "Hi"}]

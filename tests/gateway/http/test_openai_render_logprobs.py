@@ -9,7 +9,7 @@ from tokenrelay.core.wire.events import Event
 from tokenrelay.core.wire.logprobs import Logprobs, TokenLogprob, encode_logprobs
 from tokenrelay.gateway.http.openai_render import ChunkEncoder, Collector, StreamFormat
 from tokenrelay.gateway.http.sse import SSEParser
-from tokenrelay.gateway.ws import protocol as p
+from tokenrelay.gateway.session import protocol as p
 
 SID = "abcdefghijklmnop1234"
 

@@ -13,7 +13,7 @@ from tokenrelay.gateway.http.openai_request import (
     parse_completion,
     parse_json,
 )
-from tokenrelay.gateway.ws.protocol import Limits
+from tokenrelay.gateway.session.protocol import Limits
 
 LIMITS = Limits()
 MSG = [{"role": "user", "content": "Hi"}]

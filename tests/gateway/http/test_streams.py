@@ -42,9 +42,9 @@ class Client:
         self.sent.append(message)
 
 
-def api_of(slog: StreamStore) -> StreamsApi:
+def api_of(stream_store: StreamStore) -> StreamsApi:
     gw: Any = SimpleNamespace(
-        streams=slog, settings=SimpleNamespace(model_name="m", max_frame_bytes=1 << 16)
+        streams=stream_store, settings=SimpleNamespace(model_name="m", max_frame_bytes=1 << 16)
     )
     return StreamsApi(gw, HttpSettings(keepalive=30))
 
@@ -61,64 +61,71 @@ def request(sid: str, client: Client, query: str = "", **headers: str) -> Reques
     return Request(scope, client.receive)
 
 
-async def attached(slog: StreamStore, sid: str) -> int:
-    return int(await slog.redis.zcard(slog.keys.attach(sid)))
+async def attached(stream_store: StreamStore, sid: str) -> int:
+    return int(await stream_store.redis.zcard(stream_store.keys.attach(sid)))
 
 
-async def resume_and_leave(slog: StreamStore, rid: str, leave_first: bool) -> dict[str, str]:
+async def resume_and_leave(
+    stream_store: StreamStore, rid: str, leave_first: bool
+) -> dict[str, str]:
     """Resume a queued stream whose request id is ``rid``; the client then leaves."""
-    new = await slog.create(BODY, rid, attach=False)
+    new = await stream_store.create(BODY, rid, attach=False)
     client = Client()
     req = request(new.stream_id, client, f"resume_token={new.resume_token}")
-    resp = await api_of(slog).events(req)
+    resp = await api_of(stream_store).events(req)
     assert resp.status_code == 200
-    assert await attached(slog, new.stream_id) == 1 and len(slog.attachments.tracked) == 1
+    assert (
+        await attached(stream_store, new.stream_id) == 1
+        and len(stream_store.attachments.tracked) == 1
+    )
     if leave_first:
         client.left.set()
     else:
         asyncio.get_running_loop().call_later(0.2, client.left.set)
     await asyncio.wait_for(resp(req.scope, client.receive, client.send), 10)
-    assert not slog.attachments.tracked, "the attachment outlived the answer"
-    assert await attached(slog, new.stream_id) == 0
+    assert not stream_store.attachments.tracked, "the attachment outlived the answer"
+    assert await attached(stream_store, new.stream_id) == 0
     return {k.decode(): v.decode("latin-1") for k, v in resp.raw_headers}
 
 
 @pytest.mark.parametrize("rid", ["r\u2603", "r1\r\nX-Evil: 1", "caf\u00e9"], ids=repr)
 async def test_resume_of_a_stream_with_an_unsafe_request_id(
-    slog: StreamStore, wlog: WorkerStore, rid: str
+    stream_store: StreamStore, worker_store: WorkerStore, rid: str
 ) -> None:
     """Stored before ids were checked: the answer leaves the header out, and detaches."""
-    headers = await resume_and_leave(slog, rid, leave_first=False)
+    headers = await resume_and_leave(stream_store, rid, leave_first=False)
     assert "x-request-id" not in headers and "x-stream-id" in headers
 
 
 async def test_resume_with_a_safe_request_id_echoes_it(
-    slog: StreamStore, wlog: WorkerStore
+    stream_store: StreamStore, worker_store: WorkerStore
 ) -> None:
-    headers = await resume_and_leave(slog, "req-1.a:b_c", leave_first=True)
+    headers = await resume_and_leave(stream_store, "req-1.a:b_c", leave_first=True)
     assert headers["x-request-id"] == "req-1.a:b_c"
 
 
 async def test_attachment_released_when_the_headers_cannot_be_sent(
-    slog: StreamStore, wlog: WorkerStore
+    stream_store: StreamStore, worker_store: WorkerStore
 ) -> None:
-    new = await slog.create(BODY, "r1", attach=False)
+    new = await stream_store.create(BODY, "r1", attach=False)
     client = Client()
     req = request(new.stream_id, client, f"resume_token={new.resume_token}")
-    resp = await api_of(slog).events(req)
-    assert len(slog.attachments.tracked) == 1
+    resp = await api_of(stream_store).events(req)
+    assert len(stream_store.attachments.tracked) == 1
 
     async def refused(message: Message) -> None:  # the client left before the headers
         raise OSError("connection reset")
 
     await asyncio.wait_for(resp(req.scope, client.receive, refused), 10)
-    assert not slog.attachments.tracked and await attached(slog, new.stream_id) == 0
+    assert not stream_store.attachments.tracked and await attached(stream_store, new.stream_id) == 0
 
 
-async def test_resume_token_in_a_header_or_the_query(slog: StreamStore, wlog: WorkerStore) -> None:
-    new = await slog.create(BODY, "r1", attach=False)
+async def test_resume_token_in_a_header_or_the_query(
+    stream_store: StreamStore, worker_store: WorkerStore
+) -> None:
+    new = await stream_store.create(BODY, "r1", attach=False)
     sid, token = new.stream_id, new.resume_token
-    api = api_of(slog)
+    api = api_of(stream_store)
     for query, headers in (("", {"X-Resume-Token": token}), (f"resume_token={token}", {})):
         client = Client()
         client.left.set()
@@ -126,7 +133,7 @@ async def test_resume_token_in_a_header_or_the_query(slog: StreamStore, wlog: Wo
         resp = await api.events(req)
         assert resp.status_code == 200, resp.body
         await asyncio.wait_for(resp(req.scope, client.receive, client.send), 10)
-    assert not slog.attachments.tracked
+    assert not stream_store.attachments.tracked
     bad = [
         ("", {"X-Resume-Token": "t" * 129}, 400, "X-Resume-Token"),
         ("resume_token=" + "t" * 100_000, {}, 400, "resume_token"),
@@ -139,4 +146,4 @@ async def test_resume_token_in_a_header_or_the_query(slog: StreamStore, wlog: Wo
         assert resp.status_code == status, (query[:40], headers, resp.body)
         if param is not None:
             assert bytes(resp.body).count(f'"param":"{param}"'.encode()) == 1
-    assert not slog.attachments.tracked
+    assert not stream_store.attachments.tracked

@@ -40,17 +40,17 @@ async def bp_gateway(
 ) -> AsyncIterator[tuple[Proc, str, StreamStore, WorkerStore]]:
     prefix = "bp:"
     gw, addr = start_gateway(redis_server.url, prefix, tmp_path)
-    slog = StreamStore(redis_server.url, prefix=prefix)
-    wlog = WorkerStore(redis_server.url, "bp-source", prefix=prefix)
-    wlog.ensure_group()
-    wlog.heartbeat(WorkerStats())
-    await slog.start()
+    stream_store = StreamStore(redis_server.url, prefix=prefix)
+    worker_store = WorkerStore(redis_server.url, "bp-source", prefix=prefix)
+    worker_store.ensure_group()
+    worker_store.heartbeat(WorkerStats())
+    await stream_store.start()
     try:
         wait_ready(addr, gw, 60, need_worker=False)
-        yield gw, addr, slog, wlog
+        yield gw, addr, stream_store, worker_store
     finally:
-        await slog.close()
-        wlog.close()
+        await stream_store.close()
+        worker_store.close()
         gw.stop()
 
 
@@ -58,31 +58,35 @@ def resume(new: NewStream) -> dict[str, Any]:
     return {"type": "resume", "stream_id": new.stream_id, "resume_token": new.resume_token}
 
 
-def produce(wlog: WorkerStore, sid: str, entry: str) -> None:
-    wlog.flush([Batch(sid, 0, [accepted_fields(1, "bp-source")], {"st": "running"})])
+def produce(worker_store: WorkerStore, sid: str, entry: str) -> None:
+    worker_store.flush([Batch(sid, 0, [accepted_fields(1, "bp-source")], {"st": "running"})])
     seq = 1
     while seq < EVENTS:
         n = min(200, EVENTS - seq)
-        res = wlog.flush([Batch(sid, seq, [token_fields(TEXT)] * n)])
+        res = worker_store.flush([Batch(sid, seq, [token_fields(TEXT)] * n)])
         assert res[0].status == 1
         seq += n
-        wlog.heartbeat(WorkerStats())
+        worker_store.heartbeat(WorkerStats())
     done = done_fields("length", 1, EVENTS - 1)
-    assert wlog.flush([Batch(sid, EVENTS, [done], {"fr": "length"}, 60, entry)])[0].status == 1
+    assert (
+        worker_store.flush([Batch(sid, EVENTS, [done], {"fr": "length"}, 60, entry)])[0].status == 1
+    )
 
 
 async def test_stalled_client_is_bounded_and_slows_no_one(bp_gateway) -> None:  # type: ignore[no-untyped-def]
-    gw, addr, slog, wlog = bp_gateway
-    slow_new = await slog.create({"prompt": "a", "params": {}}, "slow", attach=False)
-    fast_new = await slog.create({"prompt": "b", "params": {}}, "fast", attach=False)
-    reqs = {r.stream_id: r.entry_id for r in wlog.read_requests(10, None)}
+    gw, addr, stream_store, worker_store = bp_gateway
+    slow_new = await stream_store.create({"prompt": "a", "params": {}}, "slow", attach=False)
+    fast_new = await stream_store.create({"prompt": "b", "params": {}}, "fast", attach=False)
+    reqs = {r.stream_id: r.entry_id for r in worker_store.read_requests(10, None)}
 
     slow = await Client.open(addr, max_queue=4)
     await slow.send(resume(slow_new))
     assert (await slow.recv())["type"] == "resumed"
     before = rss_kib(gw.pid)
     loop = asyncio.get_running_loop()
-    await loop.run_in_executor(None, produce, wlog, slow_new.stream_id, reqs[slow_new.stream_id])
+    await loop.run_in_executor(
+        None, produce, worker_store, slow_new.stream_id, reqs[slow_new.stream_id]
+    )
     await asyncio.sleep(1.0)  # the gateway has had every chance to buffer the slow stream
     grown = rss_kib(gw.pid) - before
     assert grown < 40_000, f"gateway grew by {grown} KiB for a stalled client"
@@ -92,7 +96,7 @@ async def test_stalled_client_is_bounded_and_slows_no_one(bp_gateway) -> None:  
     await fast.send(resume(fast_new))
     started = time.monotonic()
     producer = loop.run_in_executor(
-        None, produce, wlog, fast_new.stream_id, reqs[fast_new.stream_id]
+        None, produce, worker_store, fast_new.stream_id, reqs[fast_new.stream_id]
     )
     frames = await fast.recv_until(lambda f: f["type"] == "done", 60)
     await producer

@@ -23,43 +23,43 @@ async def until(cond: object, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.01)
 
 
-def caught_up(slog: StreamStore, sid: str) -> bool:
-    subs = slog.tailer._subs.get(sid, set())
-    return slog.tailer.feed.up and bool(subs) and not any(s.lagging for s in subs)
+def caught_up(stream_store: StreamStore, sid: str) -> bool:
+    subs = stream_store.tailer._subs.get(sid, set())
+    return stream_store.tailer.feed.up and bool(subs) and not any(s.lagging for s in subs)
 
 
 async def test_live_events_count_as_deliveries_replays_do_not(
-    slog: StreamStore, wlog: WorkerStore
+    stream_store: StreamStore, worker_store: WorkerStore
 ) -> None:
-    sid, _ = await start_stream(slog, wlog)
-    write_tokens(wlog, sid, 1, ["a", "b"])
-    events = slog.tail(sid, -1)
+    sid, _ = await start_stream(stream_store, worker_store)
+    write_tokens(worker_store, sid, 1, ["a", "b"])
+    events = stream_store.tail(sid, -1)
     assert [(await anext(events)).seq for _ in range(3)] == [0, 1, 2]  # the replay
     reading = asyncio.ensure_future(anext(events))  # subscribes, then waits for the feed
-    await until(lambda: caught_up(slog, sid))
-    assert slog.delivery.count == 0
-    write_tokens(wlog, sid, 3, ["c"])
+    await until(lambda: caught_up(stream_store, sid))
+    assert stream_store.delivery.count == 0
+    write_tokens(worker_store, sid, 3, ["c"])
     assert (await reading).seq == 3
-    write_tokens(wlog, sid, 4, ["d", "e"])  # one batch: one observation
+    write_tokens(worker_store, sid, 4, ["d", "e"])  # one batch: one observation
     assert [(await anext(events)).seq for _ in range(2)] == [4, 5]
-    write_done(wlog, sid, 6)
+    write_done(worker_store, sid, 6)
     assert (await anext(events)).kind == "done"
     await events.aclose()
-    assert slog.delivery.count == 2
-    assert slog.delivery.counts[-1] == 0  # none above the last bucket
+    assert stream_store.delivery.count == 2
+    assert stream_store.delivery.counts[-1] == 0  # none above the last bucket
     # a resume replays from the log: no delivery counted
-    assert [e.seq for e in await collect(slog, sid, 2)] == [3, 4, 5, 6]
-    assert slog.delivery.count == 2
+    assert [e.seq for e in await collect(stream_store, sid, 2)] == [3, 4, 5, 6]
+    assert stream_store.delivery.count == 2
 
 
 async def test_the_trace_goes_with_the_request_and_resumes(
-    slog: StreamStore, wlog: WorkerStore
+    stream_store: StreamStore, worker_store: WorkerStore
 ) -> None:
     pytest.importorskip("opentelemetry.sdk")
     tracing, exporter = memory_tracing("tokenrelay-gateway")
-    slog.tracing = tracing
-    new = await slog.create({"prompt": "hi", "params": {}}, "r1", traceparent=VALID)
-    (req,) = wlog.read_requests(10, None)
+    stream_store.tracing = tracing
+    new = await stream_store.create({"prompt": "hi", "params": {}}, "r1", traceparent=VALID)
+    (req,) = worker_store.read_requests(10, None)
     spans = {s.name: s for s in exporter.get_finished_spans()}  # type: ignore[attr-defined]
     receive, enqueue = spans["gateway.receive"], spans["gateway.enqueue"]
     client = parse_traceparent(VALID)
@@ -70,15 +70,15 @@ async def test_the_trace_goes_with_the_request_and_resumes(
     assert receive.attributes["tokenrelay.stream_id"] == new.stream_id
     worker_parent = parse_traceparent(req.traceparent)  # the request entry's field
     assert worker_parent is not None and int(worker_parent.span_id, 16) == enqueue.context.span_id
-    meta = await slog.redis.hget(slog.keys.meta(new.stream_id), TRACE_FIELD)
+    meta = await stream_store.redis.hget(stream_store.keys.meta(new.stream_id), TRACE_FIELD)
     assert isinstance(meta, bytes) and parse_traceparent(meta.decode()) is not None
     # each attachment is one span under the stream's receive span: a tail, a resume
     exporter.clear()  # type: ignore[attr-defined]
-    sid, _ = await start_stream(slog, wlog)
-    write_tokens(wlog, sid, 1, ["a"])
-    write_done(wlog, sid, 2)
-    assert [e.seq for e in await collect(slog, sid, -1)] == [0, 1, 2]
-    assert [e.seq async for e in slog.tail(sid, 0, resumed=True)] == [1, 2]
+    sid, _ = await start_stream(stream_store, worker_store)
+    write_tokens(worker_store, sid, 1, ["a"])
+    write_done(worker_store, sid, 2)
+    assert [e.seq for e in await collect(stream_store, sid, -1)] == [0, 1, 2]
+    assert [e.seq async for e in stream_store.tail(sid, 0, resumed=True)] == [1, 2]
     spans = {s.name: s for s in exporter.get_finished_spans()}  # type: ignore[attr-defined]
     receive = spans["gateway.receive"]
     for name in ("gateway.deliver", "gateway.resume"):
@@ -89,6 +89,6 @@ async def test_the_trace_goes_with_the_request_and_resumes(
     assert spans["gateway.resume"].attributes["tokenrelay.events"] == 2
     # a malformed traceparent: a new trace at the gateway, no error
     exporter.clear()  # type: ignore[attr-defined]
-    await slog.create({"prompt": "hi", "params": {}}, "r2", traceparent="00-zz-01")
+    await stream_store.create({"prompt": "hi", "params": {}}, "r2", traceparent="00-zz-01")
     spans = {s.name: s for s in exporter.get_finished_spans()}  # type: ignore[attr-defined]
     assert spans["gateway.receive"].parent is None

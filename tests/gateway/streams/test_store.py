@@ -35,13 +35,15 @@ BODY = {"prompt": "hi", "params": {"max_tokens": 4}}
 ENTRIES: dict[str, str] = {}  # stream id -> its request entry (acknowledged with done)
 
 
-async def start_stream(slog: StreamStore, wlog: WorkerStore, ttl: float = 60.0) -> tuple[str, str]:
+async def start_stream(
+    stream_store: StreamStore, worker_store: WorkerStore, ttl: float = 60.0
+) -> tuple[str, str]:
     """A stream taken by the worker (accepted marker written); returns (id, token)."""
-    new = await slog.create(BODY, "r1")
-    reqs = wlog.read_requests(10, None)
+    new = await stream_store.create(BODY, "r1")
+    reqs = worker_store.read_requests(10, None)
     assert [r.stream_id for r in reqs] == [new.stream_id]
     ENTRIES[new.stream_id] = reqs[0].entry_id
-    res = wlog.flush(
+    res = worker_store.flush(
         [
             Batch(
                 new.stream_id,
@@ -57,85 +59,89 @@ async def start_stream(slog: StreamStore, wlog: WorkerStore, ttl: float = 60.0) 
 
 
 def write_tokens(
-    wlog: WorkerStore, sid: str, first: int, texts: list[str], ttl: float = 60.0
+    worker_store: WorkerStore, sid: str, first: int, texts: list[str], ttl: float = 60.0
 ) -> None:
-    res = wlog.flush([Batch(sid, first, [token_fields(t) for t in texts], {}, ttl)])
+    res = worker_store.flush([Batch(sid, first, [token_fields(t) for t in texts], {}, ttl)])
     assert res[0].status == 1, res
 
 
-def write_done(wlog: WorkerStore, sid: str, seq: int, ttl: float = 60.0) -> None:
+def write_done(worker_store: WorkerStore, sid: str, seq: int, ttl: float = 60.0) -> None:
     done = done_fields("stop", 3, seq - 1)
-    res = wlog.flush([Batch(sid, seq, [done], {"fr": "stop"}, ttl, ENTRIES.get(sid))])
+    res = worker_store.flush([Batch(sid, seq, [done], {"fr": "stop"}, ttl, ENTRIES.get(sid))])
     assert res[0].status == 1, res
 
 
-async def collect(slog: StreamStore, sid: str, after: int) -> list[Event]:
-    return [ev async for ev in slog.tail(sid, after)]
+async def collect(stream_store: StreamStore, sid: str, after: int) -> list[Event]:
+    return [ev async for ev in stream_store.tail(sid, after)]
 
 
-async def test_lifecycle_and_offsets(slog: StreamStore, wlog: WorkerStore) -> None:
-    sid, token = await start_stream(slog, wlog)
-    info = await slog.authorize(sid, token)
+async def test_lifecycle_and_offsets(stream_store: StreamStore, worker_store: WorkerStore) -> None:
+    sid, token = await start_stream(stream_store, worker_store)
+    info = await stream_store.authorize(sid, token)
     assert info.status == "running" and info.worker == "w-test" and info.prompt_tokens == 3
-    write_tokens(wlog, sid, 1, ["Hel", "lo", " world"])
-    write_done(wlog, sid, 4)
-    events = await collect(slog, sid, -1)
+    write_tokens(worker_store, sid, 1, ["Hel", "lo", " world"])
+    write_done(worker_store, sid, 4)
+    events = await collect(stream_store, sid, -1)
     assert [e.seq for e in events] == [0, 1, 2, 3, 4]
     assert events[0].kind == "accepted" and events[0].prompt_tokens == 3
     assert "".join(e.text for e in events if e.kind == "token") == "Hello world"
     assert events[-1].kind == "done" and events[-1].finish_reason == "stop"
-    assert [e.seq for e in await collect(slog, sid, 2)] == [3, 4]
-    assert [e.seq for e in await collect(slog, sid, 3)] == [4]
-    final = await slog.info(sid)
+    assert [e.seq for e in await collect(stream_store, sid, 2)] == [3, 4]
+    assert [e.seq for e in await collect(stream_store, sid, 3)] == [4]
+    final = await stream_store.info(sid)
     assert final is not None and final.status == "done" and final.last_seq == 4
     assert final.finish_reason == "stop"
     # the finished request left the request stream
-    assert await slog.redis.xlen(slog.keys.requests) == 0
-    assert 0 < await slog.redis.ttl(slog.keys.stream(sid)) <= 60
+    assert await stream_store.redis.xlen(stream_store.keys.requests) == 0
+    assert 0 < await stream_store.redis.ttl(stream_store.keys.stream(sid)) <= 60
 
 
-async def test_tokens_are_checked_and_stored_hashed(slog: StreamStore, wlog: WorkerStore) -> None:
-    sid, token = await start_stream(slog, wlog)
+async def test_tokens_are_checked_and_stored_hashed(
+    stream_store: StreamStore, worker_store: WorkerStore
+) -> None:
+    sid, token = await start_stream(stream_store, worker_store)
     with pytest.raises(StreamForbidden):
-        await slog.authorize(sid, token + "x")
+        await stream_store.authorize(sid, token + "x")
     with pytest.raises(StreamForbidden):
-        await slog.authorize(sid, "")
-    raw = await slog.redis.hgetall(slog.keys.meta(sid))
+        await stream_store.authorize(sid, "")
+    raw = await stream_store.redis.hgetall(stream_store.keys.meta(sid))
     assert token.encode() not in b"".join(bytes(v) for v in raw.values())  # type: ignore[arg-type]
     with pytest.raises(StreamNotFound):
-        await slog.authorize(new_stream_id(), token)
+        await stream_store.authorize(new_stream_id(), token)
 
 
-async def test_after_beyond_the_end_is_refused(slog: StreamStore, wlog: WorkerStore) -> None:
-    sid, _ = await start_stream(slog, wlog)
-    write_tokens(wlog, sid, 1, ["a", "b"])
-    await slog.check_after(sid, 2)
+async def test_after_beyond_the_end_is_refused(
+    stream_store: StreamStore, worker_store: WorkerStore
+) -> None:
+    sid, _ = await start_stream(stream_store, worker_store)
+    write_tokens(worker_store, sid, 1, ["a", "b"])
+    await stream_store.check_after(sid, 2)
     with pytest.raises(BadOffset):
-        await slog.check_after(sid, 3)
+        await stream_store.check_after(sid, 3)
 
 
 async def test_writes_are_gapless_and_never_duplicated(
-    slog: StreamStore, wlog: WorkerStore
+    stream_store: StreamStore, worker_store: WorkerStore
 ) -> None:
-    sid, _ = await start_stream(slog, wlog)
-    write_tokens(wlog, sid, 1, ["a"])
-    again = wlog.flush([Batch(sid, 1, [token_fields("a")])])[0]
+    sid, _ = await start_stream(stream_store, worker_store)
+    write_tokens(worker_store, sid, 1, ["a"])
+    again = worker_store.flush([Batch(sid, 1, [token_fields("a")])])[0]
     assert again.status == 0 and again.last_seq == 1 and again.top is not None
     assert again.top.text == "a"
-    gap = wlog.flush([Batch(sid, 5, [token_fields("e")])])[0]
+    gap = worker_store.flush([Batch(sid, 5, [token_fields("e")])])[0]
     assert gap.status == 0 and gap.last_seq == 1
-    write_done(wlog, sid, 2)
-    late = wlog.flush([Batch(sid, 3, [token_fields("late")])])[0]
+    write_done(worker_store, sid, 2)
+    late = worker_store.flush([Batch(sid, 3, [token_fields("late")])])[0]
     assert late.status == -2
-    unknown = wlog.flush([Batch(new_stream_id(), 0, [token_fields("x")])])[0]
+    unknown = worker_store.flush([Batch(new_stream_id(), 0, [token_fields("x")])])[0]
     assert unknown.status == -1
 
 
 async def test_replay_then_tail_has_no_gap_and_no_duplicate(
-    slog: StreamStore, wlog: WorkerStore
+    stream_store: StreamStore, worker_store: WorkerStore
 ) -> None:
     """Readers join at random offsets and times while a writer appends in batches."""
-    sid, _ = await start_stream(slog, wlog)
+    sid, _ = await start_stream(stream_store, worker_store)
     total = 600
     rng = random.Random(7)
 
@@ -143,14 +149,14 @@ async def test_replay_then_tail_has_no_gap_and_no_duplicate(
         seq = 1
         while seq < total:
             n = min(rng.randint(1, 9), total - seq)
-            write_tokens(wlog, sid, seq, [f"<{s}>" for s in range(seq, seq + n)])
+            write_tokens(worker_store, sid, seq, [f"<{s}>" for s in range(seq, seq + n)])
             seq += n
             time.sleep(rng.random() * 0.004)
-        write_done(wlog, sid, total)
+        write_done(worker_store, sid, total)
 
     async def reader(after: int, delay: float) -> None:
         await asyncio.sleep(delay)
-        events = await collect(slog, sid, after)
+        events = await collect(stream_store, sid, after)
         assert [e.seq for e in events] == list(range(after + 1, total + 1))
         assert all(e.text == f"<{e.seq}>" for e in events if e.kind == "token")
 
@@ -164,120 +170,132 @@ async def test_replay_then_tail_has_no_gap_and_no_duplicate(
         thread.join()
 
 
-async def test_resume_racing_the_end_of_the_stream(slog: StreamStore, wlog: WorkerStore) -> None:
+async def test_resume_racing_the_end_of_the_stream(
+    stream_store: StreamStore, worker_store: WorkerStore
+) -> None:
     for _ in range(20):
-        sid, _ = await start_stream(slog, wlog)
-        write_tokens(wlog, sid, 1, ["x", "y"])
-        finisher = asyncio.get_running_loop().run_in_executor(None, write_done, wlog, sid, 3)
-        events = await asyncio.wait_for(collect(slog, sid, 2), 5)
+        sid, _ = await start_stream(stream_store, worker_store)
+        write_tokens(worker_store, sid, 1, ["x", "y"])
+        finisher = asyncio.get_running_loop().run_in_executor(
+            None, write_done, worker_store, sid, 3
+        )
+        events = await asyncio.wait_for(collect(stream_store, sid, 2), 5)
         await finisher
         assert [e.seq for e in events] == [3] and events[0].kind == "done"
 
 
 async def test_unknown_and_expired_streams(
-    redis_server: EmbeddedRedis, prefix: str, wlog: WorkerStore
+    redis_server: EmbeddedRedis, prefix: str, worker_store: WorkerStore
 ) -> None:
-    slog = StreamStore(redis_server.url, prefix=prefix, stream_ttl=1)
-    await slog.start()
+    stream_store = StreamStore(redis_server.url, prefix=prefix, stream_ttl=1)
+    await stream_store.start()
     try:
-        assert await slog.info(new_stream_id()) is None
-        sid, token = await start_stream(slog, wlog, ttl=1)
-        write_done(wlog, sid, 1, ttl=1)
-        assert [e.kind for e in await collect(slog, sid, 0)] == ["done"]
+        assert await stream_store.info(new_stream_id()) is None
+        sid, token = await start_stream(stream_store, worker_store, ttl=1)
+        write_done(worker_store, sid, 1, ttl=1)
+        assert [e.kind for e in await collect(stream_store, sid, 0)] == ["done"]
         await asyncio.sleep(2.2)
         with pytest.raises(StreamNotFound):
-            await slog.authorize(sid, token)
+            await stream_store.authorize(sid, token)
         # a tail that was waiting when the stream expired ends with not_found, not a hang
-        sid2, _ = await start_stream(slog, wlog)
-        tail = asyncio.create_task(collect(slog, sid2, 0))
+        sid2, _ = await start_stream(stream_store, worker_store)
+        tail = asyncio.create_task(collect(stream_store, sid2, 0))
         await asyncio.sleep(0.2)
-        await slog.redis.delete(slog.keys.meta(sid2), slog.keys.stream(sid2))
+        await stream_store.redis.delete(
+            stream_store.keys.meta(sid2), stream_store.keys.stream(sid2)
+        )
         with pytest.raises(StreamNotFound):
             await asyncio.wait_for(tail, 5)
     finally:
-        await slog.close()
+        await stream_store.close()
 
 
-async def test_trimmed_events_are_reported(slog: StreamStore, wlog: WorkerStore) -> None:
-    sid, _ = await start_stream(slog, wlog)
-    write_tokens(wlog, sid, 1, ["a", "b", "c"])
-    await slog.redis.xdel(slog.keys.stream(sid), entry_id(1), entry_id(2))
+async def test_trimmed_events_are_reported(
+    stream_store: StreamStore, worker_store: WorkerStore
+) -> None:
+    sid, _ = await start_stream(stream_store, worker_store)
+    write_tokens(worker_store, sid, 1, ["a", "b", "c"])
+    await stream_store.redis.xdel(stream_store.keys.stream(sid), entry_id(1), entry_id(2))
     with pytest.raises(EventsTrimmed):
-        await collect(slog, sid, 0)
+        await collect(stream_store, sid, 0)
 
 
-async def test_cancel(slog: StreamStore, wlog: WorkerStore) -> None:
-    wlog.read_control()  # position the cursor
-    sid, _ = await start_stream(slog, wlog)
-    outcome = await slog.request_cancel(sid)
+async def test_cancel(stream_store: StreamStore, worker_store: WorkerStore) -> None:
+    worker_store.read_control()  # position the cursor
+    sid, _ = await start_stream(stream_store, worker_store)
+    outcome = await stream_store.request_cancel(sid)
     assert not outcome.already_finished
     assert outcome.info.cancel_requested and outcome.info.status == "running"
-    assert wlog.read_control() == [sid]
-    assert wlog.poll([sid])[sid] == (1, True)
-    await slog.cancel(sid)  # idempotent
-    write_done(wlog, sid, 1)
-    after = await slog.request_cancel(sid)
+    assert worker_store.read_control() == [sid]
+    assert worker_store.poll([sid])[sid] == (1, True)
+    await stream_store.cancel(sid)  # idempotent
+    write_done(worker_store, sid, 1)
+    after = await stream_store.request_cancel(sid)
     assert after.already_finished and after.info.finish_reason == "stop"
     # a stream no worker has taken yet is ended by the gateway at once
-    queued = await slog.create(BODY, "r2")
-    ended = await slog.cancel(queued.stream_id)
+    queued = await stream_store.create(BODY, "r2")
+    ended = await stream_store.cancel(queued.stream_id)
     assert ended.status == "done" and ended.finish_reason == "cancelled"
-    events = await collect(slog, queued.stream_id, -1)
+    events = await collect(stream_store, queued.stream_id, -1)
     assert [(e.seq, e.kind) for e in events] == [(0, "rejected"), (1, "done")]
     assert events[1].finish_reason == "cancelled"
     with pytest.raises(StreamNotFound):
-        await slog.cancel(new_stream_id())
+        await stream_store.cancel(new_stream_id())
 
 
 async def test_read_new_brings_the_cancel_notices_along(
-    slog: StreamStore, wlog: WorkerStore, monkeypatch: pytest.MonkeyPatch
+    stream_store: StreamStore, worker_store: WorkerStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A busy worker's read: requests and cancel notices in one round trip."""
-    assert wlog.read_new(10) == []  # the first read positions the control cursor
-    assert wlog.read_control() == []
-    sid, _ = await start_stream(slog, wlog)
-    await slog.request_cancel(sid)
-    queued = await slog.create(BODY, "r2")
-    reqs = wlog.read_new(10)
+    assert worker_store.read_new(10) == []  # the first read positions the control cursor
+    assert worker_store.read_control() == []
+    sid, _ = await start_stream(stream_store, worker_store)
+    await stream_store.request_cancel(sid)
+    queued = await stream_store.create(BODY, "r2")
+    reqs = worker_store.read_new(10)
     assert [(r.stream_id, r.request_id) for r in reqs] == [(queued.stream_id, "r2")]
     assert reqs[0].body == BODY and reqs[0].meta is not None
-    await slog.request_cancel(queued.stream_id)
-    assert wlog.read_new(10) == []  # notices add up until read_control() takes them
+    await stream_store.request_cancel(queued.stream_id)
+    assert worker_store.read_new(10) == []  # notices add up until read_control() takes them
     with monkeypatch.context() as m:  # they are here already: no command
-        m.setattr(wlog, "_control_read", None)
-        assert wlog.read_control() == [sid, queued.stream_id]
-    assert wlog.read_control() == []
+        m.setattr(worker_store, "_control_read", None)
+        assert worker_store.read_control() == [sid, queued.stream_id]
+    assert worker_store.read_control() == []
     # a control read that fails in the pipeline is read again by read_control()
-    wlog.redis.set(wlog.keys.control, "not a stream")
-    other = await slog.create(BODY, "r3")
-    assert [r.stream_id for r in wlog.read_new(10)] == [other.stream_id]
+    worker_store.redis.set(worker_store.keys.control, "not a stream")
+    other = await stream_store.create(BODY, "r3")
+    assert [r.stream_id for r in worker_store.read_new(10)] == [other.stream_id]
     with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
-        wlog.read_control()
+        worker_store.read_control()
 
 
-async def test_attachments(slog: StreamStore, wlog: WorkerStore) -> None:
-    sid, _ = await start_stream(slog, wlog)
-    assert wlog.poll([sid])[sid][0] == 1  # the creating client is attached
-    extra = await slog.attach(sid)
-    assert wlog.poll([sid])[sid][0] == 2
-    await slog.detach(sid, extra)
-    for attach_id in [a for a, s in slog.attachments.tracked.items() if s == sid]:
-        await slog.detach(sid, attach_id)
-    assert wlog.poll([sid])[sid][0] == 0
+async def test_attachments(stream_store: StreamStore, worker_store: WorkerStore) -> None:
+    sid, _ = await start_stream(stream_store, worker_store)
+    assert worker_store.poll([sid])[sid][0] == 1  # the creating client is attached
+    extra = await stream_store.attach(sid)
+    assert worker_store.poll([sid])[sid][0] == 2
+    await stream_store.detach(sid, extra)
+    for attach_id in [a for a, s in stream_store.attachments.tracked.items() if s == sid]:
+        await stream_store.detach(sid, attach_id)
+    assert worker_store.poll([sid])[sid][0] == 0
 
 
 async def test_a_burst_of_detaches_is_a_few_script_calls(
-    slog: StreamStore, wlog: WorkerStore
+    stream_store: StreamStore, worker_store: WorkerStore
 ) -> None:
-    sids = [(await start_stream(slog, wlog))[0] for _ in range(6)]
-    write_done(wlog, sids[0], 1)  # leaving a finished stream is no disconnect
-    extra = {sid: [await slog.attach(sid) for _ in range(50)] for sid in sids}  # 300 in all
-    calls, before = slog.attachments.detach_calls, slog.disconnects
-    await asyncio.gather(*(slog.detach(sid, aid) for sid, ids in extra.items() for aid in ids))
-    assert slog.attachments.detach_calls - calls <= 2  # 300 detaches, chunks of 250
-    assert slog.disconnects - before == 250  # the five unfinished streams, 50 each
-    assert [wlog.poll([sid])[sid][0] for sid in sids] == [1] * 6  # the creators stay attached
-    metas = [await slog.redis.hgetall(slog.keys.meta(sid)) for sid in sids]
+    sids = [(await start_stream(stream_store, worker_store))[0] for _ in range(6)]
+    write_done(worker_store, sids[0], 1)  # leaving a finished stream is no disconnect
+    extra = {sid: [await stream_store.attach(sid) for _ in range(50)] for sid in sids}  # 300 in all
+    calls, before = stream_store.attachments.detach_calls, stream_store.disconnects
+    await asyncio.gather(
+        *(stream_store.detach(sid, aid) for sid, ids in extra.items() for aid in ids)
+    )
+    assert stream_store.attachments.detach_calls - calls <= 2  # 300 detaches, chunks of 250
+    assert stream_store.disconnects - before == 250  # the five unfinished streams, 50 each
+    assert [worker_store.poll([sid])[sid][0] for sid in sids] == [
+        1
+    ] * 6  # the creators stay attached
+    metas = [await stream_store.redis.hgetall(stream_store.keys.meta(sid)) for sid in sids]
     assert [int(m.get(b"dc", 0)) for m in metas] == [0] + [50] * 5
 
 
@@ -292,23 +310,29 @@ async def test_detaches_without_redis_answer_false_and_never_hang(tmp_path: Path
         await down.redis.aclose()
 
 
-async def test_gateway_finish_races_the_worker(slog: StreamStore, wlog: WorkerStore) -> None:
-    sid, _ = await start_stream(slog, wlog)
-    write_tokens(wlog, sid, 1, ["a"])
-    assert await slog.finish(sid, "error", "worker died")
-    late = wlog.flush([Batch(sid, 2, [token_fields("b")])])[0]
+async def test_gateway_finish_races_the_worker(
+    stream_store: StreamStore, worker_store: WorkerStore
+) -> None:
+    sid, _ = await start_stream(stream_store, worker_store)
+    write_tokens(worker_store, sid, 1, ["a"])
+    assert await stream_store.finish(sid, "error", "worker died")
+    late = worker_store.flush([Batch(sid, 2, [token_fields("b")])])[0]
     assert late.status == -2 and late.top is not None and late.top.kind == "done"
-    assert not await slog.finish(sid, "error", "again")
-    events = await collect(slog, sid, 0)
+    assert not await stream_store.finish(sid, "error", "again")
+    events = await collect(stream_store, sid, 0)
     assert [(e.seq, e.kind) for e in events] == [(1, "token"), (2, "done")]
     assert events[-1].message == "worker died" and events[-1].completion_tokens == 1
 
 
-async def test_dead_worker_ends_tailed_stream(slog: StreamStore, wlog: WorkerStore) -> None:
-    sid, _ = await start_stream(slog, wlog)
-    write_tokens(wlog, sid, 1, ["a"])
-    tail = asyncio.create_task(collect(slog, sid, 0))
-    await slog.redis.delete(slog.keys.worker("w-test"))  # heartbeat gone, as after SIGKILL
+async def test_dead_worker_ends_tailed_stream(
+    stream_store: StreamStore, worker_store: WorkerStore
+) -> None:
+    sid, _ = await start_stream(stream_store, worker_store)
+    write_tokens(worker_store, sid, 1, ["a"])
+    tail = asyncio.create_task(collect(stream_store, sid, 0))
+    await stream_store.redis.delete(
+        stream_store.keys.worker("w-test")
+    )  # heartbeat gone, as after SIGKILL
     start = time.monotonic()
     events = await asyncio.wait_for(tail, 10)
     assert time.monotonic() - start < 6
@@ -317,19 +341,19 @@ async def test_dead_worker_ends_tailed_stream(slog: StreamStore, wlog: WorkerSto
 
 
 async def test_slow_subscriber_is_bounded_and_does_not_stall_others(
-    slog: StreamStore, wlog: WorkerStore
+    stream_store: StreamStore, worker_store: WorkerStore
 ) -> None:
-    slow_sid, _ = await start_stream(slog, wlog)
-    fast_sid, _ = await start_stream(slog, wlog)
-    slow = slog.tailer.subscribe(slow_sid, 0)
+    slow_sid, _ = await start_stream(stream_store, worker_store)
+    fast_sid, _ = await start_stream(stream_store, worker_store)
+    slow = stream_store.tailer.subscribe(slow_sid, 0)
     try:
-        write_tokens(wlog, slow_sid, 1, ["s"] * 1500)
+        write_tokens(worker_store, slow_sid, 1, ["s"] * 1500)
         await asyncio.sleep(0.3)
         assert len(slow.buffer) <= BUFFER_LIMIT
-        fast = asyncio.create_task(collect(slog, fast_sid, 0))
+        fast = asyncio.create_task(collect(stream_store, fast_sid, 0))
         await asyncio.sleep(0.05)
-        write_tokens(wlog, fast_sid, 1, ["f"] * 10)
-        write_done(wlog, fast_sid, 11)
+        write_tokens(worker_store, fast_sid, 1, ["f"] * 10)
+        write_done(worker_store, fast_sid, 11)
         events = await asyncio.wait_for(fast, 2)
         assert len(events) == 11
         got: list[int] = []
@@ -338,20 +362,20 @@ async def test_slow_subscriber_is_bounded_and_does_not_stall_others(
             assert len(slow.buffer) <= BUFFER_LIMIT
         assert got == list(range(1, 1501))
     finally:
-        slog.tailer.unsubscribe(slow)
+        stream_store.tailer.unsubscribe(slow)
 
 
 async def test_subscribers_joining_behind_a_live_reader_see_no_gap(
-    slog: StreamStore, wlog: WorkerStore
+    stream_store: StreamStore, worker_store: WorkerStore
 ) -> None:
     """A reply read for a reader further ahead must not reach one that joined behind it."""
-    sid, _ = await start_stream(slog, wlog)
+    sid, _ = await start_stream(stream_store, worker_store)
     total = 3000
-    lead = slog.tailer.subscribe(sid, 0)
+    lead = stream_store.tailer.subscribe(sid, 0)
 
     def writer() -> None:
         for first in range(1, total + 1, 3):
-            write_tokens(wlog, sid, first, ["x"] * min(3, total + 1 - first))
+            write_tokens(worker_store, sid, first, ["x"] * min(3, total + 1 - first))
             time.sleep(0.0005)
 
     async def follow(sub: Subscription, after: int) -> None:
@@ -360,7 +384,7 @@ async def test_subscribers_joining_behind_a_live_reader_see_no_gap(
             while not got or got[-1] < total:
                 got += [e.seq for e in await asyncio.wait_for(sub.get(), 5)]
         finally:
-            slog.tailer.unsubscribe(sub)
+            stream_store.tailer.unsubscribe(sub)
         assert got == list(range(after + 1, total + 1))
 
     async def join_late() -> None:
@@ -368,7 +392,9 @@ async def test_subscribers_joining_behind_a_live_reader_see_no_gap(
         for _ in range(60):
             await asyncio.sleep(rng.random() * 0.02)
             behind = max(0, lead.last_seq - rng.randint(1, 40))
-            joined.append(asyncio.create_task(follow(slog.tailer.subscribe(sid, behind), behind)))
+            joined.append(
+                asyncio.create_task(follow(stream_store.tailer.subscribe(sid, behind), behind))
+            )
 
     joined: list[asyncio.Task[None]] = []
     thread = threading.Thread(target=writer)
@@ -382,14 +408,14 @@ async def test_subscribers_joining_behind_a_live_reader_see_no_gap(
 
 async def test_redis_outage_and_recovery(tmp_path, prefix: str) -> None:  # type: ignore[no-untyped-def]
     server = EmbeddedRedis(tmp_path / "r").start()
-    slog = StreamStore(server.url, prefix=prefix)
-    await slog.start()
-    wlog = WorkerStore(server.url, "w-test", prefix=prefix)
+    stream_store = StreamStore(server.url, prefix=prefix)
+    await stream_store.start()
+    worker_store = WorkerStore(server.url, "w-test", prefix=prefix)
     try:
-        wlog.ensure_group()
-        wlog.heartbeat(WorkerStats())
-        sid, _ = await start_stream(slog, wlog)
-        tail = asyncio.create_task(collect(slog, sid, 0))
+        worker_store.ensure_group()
+        worker_store.heartbeat(WorkerStats())
+        sid, _ = await start_stream(stream_store, worker_store)
+        tail = asyncio.create_task(collect(stream_store, sid, 0))
         await asyncio.sleep(0.2)
         server.stop()
         from tokenrelay.gateway.streams.errors import RedisUnavailable
@@ -397,30 +423,30 @@ async def test_redis_outage_and_recovery(tmp_path, prefix: str) -> None:  # type
         with pytest.raises(RedisUnavailable):
             await asyncio.wait_for(tail, 5)
         with pytest.raises(RedisUnavailable):
-            await slog.info(sid)
-        assert not await slog.ping()
+            await stream_store.info(sid)
+        assert not await stream_store.ping()
         server.start()
-        assert await slog.ping()
-        wlog.heartbeat(WorkerStats())
-        write_tokens(wlog, sid, 1, ["back"])  # the AOF kept the stream
-        write_done(wlog, sid, 2)
-        events = await asyncio.wait_for(collect(slog, sid, 0), 5)
+        assert await stream_store.ping()
+        worker_store.heartbeat(WorkerStats())
+        write_tokens(worker_store, sid, 1, ["back"])  # the AOF kept the stream
+        write_done(worker_store, sid, 2)
+        events = await asyncio.wait_for(collect(stream_store, sid, 0), 5)
         assert [e.seq for e in events] == [1, 2]
     finally:
-        wlog.close()
-        await slog.close()
+        worker_store.close()
+        await stream_store.close()
         server.cleanup()
 
 
 async def test_requests_of_a_dead_worker_are_claimed(
-    redis_server: EmbeddedRedis, prefix: str, slog: StreamStore, wlog: WorkerStore
+    redis_server: EmbeddedRedis, prefix: str, stream_store: StreamStore, worker_store: WorkerStore
 ) -> None:
     """A queued request read by a worker that died goes to another; a running one is ended."""
-    queued = await slog.create(BODY, "q")
-    running = await slog.create(BODY, "r")
-    taken = wlog.read_requests(10, None)  # worker "w-test" takes both, then dies
+    queued = await stream_store.create(BODY, "q")
+    running = await stream_store.create(BODY, "r")
+    taken = worker_store.read_requests(10, None)  # worker "w-test" takes both, then dies
     assert len(taken) == 2
-    wlog.flush(
+    worker_store.flush(
         [
             Batch(
                 running.stream_id,
@@ -434,7 +460,7 @@ async def test_requests_of_a_dead_worker_are_claimed(
     try:
         heir.heartbeat(WorkerStats())
         assert heir.claim_dead() == []  # w-test is alive
-        await slog.redis.delete(slog.keys.worker("w-test"))
+        await stream_store.redis.delete(stream_store.keys.worker("w-test"))
         assert heir.claim_dead() == []  # not idle long enough yet
         await asyncio.sleep(WORKER_DEAD_GRACE + 0.2)
         claimed = {r.stream_id: r for r in heir.claim_dead()}
@@ -442,29 +468,29 @@ async def test_requests_of_a_dead_worker_are_claimed(
         meta = claimed[queued.stream_id].meta
         assert meta is not None and meta["st"] == "queued"
         assert claimed[running.stream_id].body == BODY
-        assert await slog.redis.sismember(slog.keys.workers, "w-test") == 0
+        assert await stream_store.redis.sismember(stream_store.keys.workers, "w-test") == 0
         # what a worker does with a claimed stream that was already running
         assert heir.finish_foreign(running.stream_id, "error", "engine worker w-test died")
         assert not heir.finish_foreign(running.stream_id, "error", "twice")
-        events = await collect(slog, running.stream_id, 0)
+        events = await collect(stream_store, running.stream_id, 0)
         assert [(e.seq, e.kind, e.finish_reason) for e in events] == [(1, "done", "error")]
-        pending = await slog.redis.xpending(slog.keys.requests, GROUP)
+        pending = await stream_store.redis.xpending(stream_store.keys.requests, GROUP)
         assert pending["pending"] == 2 and pending["consumers"][0]["name"] == b"w-heir"
     finally:
         heir.close()
 
 
 async def test_each_request_goes_to_exactly_one_worker(
-    redis_server: EmbeddedRedis, prefix: str, slog: StreamStore, wlog: WorkerStore
+    redis_server: EmbeddedRedis, prefix: str, stream_store: StreamStore, worker_store: WorkerStore
 ) -> None:
     other = WorkerStore(redis_server.url, "w-other", prefix=prefix)
     try:
-        created = {(await slog.create(BODY, f"r{i}")).stream_id for i in range(30)}
+        created = {(await stream_store.create(BODY, f"r{i}")).stream_id for i in range(30)}
         seen: list[str] = []
         loop = asyncio.get_running_loop()
         while len(seen) < 30:
             a, b = await asyncio.gather(
-                loop.run_in_executor(None, wlog.read_requests, 4, 50),
+                loop.run_in_executor(None, worker_store.read_requests, 4, 50),
                 loop.run_in_executor(None, other.read_requests, 4, 50),
             )
             assert a or b
@@ -481,30 +507,33 @@ async def test_script_pipelines_are_one_round_trip_and_survive_a_flushed_cache(
     own (redis-py adds a ``SCRIPT EXISTS`` round trip to pipelines holding registered
     scripts), and still work when Redis lost its script cache (as after a restart)."""
     own = EmbeddedRedis(tmp_path / "redis").start()
-    slog = StreamStore(own.url, prefix=prefix, stream_ttl=60, detach_timeout=30)
-    wlog = WorkerStore(own.url, "w-test", prefix=prefix)
+    stream_store = StreamStore(own.url, prefix=prefix, stream_ttl=60, detach_timeout=30)
+    worker_store = WorkerStore(own.url, "w-test", prefix=prefix)
     try:
-        wlog.ensure_group()
-        wlog.heartbeat(WorkerStats())
-        await slog.start()
+        worker_store.ensure_group()
+        worker_store.heartbeat(WorkerStats())
+        await stream_store.start()
         admin = own.client()
         for flushed in (False, True):
             if flushed:
                 admin.script_flush()
             admin.config_resetstat()
-            sid, _ = await start_stream(slog, wlog)
-            write_tokens(wlog, sid, 1, ["a", "b"])
-            assert wlog.poll([sid]) == {sid: (1, False)}
+            sid, _ = await start_stream(stream_store, worker_store)
+            write_tokens(worker_store, sid, 1, ["a", "b"])
+            assert worker_store.poll([sid]) == {sid: (1, False)}
             stats = admin.info("commandstats")
             assert "cmdstat_script" not in stats, stats
             assert "cmdstat_evalsha" not in stats, stats
             assert stats["cmdstat_eval"]["calls"] == 4  # attach, accepted, tokens, poll
             assert stats["cmdstat_eval"]["failed_calls"] == 0
-            write_done(wlog, sid, 3)
-            assert [e.text for e in await collect(slog, sid, 0) if e.kind == "token"] == ["a", "b"]
+            write_done(worker_store, sid, 3)
+            assert [e.text for e in await collect(stream_store, sid, 0) if e.kind == "token"] == [
+                "a",
+                "b",
+            ]
     finally:
-        await slog.close()
-        wlog.close()
+        await stream_store.close()
+        worker_store.close()
         own.stop()
 
 
@@ -525,38 +554,38 @@ AWKWARD_TEXTS = [
 
 
 async def test_any_text_and_metadata_round_trip_through_the_append(
-    redis_server: EmbeddedRedis, slog: StreamStore, wlog: WorkerStore
+    redis_server: EmbeddedRedis, stream_store: StreamStore, worker_store: WorkerStore
 ) -> None:
     """An append's events and metadata reach the log, the metadata hash and the published
     message exactly as given, whatever their characters (APPEND_LUA takes them as one
     JSON argument that cjson decodes)."""
-    sid, _ = await start_stream(slog, wlog)
-    other, _ = await start_stream(slog, wlog)
+    sid, _ = await start_stream(stream_store, worker_store)
+    other, _ = await start_stream(stream_store, worker_store)
     pubsub = redis_server.client().pubsub()
-    pubsub.subscribe(slog.keys.events)
+    pubsub.subscribe(stream_store.keys.events)
     assert pubsub.get_message(timeout=5)["type"] == "subscribe"  # type: ignore[index]
     meta = {"x-é": "🙂", "empty": "", "q": '"\\'}
-    res = wlog.flush(
+    res = worker_store.flush(
         [
             Batch(sid, 1, [token_fields(t) for t in AWKWARD_TEXTS], meta),
             Batch(other, 1, [], {"only": "meta"}),  # metadata alone: written, nothing published
         ]
     )
     assert [(r.status, r.last_seq) for r in res] == [(1, len(AWKWARD_TEXTS)), (1, 0)]
-    stored = await slog.redis.hgetall(slog.keys.meta(sid))
+    stored = await stream_store.redis.hgetall(stream_store.keys.meta(sid))
     for k, v in meta.items():
         assert stored[k.encode()].decode() == v
-    assert (await slog.redis.hget(slog.keys.meta(other), "only")) == b"meta"
+    assert (await stream_store.redis.hget(stream_store.keys.meta(other), "only")) == b"meta"
     msg = pubsub.get_message(timeout=5)
     assert msg is not None and msg["type"] == "message"
     _, published = decode_published(msg["data"])
     assert [(s, first) for s, first, _ in published] == [(sid, 1)]
     assert [e.text for e in published[0][2]] == AWKWARD_TEXTS
     pubsub.close()
-    write_done(wlog, sid, len(AWKWARD_TEXTS) + 1, ttl=77)  # ends it, with its TTL
-    tokens = [e for e in await collect(slog, sid, 0) if e.kind == "token"]
+    write_done(worker_store, sid, len(AWKWARD_TEXTS) + 1, ttl=77)  # ends it, with its TTL
+    tokens = [e for e in await collect(stream_store, sid, 0) if e.kind == "token"]
     assert [e.text for e in tokens] == AWKWARD_TEXTS
     assert [e.seq for e in tokens] == list(range(1, len(AWKWARD_TEXTS) + 1))
-    info = await slog.info(sid)
+    info = await stream_store.info(sid)
     assert info is not None and info.status == "done" and info.finish_reason == "stop"
-    assert 0 < await slog.redis.ttl(slog.keys.stream(sid)) <= 77
+    assert 0 < await stream_store.redis.ttl(stream_store.keys.stream(sid)) <= 77

@@ -34,13 +34,13 @@ def idle_gateway(
 ) -> Iterator[str]:
     """A gateway whose only worker heartbeats and never starts a request."""
     logs: Path = tmp_path_factory.mktemp("gone-logs")
-    wlog = WorkerStore(redis_server.url, "gone-worker", prefix=PREFIX)
-    wlog.ensure_group()
+    worker_store = WorkerStore(redis_server.url, "gone-worker", prefix=PREFIX)
+    worker_store.ensure_group()
     stop = threading.Event()
 
     def beat() -> None:
         while not stop.is_set():
-            wlog.heartbeat(WorkerStats())
+            worker_store.heartbeat(WorkerStats())
             stop.wait(0.5)
 
     beater = threading.Thread(target=beat, daemon=True)
@@ -53,7 +53,7 @@ def idle_gateway(
         gw.stop()
         stop.set()
         beater.join()
-        wlog.close()
+        worker_store.close()
 
 
 def gauges(addr: str) -> dict[str, float]:

@@ -29,7 +29,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from tests.gateway.conftest import Stack
 from tests.gateway.procs import Proc, start_gateway, wait_ready
-from tokenrelay.gateway.ws.protocol import ERROR_CODES
+from tokenrelay.gateway.session.protocol import ERROR_CODES
 
 WS_CASES = int(os.environ.get("TOKENRELAY_FUZZ_WS", "7500"))  # frames
 HTTP_CASES = int(os.environ.get("TOKENRELAY_FUZZ_HTTP", "3000"))  # requests

@@ -19,16 +19,16 @@ async def test_hello_and_notices_carry_readiness(
     bare_gateway: tuple[str, WorkerStore],  # noqa: F811  (the imported fixture)
 ) -> None:
     """A socket told "not ready" hears when a worker is; one told "ready" hears nothing."""
-    addr, wlog = bare_gateway
+    addr, worker_store = bare_gateway
     c = await Client.open(addr)
     try:
         assert c.hello["worker_ready"] is False
-        wlog.heartbeat(WorkerStats())
+        worker_store.heartbeat(WorkerStats())
         notice = await c.recv(10)
         assert notice["type"] == "notice" and notice["code"] == "worker_ready", notice
         late = await Client.open(addr)
         assert late.hello["worker_ready"] is True
-        wlog.unregister()  # workers coming and going: no notice interleaves with streams
+        worker_store.unregister()  # workers coming and going: no notice interleaves with streams
         await asyncio.sleep(4)  # past the heartbeat's expiry and a few readiness checks
         for client in (c, late):
             await client.send({"type": "ping"})

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from tokenrelay.gateway.session import protocol as p
 from tokenrelay.gateway.streams.store import StreamStore
-from tokenrelay.gateway.ws import protocol as p
 from tokenrelay.gateway.ws.connection import Connection
 from tokenrelay.worker.store import WorkerStore
 
@@ -33,23 +33,23 @@ class Guard:
         self.open -= 1
 
 
-def connection(slog: StreamStore, guard: Guard) -> Connection:
+def connection(stream_store: StreamStore, guard: Guard) -> Connection:
     settings = SimpleNamespace(send_queue=4, max_streams_per_connection=8)
-    gw: Any = SimpleNamespace(streams=slog, guard=guard, settings=settings)
+    gw: Any = SimpleNamespace(streams=stream_store, guard=guard, settings=settings)
     return Connection(SimpleNamespace(), gw)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("failure", [asyncio.CancelledError, RuntimeError])
 async def test_resume_failing_before_its_tail_releases_the_attachment(
-    slog: StreamStore, wlog: WorkerStore, failure: type[BaseException]
+    stream_store: StreamStore, worker_store: WorkerStore, failure: type[BaseException]
 ) -> None:
-    new = await slog.create({"prompt": "hi", "params": {}}, "r1", attach=False)
+    new = await stream_store.create({"prompt": "hi", "params": {}}, "r1", attach=False)
     guard = Guard()
-    conn = connection(slog, guard)
+    conn = connection(stream_store, guard)
 
     async def send(frame: dict[str, Any]) -> None:
         assert frame["type"] == "resumed"
-        assert len(slog.attachments.tracked) == 1  # attached by now
+        assert len(stream_store.attachments.tracked) == 1  # attached by now
         raise failure()
 
     conn.send = send  # type: ignore[method-assign]
@@ -57,5 +57,5 @@ async def test_resume_failing_before_its_tail_releases_the_attachment(
         await conn._resume(p.Resume(new.stream_id, new.resume_token, 0))
     assert not conn.tails and not conn.slot_of and not conn.attach_of
     assert guard.open == 0, "the per-key slot was kept"
-    assert not slog.attachments.tracked, "the attachment outlived the resume"
-    assert await slog.redis.zcard(slog.keys.attach(new.stream_id)) == 0
+    assert not stream_store.attachments.tracked, "the attachment outlived the resume"
+    assert await stream_store.redis.zcard(stream_store.keys.attach(new.stream_id)) == 0

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tokenrelay.gateway.ws import protocol as p
+from tokenrelay.gateway.session import protocol as p
 
 
 def generate(params: dict[str, Any], limits: p.Limits | None = None) -> p.ClientFrame:

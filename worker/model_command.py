@@ -11,7 +11,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         from tokenrelay.engine.models.store import ModelNotFoundError, list_cached, resolve_model
     except ModuleNotFoundError as exc:  # a base install: ValueError, one line, exit 2
-        from tokenrelay.worker.client import engine_missing
+        from tokenrelay.worker.engine_client import engine_missing
 
         raise engine_missing(exc) from exc
 

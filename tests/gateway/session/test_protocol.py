@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenrelay.gateway.ws import protocol as p
+from tokenrelay.gateway.session import protocol as p
 
 SID = "A" * 22
 

@@ -1,6 +1,6 @@
 """Protocol v1's streams on one client channel, whatever carries the frames.
 
-A :class:`StreamSession` answers parsed client frames (gateway/ws/protocol.py:
+A :class:`StreamSession` answers parsed client frames (gateway/session/protocol.py:
 ``generate``, ``resume``, ``cancel``, ``ping``) with server frames as dicts, and runs one
 tail task per stream (replay + live events from the Redis log). A transport supplies
 :meth:`StreamSession.send` (and, for a cheaper token frame, :meth:`StreamSession.send_token`).
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from tokenrelay.core.wire.errors import NO_SUCH_STREAM, as_code
 from tokenrelay.core.wire.vocabulary import ErrorCode, EventKind, FinishReason, StreamStatus
 from tokenrelay.gateway.access.guard import Principal, RateLimited, TooManyStreams
+from tokenrelay.gateway.session import protocol as p
 from tokenrelay.gateway.streams.errors import (
     STORE_ERRORS,
     RedisUnavailable,
@@ -28,7 +29,6 @@ from tokenrelay.gateway.streams.errors import (
     StreamNotFound,
     refusal,
 )
-from tokenrelay.gateway.ws import protocol as p
 
 if TYPE_CHECKING:
     from tokenrelay.gateway.state import Gateway
@@ -123,7 +123,7 @@ class StreamSession:
             await self.send(p.error_frame(ErrorCode.INTERNAL, "internal error"))
 
     async def handle(self, frame: p.ClientFrame) -> None:
-        """Answer one parsed frame; raises :class:`~gateway.ws.protocol.ProtocolError`."""
+        """Answer one parsed frame; raises :class:`~gateway.session.protocol.ProtocolError`."""
         if isinstance(frame, p.Ping):
             await self.send(p.pong_frame())
         elif isinstance(frame, p.Generate):

@@ -1,4 +1,4 @@
-"""gateway/streams/models.py: which model a request names, and which queue it goes to."""
+"""gateway/streams/routing.py: which model a request names, and which queue it goes to."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from tokenrelay.core.wire.keys import Keys
 from tokenrelay.core.wire.stats import WorkerStats
 from tokenrelay.gateway.streams.errors import UnknownModel
-from tokenrelay.gateway.streams.models import Route, Served
+from tokenrelay.gateway.streams.routing import Route, Served
 
 
 def worker(backend: str, *models: str) -> WorkerStats:

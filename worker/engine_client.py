@@ -90,6 +90,20 @@ class EngineClient(Protocol):
         """Numbers for the worker's published stats (core/wire/stats.py)."""
         ...
 
+    @property
+    def backend(self) -> str:
+        """What kind of engine this is in the worker's stats: ``engine`` or ``upstream``."""
+        ...
+
+    def served_models(self) -> list[str] | None:
+        """The models it serves now, when it learns them itself (a relay asks its upstream);
+        ``None``: the worker announces ``--model-name`` and that stays."""
+        ...
+
+    def close(self) -> None:
+        """Release what it holds (tensor-parallel ranks, a relay's connections); last call."""
+        ...
+
 
 class EngineRefused(Exception):
     """An engine will not run a request; ``code`` is the protocol error code clients get
