@@ -23,11 +23,11 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from tokenrelay.gateway.state import Gateway
+    from tokenrelay.gateway.streams.store import StreamStore
 
 log = logging.getLogger("tokenrelay.drain")
 
@@ -40,33 +40,52 @@ def notice_frame(code: str, message: str, **fields: Any) -> dict[str, Any]:
     return {"type": "notice", "code": code, "message": message, **fields}
 
 
-def running_streams(gw: Gateway) -> int:
+class ClientSocket(Protocol):
+    """An open client socket, as the drain and the readiness watch see it (a WebSocket)."""
+
+    waiting_for_worker: bool  # its hello said no worker was ready
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        """Queue one frame for the client."""
+        ...
+
+    def close(self, code: int, reason: str = "") -> None:
+        """Close the socket with ``code`` (its pending frames are sent first)."""
+        ...
+
+
+def running_streams(streams: StreamStore) -> int:
     """Unfinished streams a client of this gateway is attached to (WebSocket or HTTP)."""
-    return len(gw.streams.attachments.tracked)
+    return len(streams.attachments.tracked)
 
 
-async def drain(gw: Gateway, timeout: float, *, force: Callable[[], bool] = lambda: False) -> bool:
+async def drain(
+    streams: StreamStore,
+    sockets: Collection[ClientSocket],
+    timeout: float,
+    *,
+    force: Callable[[], bool] = lambda: False,
+) -> bool:
     """Stop taking requests and wait up to ``timeout`` s for attached streams to end.
 
     Returns True when every stream ended in time. ``force`` is polled: when
     it returns True (a second Ctrl+C) the wait stops at once.
     """
-    gw.shutting_down = True
-    gw.streams.accepting = False
+    streams.accepting = False
     started = time.monotonic()
-    left = running_streams(gw)
+    left = running_streams(streams)
     log.info("draining", extra={"streams": left, "drain_timeout": timeout})
     frame = notice_frame(
         "shutting_down",
         "the gateway is shutting down: running streams may finish; start new ones elsewhere",
         drain_s=math.ceil(timeout),
     )
-    sends = [_notify(conn.send(frame)) for conn in list(gw.connections)]
+    sends = [_notify(conn.send(frame)) for conn in list(sockets)]
     await asyncio.gather(*sends)
     deadline = started + max(0.0, timeout)
-    while running_streams(gw) and time.monotonic() < deadline and not force():
+    while running_streams(streams) and time.monotonic() < deadline and not force():
         await asyncio.sleep(POLL_S)
-    left = running_streams(gw)
+    left = running_streams(streams)
     extra = {"streams_left": left, "seconds": round(time.monotonic() - started, 3)}
     if left:
         log.warning("drain timeout: closing sockets with streams still running", extra=extra)

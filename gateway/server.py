@@ -79,7 +79,10 @@ class GatewayServer(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         try:
-            draining = drain(self.gw, self.gw.settings.drain_timeout, force=lambda: self.force_exit)
+            gw = self.gw
+            gw.shutting_down = True  # readyz 503 from now on
+            draining = drain(gw.streams, gw.connections, gw.settings.drain_timeout,
+                             force=lambda: self.force_exit)  # fmt: skip
             if self.grpc is None:
                 await draining
             else:  # drain() flags the gateway before its first wait; then the calls are told

@@ -11,7 +11,7 @@ import argparse
 import asyncio
 import logging
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tokenrelay.core import options
 from tokenrelay.core.runtime import version
@@ -19,14 +19,12 @@ from tokenrelay.core.tracing import GATEWAY_SERVICE, check_endpoint, start_traci
 from tokenrelay.core.wire.keys import DEFAULT_PREFIX
 from tokenrelay.gateway.access.auth import SecuritySettings
 from tokenrelay.gateway.access.guard import Guard
+from tokenrelay.gateway.drain import ClientSocket
 from tokenrelay.gateway.observe.metrics import GatewayMetrics
 from tokenrelay.gateway.observe.readiness import ReadinessWatch
 from tokenrelay.gateway.session import protocol as p
 from tokenrelay.gateway.streams.routing import ModelDirectory
 from tokenrelay.gateway.streams.store import StreamStore
-
-if TYPE_CHECKING:
-    from tokenrelay.gateway.ws.connection import Connection
 
 log = logging.getLogger("tokenrelay.app")
 
@@ -100,11 +98,12 @@ class Gateway:
             )
         self.models = ModelDirectory(self.streams, settings.model_name)  # who serves what
         self.guard = Guard(settings.security, self.streams.redis, settings.redis_prefix)
-        self.connections: set[Connection] = set()
+        self.connections: set[ClientSocket] = set()  # the open WebSockets
         self.shutting_down = False
-        self.metrics = GatewayMetrics(self)
+        self.metrics = GatewayMetrics(self.streams, self.connections, lambda: self.shutting_down)
         self.server_name = f"tokenrelay/{version()}"
-        self.readiness = ReadinessWatch(self)  # is a worker ready? (hello, notices)
+        # is a worker ready? (hello, notices); the workers bound request sizes
+        self.readiness = ReadinessWatch(self.streams, self.connections, self.follow_context)
 
     async def hello(self) -> dict[str, Any]:
         """The ``hello`` frame a new WebSocket gets (docs/protocol.md)."""

@@ -397,3 +397,32 @@ def test_the_vocabulary_checker_sees_bare_strings() -> None:
     )
     found = vocabulary_literals(ast.parse(src))
     assert sorted(line for line, _ in found) == list(range(1, 11)), found
+
+
+def _all_imports_of(module: str) -> set[str]:
+    """Like :func:`imports_of`, ``if TYPE_CHECKING:`` blocks included (type-level imports)."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            out.add(base)
+            out.update(f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in MODULES)
+    return {d for d in out if d in MODULES and d != module}
+
+
+def test_no_import_cycles_even_for_types() -> None:
+    """Parts get the collaborators they use, not the Gateway that holds them: no module the
+    Gateway is built from names it back, not even in a type annotation."""
+    graph = {m: _all_imports_of(m) for m in MODULES}
+    state = f"{NS}.gateway.state"
+    bad = sorted(m for m in graph[state] if state in graph[m])
+    assert not bad, f"gateway/state.py builds these, and they import it back: {bad}"
+    for part in _ns("gateway.observe.metrics", "gateway.observe.readiness", "gateway.drain"):
+        assert state not in graph[part], f"{part} takes the whole Gateway"

@@ -25,7 +25,7 @@ docs/operations.md lists every metric.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sized
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -44,7 +44,7 @@ from tokenrelay.gateway.streams.errors import RedisFull, RedisUnavailable
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
-    from tokenrelay.gateway.state import Gateway
+    from tokenrelay.gateway.streams.store import StreamStore
 
 log = logging.getLogger("tokenrelay.metrics")
 
@@ -61,8 +61,10 @@ class ClusterView:
 class GatewayMetrics:
     """The metrics registry of one gateway process."""
 
-    def __init__(self, gw: Gateway) -> None:
-        self.gw = gw
+    def __init__(self, streams: StreamStore, sockets: Sized, draining: Callable[[], bool]) -> None:
+        self.streams = streams
+        self.sockets = sockets  # the gateway's open WebSockets (a live set)
+        self.draining = draining
         self.registry = CollectorRegistry(auto_describe=False)
         self.errors = Counter(
             NS + "errors",
@@ -79,7 +81,7 @@ class GatewayMetrics:
 
     async def refresh(self) -> None:
         """Read the live workers' stats and the queue depth from Redis."""
-        streams = self.gw.streams
+        streams = self.streams
         view = ClusterView()
         try:
             ids = await streams.live_workers(max_age=0)
@@ -113,16 +115,16 @@ class _Collector(Collector):
         yield from self._histograms()
 
     def _gateway(self) -> Iterator[Metric]:
-        gw = self.metrics.gw
-        streams = gw.streams
+        metrics = self.metrics
+        streams = metrics.streams
         view = self.metrics.view
         gauges: dict[str, tuple[str, float]] = {
-            "websocket_connections": ("Open WebSocket connections.", len(gw.connections)),
+            "websocket_connections": ("Open WebSocket connections.", len(metrics.sockets)),
             "gateway_streams_attached": (
                 "Unfinished streams a client of this gateway is attached to.",
                 len(streams.attachments.tracked),
             ),
-            "gateway_draining": ("1 while this gateway drains for shutdown.", gw.shutting_down),
+            "gateway_draining": ("1 while this gateway drains for shutdown.", metrics.draining()),
             "live_feed_up": (
                 "1 while this gateway is subscribed to the live feed of appends.",
                 streams.tailer.feed.up,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 from tokenrelay.core.wire.stats import WorkerStats
@@ -29,7 +30,8 @@ from tokenrelay.gateway.drain import notice_frame
 from tokenrelay.gateway.streams.errors import RedisUnavailable
 
 if TYPE_CHECKING:
-    from tokenrelay.gateway.state import Gateway
+    from tokenrelay.gateway.drain import ClientSocket
+    from tokenrelay.gateway.streams.store import StreamStore
 
 log = logging.getLogger("tokenrelay.app")
 
@@ -38,13 +40,13 @@ POLL_S = 1.0
 READY = ("worker_ready", "an engine worker is ready")
 
 
-async def serving_workers(gw: Gateway, *, fresh: bool = False) -> list[WorkerStats]:
+async def serving_workers(streams: StreamStore, *, fresh: bool = False) -> list[WorkerStats]:
     """The stats of the live workers that are not draining (the list cached for a second
     unless ``fresh``)."""
-    workers = await gw.streams.live_workers(max_age=0 if fresh else 1.0)
+    workers = await streams.live_workers(max_age=0 if fresh else 1.0)
     if not workers:
         return []
-    stats = await gw.streams.worker_stats(workers)
+    stats = await streams.worker_stats(workers)
     return [s for s in stats if s is not None and not s.draining]
 
 
@@ -63,8 +65,15 @@ def vocab_size(workers: list[WorkerStats]) -> int | None:
 class ReadinessWatch:
     """Keeps ``ready`` current; tells the sockets waiting for a worker when one is."""
 
-    def __init__(self, gw: Gateway) -> None:
-        self.gw = gw
+    def __init__(
+        self,
+        streams: StreamStore,
+        sockets: Collection[ClientSocket],
+        follow_context: Callable[[int | None, int | None], None],
+    ) -> None:
+        self.streams = streams
+        self.sockets = sockets  # the gateway's open sockets (a live set)
+        self.follow_context = follow_context  # the workers' context and vocabulary sizes
         self.ready = False
         self._task: asyncio.Task[None] | None = None
 
@@ -84,16 +93,16 @@ class ReadinessWatch:
         ``/readyz``, which reads Redis directly).
         """
         try:
-            workers = await serving_workers(self.gw, fresh=fresh)
+            workers = await serving_workers(self.streams, fresh=fresh)
         except RedisUnavailable:
             workers = []
         ready = bool(workers)
-        self.gw.follow_context(context_tokens(workers), vocab_size(workers))
+        self.follow_context(context_tokens(workers), vocab_size(workers))
         if ready != self.ready:
             self.ready = ready
             log.info("worker readiness", extra={"worker_ready": ready})
         if ready:
-            waiting = [c for c in self.gw.connections if c.waiting_for_worker]
+            waiting = [c for c in self.sockets if c.waiting_for_worker]
             for conn in waiting:
                 conn.waiting_for_worker = False
                 with contextlib.suppress(Exception):  # closing meanwhile, or not reading
