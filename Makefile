@@ -86,7 +86,7 @@ test: lint typecheck pytest
 
 # For iteration: the same checks without the browser, slow end-to-end and soak tests.
 test-fast: lint typecheck $(STAMP) model js redis
-	$(PY) -m pytest -q -x -m "not slow and not browser" --deselect tests/bench/test_soak.py
+	$(PY) -m pytest -q -x -m "not slow and not browser" --deselect tests/e2e/test_soak.py
 
 bench: model
 	$(PY) -m bench.engine_throughput

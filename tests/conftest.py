@@ -1,5 +1,6 @@
-"""Suite-wide fixtures: offline Hugging Face, a real redis-server per session, and a
-real Redis Cluster (three redis-server >= 7 masters; skipped where there is none)."""
+"""Suite-wide fixtures: offline Hugging Face, a real redis-server per session, a real
+Redis Cluster (three redis-server >= 7 masters; skipped where there is none), and the
+shared process fixtures of ``pytest_plugins``."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: see e
 
 from tokenrelay.core.redis.embedded import EmbeddedRedis
 from tokenrelay.core.redis.local_cluster import LocalCluster, cluster_unsupported_reason
+
+# Process fixtures that a folder's tests and the end-to-end suites (tests/e2e/) both use,
+# declared once for the whole suite so that a run starts each of them once: a fixture
+# imported into a second conftest would be a second fixture, with servers of its own.
+pytest_plugins = ["tests.gateway.stack", "tests.worker.upstream.servers"]
 
 
 def _cuda_available() -> bool:

@@ -1,7 +1,7 @@
 """The protocol's error codes, in one table, sans I/O.
 
 Every client-visible error carries one of the :class:`ErrorCode` s (docs/protocol.md,
-"Errors"). A WebSocket ``error`` frame sends the code as is; the HTTP API
+"`error`"). A WebSocket ``error`` frame sends the code as is; the HTTP API
 answers with the code's :attr:`ErrorSpec.status` and OpenAI error
 :attr:`ErrorSpec.type` (docs/api.md, "Errors"), and both take the retry hint of
 :attr:`ErrorSpec.retry_after` unless a refusal knows better (a full Redis). The

@@ -31,7 +31,7 @@ class FinishReason(StrEnum):
 
 
 class ErrorCode(StrEnum):
-    """A protocol error code (docs/protocol.md, "error"; docs/api.md, "Errors")."""
+    """A protocol error code (docs/protocol.md, "`error`"; docs/api.md, "Errors")."""
 
     BAD_REQUEST = "bad_request"
     UNAUTHORIZED = "unauthorized"

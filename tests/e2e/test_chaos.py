@@ -7,8 +7,9 @@ Each assembled text must equal the uninterrupted greedy text for its prompt
 the token seqs must be exactly 1..n-1: no gap, no duplicate.
 
 TOKENRELAY_CHAOS_STREAMS / TOKENRELAY_CHAOS_TOKENS resize it (default 50 x 48).
-The helpers take any two gateways (:class:`Gateways`): tests/worker/upstream/
-test_chaos_relay.py runs them over a relay.
+The helpers take any two gateways (:class:`Gateways`): test_chaos_relay.py runs them
+over a relay, test_chaos_grpc.py over gRPC, cluster/test_chaos_cluster.py on a Redis
+Cluster.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from typing import Any, Protocol
 
 import pytest
 
-from tests.gateway.conftest import Stack
 from tests.gateway.procs import Client, generate_frame
+from tests.gateway.stack import Stack
 
 
 class Gateways(Protocol):
@@ -104,7 +105,7 @@ async def read_some(c: Any, out: Outcome, budget: int) -> None:
 @dataclass(frozen=True)
 class Channel:
     """How a chaos client speaks protocol v1: over a WebSocket unless told otherwise
-    (tests/gateway/grpc/test_chaos_grpc.py gives the gRPC call's)."""
+    (tests/e2e/test_chaos_grpc.py gives the gRPC call's)."""
 
     open: Callable[[str], Awaitable[Any]] = Client.open
     generate: Callable[[str, str, dict[str, Any]], Any] = lambda text, rid, p: generate_frame(

@@ -1,6 +1,6 @@
 """Chaos over gRPC: clients keep dropping their calls and resuming on new ones, and lose nothing.
 
-The chaos of tests/gateway/test_chaos.py (its prompts, reference and checks, as they are)
+The chaos of tests/e2e/test_chaos.py (its prompts, reference and checks, as they are)
 against two gateways serving gRPC (``--grpc-port``) beside the session's engine worker:
 every client starts its stream on a ``Chat`` call to gateway ``a``, drops it 1 to 3 times
 at random points (the call cancelled, or its channel closed under it) and resumes on a new
@@ -24,10 +24,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.gateway.conftest import Stack
+from tests.e2e.test_chaos import Channel, chaos_client, check_assembled, reference
 from tests.gateway.grpc.client import GrpcClient, generate, pb2
 from tests.gateway.procs import Proc, free_port, start_gateway, stop_all, wait_ready
-from tests.gateway.test_chaos import Channel, chaos_client, check_assembled, reference
+from tests.gateway.stack import Stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 

@@ -1,10 +1,10 @@
 """Chaos over a relay: clients drop and resume at random points, and lose nothing.
 
-The chaos of tests/gateway/test_chaos.py (its helpers, as they are) against the session's
-relay (``tokenrelay serve --upstream``, conftest.py) and a second gateway on the relay's
-Redis prefix: every client drops its socket 1 to 3 times (clean closes and TCP cuts) and
-resumes on either gateway. Each assembled text must equal the upstream's own
-uninterrupted greedy text for its prompt, with seqs 1..n-1.
+The chaos of tests/e2e/test_chaos.py (its helpers, as they are) against the session's
+relay (``tokenrelay serve --upstream``, tests/worker/upstream/servers.py) and a second
+gateway on the relay's Redis prefix: every client drops its socket 1 to 3 times (clean
+closes and TCP cuts) and resumes on either gateway. Each assembled text must equal the
+upstream's own uninterrupted greedy text for its prompt, with seqs 1..n-1.
 
 TOKENRELAY_RELAY_CHAOS_STREAMS / _TOKENS resize it (default 12 x 24: CPU inference).
 """
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from tests.e2e.test_chaos import chaos_client, check_assembled, reference
 from tests.gateway.procs import start_gateway, wait_ready
-from tests.gateway.test_chaos import chaos_client, check_assembled, reference
-from tests.worker.upstream.conftest import Server
+from tests.worker.upstream.servers import Server
 from tokenrelay.core.redis.embedded import EmbeddedRedis
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

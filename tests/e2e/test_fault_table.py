@@ -1,6 +1,6 @@
 """bench.faults end to end: network cut, gateway / Redis / worker SIGKILL, request takeover.
 
-tests/gateway/test_faults.py covers a clean Redis restart and a killed worker
+tests/e2e/test_faults.py covers a clean Redis restart and a killed worker
 in detail; this runs the cases it does not (and the worker kill with two
 workers) through the hand-run tool, so the table in docs/reliability.md is
 what the suite checks: every case injects its fault and loses nothing.

@@ -1,6 +1,7 @@
 """Upstream failures through a fault-injecting proxy: each ends as the failure table says.
 
-The fault relay (conftest.py) reaches the upstream through :class:`FaultProxy`:
+The fault relay (tests/worker/upstream/servers.py) reaches the upstream through
+:class:`FaultProxy`:
 
 | upstream fault               | what the relay's client gets                              |
 | ---------------------------- | --------------------------------------------------------- |
@@ -20,8 +21,8 @@ import httpx
 import pytest
 
 from tests.gateway.procs import Client
-from tests.worker.upstream.conftest import CHUNK_TIMEOUT, Server, run_ws, text_of
 from tests.worker.upstream.faultproxy import CUT, REFUSE, STALL, STATUS, FaultProxy
+from tests.worker.upstream.servers import CHUNK_TIMEOUT, Server, run_ws, text_of
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.gateway.procs import Client, Proc, free_port, generate_frame, stop_all, wait_ready
-from tests.worker.upstream.conftest import Server, text_of, wait_for
+from tests.worker.upstream.servers import Server, text_of, wait_for
 from tokenrelay.core.redis.embedded import EmbeddedRedis
 from tokenrelay.core.wire.keys import Keys
 

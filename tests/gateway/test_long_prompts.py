@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.gateway.conftest import Stack
 from tests.gateway.procs import Client, generate_frame
+from tests.gateway.stack import Stack
 from tokenrelay.core.wire.requests import CHARS_PER_TOKEN
 
 pytestmark = pytest.mark.slow

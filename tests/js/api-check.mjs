@@ -1,7 +1,7 @@
 // Does the hand-written .d.ts of the JS client still describe its .js? Run by
 // tests/web/test_js_package.py (with the pinned typescript of tests/js):
 //
-//   node tests/web/js/api-check.mjs <typescript package dir> <dir with the .js> <dir with the .d.ts> <module>...
+//   node tests/js/api-check.mjs <typescript package dir> <dir with the .js> <dir with the .d.ts> <module>...
 //
 // The .js and .d.ts sit in different folders so that the JS is typed by its JSDoc alone. One
 // program holds both; for each module it compares the exported API surface and the types:

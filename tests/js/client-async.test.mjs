@@ -1,5 +1,5 @@
 // static/tokenrelay-client.js: for-await, AbortSignal, retries of refused requests and
-// gateway drains, over the fake socket and server of helpers.mjs. `node --test tests/web/js/`.
+// gateway drains, over the fake socket and server of helpers.mjs. `node --test tests/js/`.
 import assert from "node:assert/strict";
 import { beforeEach, describe, test } from "node:test";
 
@@ -8,8 +8,8 @@ import {
   RETRYABLE_CODES,
   TokenRelayError,
   TokenRelayStream,
-} from "../../../static/tokenrelay-client.js";
-import { retryDelay } from "../../../static/tokenrelay-protocol.js";
+} from "../../static/tokenrelay-client.js";
+import { retryDelay } from "../../static/tokenrelay-protocol.js";
 import { FakeClock, FakeServer, FakeWebSocket, ask, clientFactory, fakeWindow } from "./helpers.mjs";
 
 let clock;

@@ -1,4 +1,4 @@
-// Unit tests of static/tokenrelay-client.js with Node's built-in runner: `node --test tests/web/js/`.
+// Unit tests of static/tokenrelay-client.js with Node's built-in runner: `node --test tests/js/`.
 import assert from "node:assert/strict";
 import { beforeEach, describe, test } from "node:test";
 
@@ -7,7 +7,7 @@ import {
   DEFAULTS,
   resolveEndpoint,
   wsTokenFetcher,
-} from "../../../static/tokenrelay-client.js";
+} from "../../static/tokenrelay-client.js";
 import { FakeClock, FakeServer, FakeWebSocket, ask, clientFactory, fakeWindow, record } from "./helpers.mjs";
 
 let clock;

@@ -1,7 +1,7 @@
 // Test doubles for static/tokenrelay-client.js: a manual clock, a fake WebSocket and a fake
 // protocol v1 server that keeps each stream's events by seq (like the Redis stream log).
 
-import { TokenRelayClient } from "../../../static/tokenrelay-client.js";
+import { TokenRelayClient } from "../../static/tokenrelay-client.js";
 
 /** A chat request for the tests. */
 export const ask = { messages: [{ role: "user", content: "Hi" }], params: { temperature: 0 } };

@@ -1,10 +1,10 @@
 // Unit tests of static/highlight.js (the vendored highlight.js and its languages) with Node's
-// built-in runner: `node --test tests/web/js/`. The sanitising of its output is tested in the
+// built-in runner: `node --test tests/js/`. The sanitising of its output is tested in the
 // browser (tests/web/test_chat_polish.py).
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { highlightCode, languages, MAX_HIGHLIGHT_CHARS } from "../../../static/highlight.js";
+import { highlightCode, languages, MAX_HIGHLIGHT_CHARS } from "../../static/highlight.js";
 
 const CLASS = /class="([^"]*)"/g;
 

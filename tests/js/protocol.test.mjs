@@ -1,5 +1,5 @@
 // Unit tests of static/tokenrelay-protocol.js, the sans-I/O state machine under the JS client:
-// frames, calls and timer expirations in, actions out. `node --test tests/web/js/`.
+// frames, calls and timer expirations in, actions out. `node --test tests/js/`.
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { describe, test } from "node:test";
@@ -11,7 +11,7 @@ import {
   PROTOCOL_VERSION,
   RETRYABLE_CODES,
   retryDelay,
-} from "../../../static/tokenrelay-protocol.js";
+} from "../../static/tokenrelay-protocol.js";
 
 const ask = { messages: [{ role: "user", content: "Hi" }], params: { temperature: 0 } };
 const half = () => 0.5;
@@ -74,7 +74,7 @@ describe("the module is sans I/O", () => {
         visit(new URL(spec, url));
       }
     };
-    visit(new URL("../../../static/tokenrelay-protocol.js", import.meta.url));
+    visit(new URL("../../static/tokenrelay-protocol.js", import.meta.url));
     return seen;
   };
 

@@ -1,4 +1,4 @@
-"""Run the JavaScript client's unit tests (tests/web/js/, Node's built-in runner) under pytest."""
+"""Run the JavaScript client's unit tests (tests/js/, Node's built-in runner) under pytest."""
 
 from __future__ import annotations
 
@@ -22,11 +22,9 @@ def _node() -> str | None:
 def test_js_client_unit_tests() -> None:
     node = _node()
     if node is None:
-        pytest.skip("node >= 20 is not installed: the JS client unit tests (tests/web/js/) need it")
-    files = sorted(
-        str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "web" / "js").glob("*.test.mjs")
-    )
-    assert files, "no tests/web/js/*.test.mjs found"
+        pytest.skip("node >= 20 is not installed: the JS client unit tests (tests/js/) need it")
+    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "js").glob("*.test.mjs"))
+    assert files, "no tests/js/*.test.mjs found"
     proc = subprocess.run(
         [node, "--test", *files],
         cwd=ROOT,

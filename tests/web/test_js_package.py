@@ -6,10 +6,10 @@
 - the JSDoc of static/tokenrelay-client.js and static/tokenrelay-protocol.js (and of the
   modules in static/client/ behind them) type-checks with ``tsc --strict --checkJs``, and
   declarations can be generated from it;
-- the hand-written .d.ts files still describe the JS (tests/web/js/api-check.mjs: the same
+- the hand-written .d.ts files still describe the JS (tests/js/api-check.mjs: the same
   exports and public members, the JS types assignable to the declared ones);
 - ``npm pack`` gives a tarball that installs offline, and a TypeScript consumer
-  (tests/web/js/consumer/consumer.ts) compiles against it with ``--strict``, under bundler and
+  (tests/js/consumer/consumer.ts) compiles against it with ``--strict``, under bundler and
   nodenext module resolution; Node imports both entry points from it.
 
 Needs node >= 20 and the pinned typescript of tests/js (``make js``); the tests skip, with the
@@ -231,7 +231,7 @@ def test_handwritten_declarations_match_the_jsdoc(tmp_path: Path) -> None:
     out = _run(
         [
             node,
-            str(ROOT / "tests" / "web" / "js" / "api-check.mjs"),
+            str(ROOT / "tests" / "js" / "api-check.mjs"),
             str(TYPESCRIPT),
             str(impl),
             str(decl),
@@ -277,7 +277,7 @@ def test_packed_tarball_installs_and_a_strict_typescript_consumer_compiles(
     assert not (installed / "app.js").exists()
     assert not (installed / "app").exists() and not (installed / "widget").exists()
 
-    shutil.copy(ROOT / "tests" / "web" / "js" / "consumer" / "consumer.ts", app / "consumer.ts")
+    shutil.copy(ROOT / "tests" / "js" / "consumer" / "consumer.ts", app / "consumer.ts")
     for module, resolution in (("esnext", "bundler"), ("nodenext", "nodenext")):
         config = {
             "compilerOptions": {

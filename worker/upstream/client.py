@@ -44,7 +44,7 @@ from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
 from tokenrelay.core.runtime import version
-from tokenrelay.worker.upstream.http1 import Head, ProtocolError, ResponseParser, request_bytes
+from tokenrelay.worker.upstream.http1 import Head, MalformedHttp, ResponseParser, request_bytes
 
 PAUSE_AT = 1 << 20  # bytes of body buffered unread: stop reading the socket meanwhile
 
@@ -111,7 +111,7 @@ class _Connection(asyncio.Protocol):
         self.received = True
         try:
             body = parser.feed(data)
-        except ProtocolError as exc:
+        except MalformedHttp as exc:
             self._fail(RemoteProtocolError(str(exc)))
             self.close()
             return
@@ -127,7 +127,7 @@ class _Connection(asyncio.Protocol):
         if self.parser is not None:
             try:
                 self.parser.eof()
-            except ProtocolError:
+            except MalformedHttp:
                 said = "server disconnected without a complete answer"
                 self._fail(RemoteProtocolError(said))
         return False  # close the transport

@@ -11,7 +11,7 @@ feeds it from an asyncio protocol.
 What it reads: ``HTTP/1.0`` and ``HTTP/1.1`` status lines, header fields (names
 case-insensitive, at most :data:`MAX_HEAD` bytes of them), informational ``1xx``
 answers skipped, chunk extensions and trailers read past. What it refuses with
-:class:`ProtocolError`: anything else where a status line, a header or a chunk size
+:class:`MalformedHttp`: anything else where a status line, a header or a chunk size
 should be, a ``Content-Encoding`` (the relay asks for ``identity``), a transfer coding
 other than ``chunked``.
 """
@@ -30,7 +30,7 @@ _CHUNKED, _LENGTH, _CLOSE, _NONE = "chunked", "length", "close", "none"
 _SIZE, _DATA, _DATA_END, _TRAILER = "size", "data", "data-end", "trailer"
 
 
-class ProtocolError(Exception):
+class MalformedHttp(Exception):
     """The peer sent something that is not an HTTP/1.x response the relay can read."""
 
 
@@ -120,7 +120,7 @@ class ResponseParser:
             self._keep_alive = False
             return
         where = "the headers" if self.head is None else "the body"
-        raise ProtocolError(f"the connection closed before the end of {where}")
+        raise MalformedHttp(f"the connection closed before the end of {where}")
 
     # --- the head --------------------------------------------------------------------
 
@@ -132,7 +132,7 @@ class ResponseParser:
                 lf = self._buf.find(b"\n\n")  # a server that ends lines with LF alone
                 if lf < 0:
                     if len(self._buf) > MAX_HEAD:
-                        raise ProtocolError(f"response headers over {MAX_HEAD} bytes")
+                        raise MalformedHttp(f"response headers over {MAX_HEAD} bytes")
                     return False
                 raw, self._buf = self._buf[:lf], self._buf[lf + 2 :]
             else:
@@ -149,7 +149,7 @@ class ResponseParser:
         self._keep_alive = head.version == "HTTP/1.1" and "close" not in connection
         encoding = (head.get("content-encoding") or "identity").strip().lower()
         if encoding != "identity":
-            raise ProtocolError(f"unexpected Content-Encoding: {encoding}")
+            raise MalformedHttp(f"unexpected Content-Encoding: {encoding}")
         if self.method == "HEAD" or head.status in NO_BODY_STATUSES:
             self._framing = _NONE
             self.done = True
@@ -158,14 +158,14 @@ class ResponseParser:
         if coding is not None:
             codings = [c.strip().lower() for c in coding.split(",") if c.strip()]
             if codings != ["chunked"]:
-                raise ProtocolError(f"unsupported Transfer-Encoding: {coding}")
+                raise MalformedHttp(f"unsupported Transfer-Encoding: {coding}")
             self._framing, self._state = _CHUNKED, _SIZE
             return
         length = head.get("content-length")
         if length is not None:
             values = {v.strip() for v in length.split(",")}
             if len(values) != 1 or not next(iter(values)).isdigit():
-                raise ProtocolError(f"bad Content-Length: {length}")
+                raise MalformedHttp(f"bad Content-Length: {length}")
             self._framing, self._left = _LENGTH, int(next(iter(values)))
             if self._left == 0:
                 self.done = True
@@ -193,7 +193,7 @@ class ResponseParser:
             eol = buf.find(b"\n", pos)
             if eol < 0:
                 if n - pos > MAX_CHUNK_LINE:
-                    raise ProtocolError("a chunk-size line is too long")
+                    raise MalformedHttp("a chunk-size line is too long")
                 self._buf = buf[pos:]
                 break
             line = buf[pos:eol].rstrip(b"\r")
@@ -203,13 +203,13 @@ class ResponseParser:
                 try:
                     self._left = int(size, 16)
                 except ValueError:
-                    raise ProtocolError(f"bad chunk size: {line[:40]!r}") from None
+                    raise MalformedHttp(f"bad chunk size: {line[:40]!r}") from None
                 if self._left < 0:
-                    raise ProtocolError(f"bad chunk size: {line[:40]!r}")
+                    raise MalformedHttp(f"bad chunk size: {line[:40]!r}")
                 self._state = _DATA if self._left else _TRAILER
             elif state == _DATA_END:
                 if line:
-                    raise ProtocolError("a chunk's data is longer than its size")
+                    raise MalformedHttp("a chunk's data is longer than its size")
                 self._state = _SIZE
             elif not line:  # _TRAILER: a blank line ends the body
                 self.done = True
@@ -223,13 +223,13 @@ def _parse_head(raw: bytes) -> Head:
     version, _, rest = lines[0].partition(" ")
     code, _, reason = rest.partition(" ")
     if version not in ("HTTP/1.1", "HTTP/1.0") or len(code) != 3 or not code.isdigit():
-        raise ProtocolError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
+        raise MalformedHttp(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
     headers: dict[str, str] = {}
     for line in lines[1:]:
         name, sep, value = line.partition(":")
         name = name.strip().lower()
         if not sep or not name or " " in name:
-            raise ProtocolError(f"bad header line: {line[:80]!r}")
+            raise MalformedHttp(f"bad header line: {line[:80]!r}")
         value = value.strip()
         headers[name] = f"{headers[name]}, {value}" if name in headers else value
     return Head(int(code), reason.strip(), headers, version)

@@ -28,7 +28,7 @@ from tokenrelay.gateway.streams.errors import (
     refusal,
 )
 
-DOCUMENTED = {  # docs/protocol.md "Errors" and docs/api.md "Errors"
+DOCUMENTED = {  # docs/protocol.md "`error`" and docs/api.md "Errors"
     "bad_request": (400, "invalid_request_error"),
     "unauthorized": (401, "authentication_error"),
     "forbidden": (403, "permission_error"),

@@ -1,6 +1,6 @@
 """Chaos on a Redis Cluster: two gateways, two workers, clients dropping and resuming.
 
-The chaos of tests/gateway/test_chaos.py (its helpers, as they are) on a fleet whose
+The chaos of tests/e2e/test_chaos.py (its helpers, as they are) on a fleet whose
 every process runs with ``--redis-cluster`` against three masters: each client drops
 1 to 3 times and resumes on either gateway, and each assembled text must equal the
 uninterrupted greedy text of its prompt with seqs 1..n-1. The streams' keys must have
@@ -17,8 +17,8 @@ import random
 
 import pytest
 
-from tests.gateway.cluster.conftest import ClusterFleet
-from tests.gateway.test_chaos import Outcome, chaos_client, check_assembled, reference
+from tests.e2e.cluster.conftest import ClusterFleet
+from tests.e2e.test_chaos import Outcome, chaos_client, check_assembled, reference
 from tokenrelay.core.wire.keys import Keys, slot_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import redis
 
-from tests.gateway.cluster.conftest import start_fleet
+from tests.e2e.cluster.conftest import start_fleet
 from tests.gateway.procs import Client, generate_frame, stop_all, wait_ready
 from tokenrelay.core.redis.local_cluster import LocalCluster
 from tokenrelay.core.wire.keys import Keys

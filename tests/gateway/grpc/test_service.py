@@ -2,7 +2,7 @@
 
 A real gateway (``Gateway`` on the session's redis-server, its own key prefix) with its
 :class:`GrpcServer`; no engine worker, so a ``generate`` is refused with ``unavailable``
-and nothing here runs a model. Streams over gRPC end to end: test_chaos_grpc.py.
+and nothing here runs a model. Streams over gRPC end to end: tests/e2e/test_chaos_grpc.py.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.gateway.conftest import Stack
 from tests.gateway.procs import Client, generate_frame
+from tests.gateway.stack import Stack
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -3,7 +3,7 @@
 Requests spread over the queue shards and reach the worker from all of them; each
 stream's keys share one slot; live events come from each stream's sharded channel
 (no log reads), whose subscription ends with the stream's last subscriber; attachments
-and the worker's poll work across slots. (tests/gateway/cluster/ runs whole fleets.)
+and the worker's poll work across slots. (tests/e2e/cluster/ runs whole fleets.)
 """
 
 from __future__ import annotations

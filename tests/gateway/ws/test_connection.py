@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from tests.gateway.conftest import Stack
 from tests.gateway.procs import Client, generate_frame
+from tests.gateway.stack import Stack
 
 LONG = {"max_tokens": 4000, "temperature": 0, "ignore_eos": True}
 

@@ -27,8 +27,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from websockets.sync.client import ClientConnection, connect
 
-from tests.gateway.conftest import Stack
 from tests.gateway.procs import Proc, start_gateway, wait_ready
+from tests.gateway.stack import Stack
 from tokenrelay.gateway.session.protocol import ERROR_CODES
 
 WS_CASES = int(os.environ.get("TOKENRELAY_FUZZ_WS", "7500"))  # frames

@@ -9,7 +9,9 @@
   upstream is a :class:`FaultProxy` in front of ``upstream`` (1.5 s chunk timeout,
   2 s detach timeout).
 
-One of each per session: the upstream loads its model once.
+One of each per session: the upstream loads its model once. Fixtures of the whole suite
+(tests/conftest.py lists this module in ``pytest_plugins``): the relay tests here and the
+end-to-end suites of tests/e2e/ share them.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tokenrelay.worker.upstream.http1 import ProtocolError, ResponseParser, request_bytes
+from tokenrelay.worker.upstream.http1 import MalformedHttp, ResponseParser, request_bytes
 from tokenrelay.worker.upstream.openai import SSEStream
 
 CHUNKED = (
@@ -86,13 +86,13 @@ def test_bytes_beyond_the_end_make_the_connection_unusable() -> None:
     ],
 )
 def test_what_is_not_http_is_a_protocol_error(raw: bytes) -> None:
-    with pytest.raises(ProtocolError):
+    with pytest.raises(MalformedHttp):
         parse(raw)
 
 
 def test_a_connection_closed_mid_body_is_an_error() -> None:
     p, _ = parse(CHUNKED[:-20])
-    with pytest.raises(ProtocolError):
+    with pytest.raises(MalformedHttp):
         p.eof()
 
 

@@ -1,7 +1,7 @@
 """A relay in front of a real OpenAI-compatible server: same answers, resumable, a real Stop.
 
 The upstream is a second ``tokenrelay serve`` with the default model; the relay is
-``tokenrelay serve --upstream`` (conftest.py). Greedy decoding makes the upstream's
+``tokenrelay serve --upstream`` (servers.py). Greedy decoding makes the upstream's
 answer a fixed text, so the relay's must equal it, token events and all.
 """
 
@@ -15,8 +15,8 @@ import pytest
 
 from tests.core.test_serve import children, cmdline
 from tests.gateway.procs import Client, generate_frame
-from tests.worker.upstream.conftest import DETACH_TIMEOUT, Server, run_ws, text_of, wait_for
 from tests.worker.upstream.faultproxy import FaultProxy
+from tests.worker.upstream.servers import DETACH_TIMEOUT, Server, run_ws, text_of, wait_for
 
 pytestmark = pytest.mark.slow
 
