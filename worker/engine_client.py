@@ -18,7 +18,7 @@ from tokenrelay.core.wire.logprobs import Logprobs
 from tokenrelay.core.wire.params import SamplingParams
 from tokenrelay.core.wire.stats import checked_models
 from tokenrelay.core.wire.tools import Tool
-from tokenrelay.core.wire.vocabulary import ErrorCode, FinishReason
+from tokenrelay.core.wire.vocabulary import FinishReason
 from tokenrelay.worker.prepare import Prepared
 
 if TYPE_CHECKING:
@@ -103,16 +103,6 @@ class EngineClient(Protocol):
     def close(self) -> None:
         """Release what it holds (tensor-parallel ranks, a relay's connections); last call."""
         ...
-
-
-class EngineRefused(Exception):
-    """An engine will not run a request; ``code`` is the protocol error code clients get
-    (core/wire/errors.py: ``unavailable``, ``overloaded``, ``bad_request``, ...)."""
-
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = ErrorCode(code)
-        self.message = message
 
 
 class Starter(Protocol):

@@ -32,7 +32,8 @@ from tokenrelay.core.wire.params import SamplingParams
 from tokenrelay.core.wire.records import MetaField as M
 from tokenrelay.core.wire.requests import Limits
 from tokenrelay.core.wire.vocabulary import ErrorCode, FinishReason, StreamStatus
-from tokenrelay.worker.engine_client import EngineClient, EngineRefused, Starter, TakesBody
+from tokenrelay.worker.engine_client import EngineClient, Starter, TakesBody
+from tokenrelay.worker.errors import EngineRefused
 from tokenrelay.worker.outbox import Active
 from tokenrelay.worker.prepare import Prepared, Preparer, input_chars
 from tokenrelay.worker.store import Request, WorkerStore

@@ -9,7 +9,8 @@ import sys
 def main(args: argparse.Namespace) -> int:
     """Entry point of ``tokenrelay model prepare|list``."""
     try:
-        from tokenrelay.engine.models.store import ModelNotFoundError, list_cached, resolve_model
+        from tokenrelay.engine.errors import ModelNotFoundError
+        from tokenrelay.engine.models.store import list_cached, resolve_model
     except ModuleNotFoundError as exc:  # a base install: ValueError, one line, exit 2
         from tokenrelay.worker.engine_client import engine_missing
 

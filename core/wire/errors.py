@@ -5,7 +5,9 @@ Every client-visible error carries one of the :class:`ErrorCode` s (docs/protoco
 answers with the code's :attr:`ErrorSpec.status` and OpenAI error
 :attr:`ErrorSpec.type` (docs/api.md, "Errors"), and both take the retry hint of
 :attr:`ErrorSpec.retry_after` unless a refusal knows better (a full Redis). The
-messages every transport shares for the same failure are defined here too.
+messages every transport shares for the same failure, and the exceptions a refused
+request raises (:class:`RequestError`, :class:`ResponseFormatError`, :class:`ToolError`),
+are defined here too.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ __all__ = [
     "STORE_UNREACHABLE_RESUME",
     "ErrorCode",
     "ErrorSpec",
+    "RequestError",
+    "ResponseFormatError",
+    "ToolError",
     "as_code",
     "lookup",
 ]
@@ -57,6 +62,33 @@ ERRORS: dict[ErrorCode, ErrorSpec] = {
 }
 ERROR_CODES = frozenset(ERRORS)
 assert set(ErrorCode) == ERROR_CODES, "every code has its row"
+
+
+class RequestError(ValueError):
+    """A refused request: ``code`` (``bad_request`` or ``too_large``), message, field."""
+
+    def __init__(self, code: ErrorCode, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.field = field
+
+    def __repr__(self) -> str:
+        return f"RequestError({self.code!r}, {self.message!r}, {self.field!r})"
+
+
+class ResponseFormatError(ValueError):
+    """A refused ``response_format``: ``code`` (``bad_request`` or ``too_large``), ``field``."""
+
+    def __init__(self, message: str, field: str, code: ErrorCode = ErrorCode.BAD_REQUEST) -> None:
+        super().__init__(f"{field}: {message}")
+        self.code = code
+        self.field = field
+
+
+class ToolError(ResponseFormatError):
+    """A refused ``tools``/``tool_choice``/message field (``field`` names it)."""
+
 
 STORE_UNREACHABLE = "the stream store is unreachable"  # Redis is down: retry with backoff
 STORE_UNREACHABLE_RESUME = f"{STORE_UNREACHABLE}; resume later"  # ... while streaming

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tokenrelay.core.wire.errors import RequestError, ResponseFormatError
 from tokenrelay.core.wire.params import (
     MAX_BIAS,
     MAX_LOGIT_BIAS,
@@ -29,7 +30,6 @@ from tokenrelay.core.wire.params import (
     MAX_TOP_LOGPROBS,
     SamplingParams,
 )
-from tokenrelay.core.wire.response_format import ResponseFormatError
 from tokenrelay.core.wire.structured import message_tool_fields, structured_params
 from tokenrelay.core.wire.vocabulary import ErrorCode
 
@@ -97,19 +97,6 @@ class Limits:
         return dataclasses.replace(
             self, max_input_chars=min(self.max_input_chars, bound), context_tokens=context_tokens
         )
-
-
-class RequestError(ValueError):
-    """A refused request: ``code`` (``bad_request`` or ``too_large``), message, field."""
-
-    def __init__(self, code: ErrorCode, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.field = field
-
-    def __repr__(self) -> str:
-        return f"RequestError({self.code!r}, {self.message!r}, {self.field!r})"
 
 
 @dataclass(frozen=True)

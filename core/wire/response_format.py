@@ -41,6 +41,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from tokenrelay.core.wire.errors import ResponseFormatError
 from tokenrelay.core.wire.vocabulary import ErrorCode
 
 __all__ = [
@@ -88,15 +89,6 @@ _SCHEMA_ONE = ("items", "additionalProperties")
 _COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
 _NUMBERS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 _JSON_SCHEMA_FIELDS = frozenset({"name", "schema", "strict", "description"})
-
-
-class ResponseFormatError(ValueError):
-    """A refused ``response_format``: ``code`` (``bad_request`` or ``too_large``), ``field``."""
-
-    def __init__(self, message: str, field: str, code: ErrorCode = ErrorCode.BAD_REQUEST) -> None:
-        super().__init__(f"{field}: {message}")
-        self.code = code
-        self.field = field
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from tokenrelay.core.wire.response_format import ResponseFormatError, parse_response_format
-from tokenrelay.core.wire.tools import ToolError, parse_tool_choice, parse_tools
+from tokenrelay.core.wire.errors import ResponseFormatError, ToolError
+from tokenrelay.core.wire.response_format import parse_response_format
+from tokenrelay.core.wire.tools import parse_tool_choice, parse_tools
 
 __all__ = ["MAX_CALLS_PER_MESSAGE", "message_tool_fields", "structured_params"]
 

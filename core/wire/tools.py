@@ -30,12 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tokenrelay.core.wire.response_format import (
-    GRAMMAR_OPTIONS,
-    MAX_NAME,
-    ResponseFormatError,
-    check_schema,
-)
+from tokenrelay.core.wire.errors import ToolError
+from tokenrelay.core.wire.response_format import GRAMMAR_OPTIONS, MAX_NAME, check_schema
 from tokenrelay.core.wire.vocabulary import ErrorCode
 
 __all__ = [
@@ -65,10 +61,6 @@ MAX_DESCRIPTION = 4096
 _NAME_RE = re.compile(r"[A-Za-z0-9_-]+")
 _BLOCK_RE = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.DOTALL)
 _EMPTY_PARAMETERS = '{"type":"object","properties":{}}'
-
-
-class ToolError(ResponseFormatError):
-    """A refused ``tools``/``tool_choice``/message field (``field`` names it)."""
 
 
 @dataclass(frozen=True)

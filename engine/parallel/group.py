@@ -16,16 +16,14 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 import torch.distributed as dist
 
+from tokenrelay.engine.errors import TensorParallelError
+
 if TYPE_CHECKING:
     from tokenrelay.engine.runner.step import StepInput
 
 # seconds any collective (and the rendezvous) may wait for the slowest rank
 COLLECTIVE_TIMEOUT_S = 120.0
 HOST = "127.0.0.1"  # ranks run on one machine
-
-
-class TensorParallelError(RuntimeError):
-    """A rank of a tensor-parallel engine died or failed: the engine cannot step any more."""
 
 
 class Peers(Protocol):

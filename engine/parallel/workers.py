@@ -30,13 +30,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tokenrelay.engine.errors import TensorParallelError
 from tokenrelay.engine.models.config import ModelConfig
 from tokenrelay.engine.parallel.group import (
     COLLECTIVE_TIMEOUT_S,
     HOST,
     Group,
     RankSpec,
-    TensorParallelError,
     backend_for,
 )
 from tokenrelay.engine.parallel.layout import check_tensor_parallel

@@ -32,13 +32,10 @@ from pathlib import Path
 
 from tokenrelay.core import options
 from tokenrelay.core.wire.requests import DEFAULT_MAX_TOKENS_LIMIT
+from tokenrelay.gateway.errors import AuthError
 
 TOKEN_VERSION = "v1"
 _TOKEN_LABEL = b"tokenrelay ws-token v1"
-
-
-class AuthError(Exception):
-    """No valid credentials: the client gets ``unauthorized`` (401 / close 1008)."""
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tokenrelay.core.wire.vocabulary import ErrorCode
+from tokenrelay.gateway.errors import BadPreflight
 from tokenrelay.gateway.http.openai_request import error_for_code
 
 log = logging.getLogger("tokenrelay.cors")
@@ -46,10 +47,6 @@ MAX_REQUEST_HEADERS_CHARS = 4096  # the whole (raw) Access-Control-Request-Heade
 PREFLIGHT_VARY = "Origin, Access-Control-Request-Method, Access-Control-Request-Headers"
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token: a valid header name
 _HTTP_WHITESPACE = " \t"
-
-
-class BadPreflight(ValueError):
-    """A preflight's ``Access-Control-Request-Headers`` is malformed or too long."""
 
 
 def allow_headers(requested: str | None) -> str:

@@ -26,21 +26,17 @@ import redis.asyncio as aioredis
 from tokenrelay.core.exposure import is_loopback
 from tokenrelay.gateway.access.auth import (
     Authenticator,
-    AuthError,
     Principal,
     SecuritySettings,
     install_log_redaction,
 )
 from tokenrelay.gateway.access.cors import OriginPolicy
-from tokenrelay.gateway.access.ratelimit import RateLimited, RateLimiter, StreamSlots
+from tokenrelay.gateway.access.ratelimit import RateLimiter, StreamSlots
+from tokenrelay.gateway.errors import AuthError, RateLimited, TooManyStreams
 
 log = logging.getLogger("tokenrelay.guard")
 
 __all__ = ["AuthError", "Guard", "Principal", "RateLimited", "TooManyStreams"]
-
-
-class TooManyStreams(Exception):
-    """The key already has ``--max-streams-per-key`` streams open here."""
 
 
 class Guard:

@@ -22,6 +22,7 @@ import redis.asyncio as aioredis
 
 from tokenrelay.core.redis.connection import is_outage
 from tokenrelay.core.wire.scripts import BUCKET_LUA
+from tokenrelay.gateway.errors import RateLimited
 
 log = logging.getLogger("tokenrelay.ratelimit")
 
@@ -33,14 +34,6 @@ class Verdict:
     allowed: bool
     retry_after: float  # seconds until a request would be allowed (0 when allowed)
     remaining: int
-
-
-class RateLimited(Exception):
-    """Over the per-key request rate: ``rate_limited`` (429) with ``Retry-After``."""
-
-    def __init__(self, message: str, retry_after: float) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
 
 
 class RateLimiter:

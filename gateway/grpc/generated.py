@@ -12,14 +12,12 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
+from tokenrelay.gateway.errors import GrpcUnavailable
+
 PROTO = "tokenrelay/v1/relay.proto"  # its path under proto/: also its name in descriptors
 PACKAGE = "tokenrelay.v1"
 SERVICE = "tokenrelay.v1.Relay"  # the full service name (health, reflection)
 EXTRA = "pip install 'tokenrelay[grpc]'"
-
-
-class GrpcUnavailable(RuntimeError):
-    """gRPC cannot be served by this installation (a package or the built code is missing)."""
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,10 @@ from starlette.responses import JSONResponse
 from tokenrelay.core import options
 from tokenrelay.core.wire.events import Event
 from tokenrelay.core.wire.vocabulary import ErrorCode
+from tokenrelay.gateway.errors import RedisUnavailable, StreamNotFound, refusal
 from tokenrelay.gateway.http.openai_render import ChunkEncoder, StreamFormat
 from tokenrelay.gateway.http.openai_request import ApiError, error_for_code
 from tokenrelay.gateway.http.sse_response import Pump
-from tokenrelay.gateway.streams.errors import RedisUnavailable, StreamNotFound, refusal
 from tokenrelay.gateway.streams.store import StreamStore
 
 if TYPE_CHECKING:

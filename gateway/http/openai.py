@@ -30,9 +30,15 @@ from starlette.routing import BaseRoute, Route
 
 from tokenrelay.core.wire.events import Event
 from tokenrelay.core.wire.vocabulary import ErrorCode, EventKind, FinishReason
-from tokenrelay.gateway.access.auth import AuthError
 from tokenrelay.gateway.access.cors import EXPOSE_HEADERS
-from tokenrelay.gateway.access.guard import Principal, RateLimited, TooManyStreams
+from tokenrelay.gateway.access.guard import Principal
+from tokenrelay.gateway.errors import (
+    STORE_ERRORS,
+    AuthError,
+    RateLimited,
+    TooManyStreams,
+    UnknownModel,
+)
 from tokenrelay.gateway.http.common import (
     START_WAIT,
     HttpSettings,
@@ -59,7 +65,6 @@ from tokenrelay.gateway.http.openai_request import (
     request_id_header,
 )
 from tokenrelay.gateway.http.sse_response import GONE, Pump, SSEResponse, watch_disconnect
-from tokenrelay.gateway.streams.errors import STORE_ERRORS, UnknownModel
 from tokenrelay.gateway.streams.routing import Route as ModelRoute
 
 if TYPE_CHECKING:

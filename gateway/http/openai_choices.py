@@ -32,6 +32,7 @@ from tokenrelay.core.wire.events import Event
 from tokenrelay.core.wire.requests import MAX_SEED
 from tokenrelay.core.wire.vocabulary import EventKind, FinishReason
 from tokenrelay.gateway.access.cors import EXPOSE_HEADERS
+from tokenrelay.gateway.errors import STORE_ERRORS
 from tokenrelay.gateway.http.common import START_WAIT, error_response, save_format, store_error
 from tokenrelay.gateway.http.openai_render import (
     ChunkEncoder,
@@ -44,7 +45,6 @@ from tokenrelay.gateway.http.openai_render import (
 from tokenrelay.gateway.http.openai_request import ApiError, ApiRequest
 from tokenrelay.gateway.http.sse import DONE, encode_event
 from tokenrelay.gateway.http.sse_response import GONE, Pump, SSEResponse, watch_disconnect
-from tokenrelay.gateway.streams.errors import STORE_ERRORS
 
 if TYPE_CHECKING:
     from tokenrelay.gateway.access.auth import Principal

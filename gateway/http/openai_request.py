@@ -21,11 +21,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenrelay.core.wire.errors import lookup
+from tokenrelay.core.wire.errors import RequestError, lookup
 from tokenrelay.core.wire.params import MAX_CHOICES, MAX_TOP_LOGPROBS
 from tokenrelay.core.wire.requests import (
     Limits,
-    RequestError,
     check_input_size,
     validate_messages,
     validate_params,

@@ -24,12 +24,13 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from tokenrelay.core.wire.errors import NO_SUCH_STREAM
+from tokenrelay.core.wire.errors import NO_SUCH_STREAM, RequestError
 from tokenrelay.core.wire.events import Event
 from tokenrelay.core.wire.keys import STREAM_ID_RE
-from tokenrelay.core.wire.requests import RequestError, is_request_id, validate_resume_token
+from tokenrelay.core.wire.requests import is_request_id, validate_resume_token
 from tokenrelay.core.wire.vocabulary import ErrorCode, StreamStatus
 from tokenrelay.gateway.access.cors import EXPOSE_HEADERS
+from tokenrelay.gateway.errors import STORE_ERRORS, BadOffset
 from tokenrelay.gateway.http.common import (
     HttpSettings,
     error_response,
@@ -47,7 +48,6 @@ from tokenrelay.gateway.http.openai_request import (
 )
 from tokenrelay.gateway.http.sse import parse_event_id
 from tokenrelay.gateway.http.sse_response import Pump, SSEResponse
-from tokenrelay.gateway.streams.errors import STORE_ERRORS, BadOffset
 
 if TYPE_CHECKING:
     from tokenrelay.gateway.state import Gateway

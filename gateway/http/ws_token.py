@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from tokenrelay.core.wire.vocabulary import ErrorCode
-from tokenrelay.gateway.access.auth import AuthError
+from tokenrelay.gateway.errors import AuthError
 from tokenrelay.gateway.http.common import error_response
 from tokenrelay.gateway.http.openai_request import error_for_code
 

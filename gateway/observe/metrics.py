@@ -39,7 +39,7 @@ from prometheus_client.registry import Collector
 
 from tokenrelay.core.metrics import NS, histogram_families, worker_families
 from tokenrelay.core.wire.stats import WorkerStats
-from tokenrelay.gateway.streams.errors import RedisFull, RedisUnavailable
+from tokenrelay.gateway.errors import RedisFull, RedisUnavailable
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric

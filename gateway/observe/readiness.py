@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from tokenrelay.core.wire.stats import WorkerStats
 from tokenrelay.gateway.drain import notice_frame
-from tokenrelay.gateway.streams.errors import RedisUnavailable
+from tokenrelay.gateway.errors import RedisUnavailable
 
 if TYPE_CHECKING:
     from tokenrelay.gateway.drain import ClientSocket

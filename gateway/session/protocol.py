@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from tokenrelay.core.wire.errors import ERROR_CODES, lookup
+from tokenrelay.core.wire.errors import ERROR_CODES, RequestError, lookup
 from tokenrelay.core.wire.events import (
     FINISH_REASONS as FINISH_REASONS,  # re-exported: done reasons
 )
@@ -26,7 +26,6 @@ from tokenrelay.core.wire.logprobs import chat_content, decode_logprobs
 from tokenrelay.core.wire.params import MAX_CHOICES, SamplingParams
 from tokenrelay.core.wire.requests import (
     MAX_SEED,
-    RequestError,
     check_input_size,
     validate_messages,
     validate_params,

@@ -20,15 +20,17 @@ from typing import TYPE_CHECKING, Any
 
 from tokenrelay.core.wire.errors import NO_SUCH_STREAM, as_code
 from tokenrelay.core.wire.vocabulary import ErrorCode, EventKind, FinishReason, StreamStatus
-from tokenrelay.gateway.access.guard import Principal, RateLimited, TooManyStreams
-from tokenrelay.gateway.session import protocol as p
-from tokenrelay.gateway.streams.errors import (
+from tokenrelay.gateway.access.guard import Principal
+from tokenrelay.gateway.errors import (
     STORE_ERRORS,
+    RateLimited,
     RedisUnavailable,
     StreamForbidden,
     StreamNotFound,
+    TooManyStreams,
     refusal,
 )
+from tokenrelay.gateway.session import protocol as p
 
 if TYPE_CHECKING:
     from tokenrelay.gateway.state import Gateway
@@ -46,7 +48,7 @@ MAX_VIOLATIONS = 200  # rate-limited frames (with no calm spell between) before 
 def refused(
     exc: BaseException, rid: str | None = None, sid: str | None = None, streaming: bool = False
 ) -> p.ProtocolError:
-    """The ``error`` for a stream-store exception (gateway/streams/errors.py)."""
+    """The ``error`` for a stream-store exception (gateway/errors.py)."""
     r = refusal(exc, streaming=streaming)
     retry = r.retry_after
     return p.ProtocolError(r.code, r.message, request_id=rid, stream_id=sid, retry_after=retry)

@@ -31,7 +31,7 @@ from tokenrelay.core.redis.connection import is_cluster, queue_script
 from tokenrelay.core.wire.keys import ATTACH_REFRESH, ATTACH_TTL, Keys
 from tokenrelay.core.wire.scripts import ATTACH_LUA, DETACH_LUA
 from tokenrelay.core.wire.telemetry import DISCONNECTS_FIELD
-from tokenrelay.gateway.streams.errors import RedisFull, RedisUnavailable
+from tokenrelay.gateway.errors import RedisFull, RedisUnavailable
 
 log = logging.getLogger("tokenrelay.gateway")
 

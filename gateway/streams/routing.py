@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tokenrelay.core.wire.stats import WorkerStats
-from tokenrelay.gateway.streams.errors import NoWorker, UnknownModel
+from tokenrelay.gateway.errors import NoWorker, UnknownModel
 
 if TYPE_CHECKING:
     from tokenrelay.gateway.streams.store import StreamStore

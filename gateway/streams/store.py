@@ -60,8 +60,7 @@ from tokenrelay.core.wire.telemetry import (
     log_summary,
 )
 from tokenrelay.core.wire.vocabulary import EventKind, FinishReason, StreamStatus
-from tokenrelay.gateway.streams.attachments import Attachments
-from tokenrelay.gateway.streams.errors import (
+from tokenrelay.gateway.errors import (
     BadOffset,
     EventsTrimmed,
     NoWorker,
@@ -72,6 +71,7 @@ from tokenrelay.gateway.streams.errors import (
     StreamForbidden,
     StreamNotFound,
 )
+from tokenrelay.gateway.streams.attachments import Attachments
 from tokenrelay.gateway.streams.memory import ADMIT_BELOW, MemoryGauge
 from tokenrelay.gateway.streams.tailer import Tailer
 

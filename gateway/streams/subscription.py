@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable
 
 from tokenrelay.core.wire.events import Event
-from tokenrelay.gateway.streams.errors import StreamNotFound
+from tokenrelay.gateway.errors import StreamNotFound
 
 BUFFER_LIMIT = 256  # events buffered per subscriber, at most
 

@@ -45,7 +45,7 @@ from tokenrelay.core.wire.events import Event, decode_event, entry_id
 from tokenrelay.core.wire.keys import WORKER_DEAD_GRACE, Keys
 from tokenrelay.core.wire.records import MetaField as M
 from tokenrelay.core.wire.vocabulary import StreamStatus
-from tokenrelay.gateway.streams.errors import RedisUnavailable, StreamNotFound
+from tokenrelay.gateway.errors import RedisUnavailable, StreamNotFound
 from tokenrelay.gateway.streams.feed import LiveFeed
 from tokenrelay.gateway.streams.shardfeed import ShardedFeed
 from tokenrelay.gateway.streams.subscription import BUFFER_LIMIT, Subscription

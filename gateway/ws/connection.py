@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from tokenrelay.core.wire.vocabulary import ErrorCode
-from tokenrelay.gateway.access.guard import AuthError, Principal
+from tokenrelay.gateway.access.guard import Principal
+from tokenrelay.gateway.errors import AuthError
 from tokenrelay.gateway.session import protocol as p
 from tokenrelay.gateway.session.stream_session import FrameRate, StreamSession
 

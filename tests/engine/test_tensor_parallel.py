@@ -20,7 +20,7 @@ import pytest
 
 from tests.engine.test_llm_greedy import run
 from tokenrelay.engine import EngineConfig, LLMEngine, SamplingParams
-from tokenrelay.engine.parallel.group import TensorParallelError
+from tokenrelay.engine.errors import TensorParallelError
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -31,7 +31,7 @@ from tokenrelay.core.wire.errors import STORE_FULL
 from tokenrelay.core.wire.events import accepted_fields, done_fields, token_fields
 from tokenrelay.core.wire.keys import HEARTBEAT_TTL
 from tokenrelay.core.wire.stats import WorkerStats
-from tokenrelay.gateway.streams.errors import RedisFull, refusal
+from tokenrelay.gateway.errors import RedisFull, refusal
 from tokenrelay.gateway.streams.memory import MemoryGauge
 from tokenrelay.gateway.streams.store import StreamStore
 from tokenrelay.worker.outbox import Active, Outbox

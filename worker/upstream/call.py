@@ -28,16 +28,17 @@ from typing import Any
 
 from tokenrelay.core.wire.params import SamplingParams
 from tokenrelay.core.wire.vocabulary import ErrorCode, FinishReason
-from tokenrelay.worker.upstream.client import HttpClient, ReadTimeout, Response, TransportError
-from tokenrelay.worker.upstream.config import UpstreamConfig
-from tokenrelay.worker.upstream.failures import (
+from tokenrelay.worker.errors import (
     Broken,
+    ReadTimeout,
     Refused,
     Retryable,
-    RetryPolicy,
+    TransportError,
     UpstreamError,
-    parse_retry_after,
 )
+from tokenrelay.worker.upstream.client import HttpClient, Response
+from tokenrelay.worker.upstream.config import UpstreamConfig
+from tokenrelay.worker.upstream.failures import RetryPolicy, parse_retry_after
 from tokenrelay.worker.upstream.inbox import Inbox
 from tokenrelay.worker.upstream.openai import (
     Chunk,

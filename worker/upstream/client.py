@@ -44,37 +44,19 @@ from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
 from tokenrelay.core.runtime import version
-from tokenrelay.worker.upstream.http1 import Head, MalformedHttp, ResponseParser, request_bytes
+from tokenrelay.worker.errors import (
+    ConnectError,
+    ConnectTimeout,
+    MalformedHttp,
+    PoolTimeout,
+    ReadTimeout,
+    RemoteProtocolError,
+    TransportError,
+    WriteTimeout,
+)
+from tokenrelay.worker.upstream.http1 import Head, ResponseParser, request_bytes
 
 PAUSE_AT = 1 << 20  # bytes of body buffered unread: stop reading the socket meanwhile
-
-
-class TransportError(Exception):
-    """The exchange with the upstream failed below HTTP (connect, read, write, framing)."""
-
-
-class ConnectError(TransportError):
-    """The connection (or its TLS handshake) could not be made."""
-
-
-class ConnectTimeout(ConnectError):
-    """Connecting took longer than ``connect_timeout``."""
-
-
-class PoolTimeout(TransportError):
-    """No connection of the pool came free within ``timeout``."""
-
-
-class WriteTimeout(TransportError):
-    """The request could not be sent within ``timeout``."""
-
-
-class ReadTimeout(TransportError):
-    """Nothing arrived for ``timeout`` seconds while an answer was awaited."""
-
-
-class RemoteProtocolError(TransportError):
-    """The connection closed in the middle of an answer, or the answer was not HTTP."""
 
 
 class _Connection(asyncio.Protocol):

@@ -39,11 +39,11 @@ from typing import Any
 from tokenrelay.core.wire.params import SamplingParams
 from tokenrelay.core.wire.tools import Tool
 from tokenrelay.worker.engine_client import Starter
+from tokenrelay.worker.errors import TransportError, UpstreamError
 from tokenrelay.worker.prepare import Prepared
 from tokenrelay.worker.upstream.call import Call, Upstream
-from tokenrelay.worker.upstream.client import HttpClient, TransportError
+from tokenrelay.worker.upstream.client import HttpClient
 from tokenrelay.worker.upstream.config import UpstreamConfig, redact
-from tokenrelay.worker.upstream.failures import UpstreamError
 from tokenrelay.worker.upstream.inbox import ATTACHED, OPEN, OPENING, Inbox, Output
 
 log = logging.getLogger("tokenrelay.upstream")

@@ -32,41 +32,11 @@ import math
 import random
 import time
 
-from tokenrelay.core.wire.vocabulary import ErrorCode
-
 MAX_ATTEMPTS = 4  # the first attempt and three more
 FIRST_DELAY = 0.25  # seconds
 MAX_DELAY = 2.0
 MAX_RETRY_AFTER = 10.0  # a longer Retry-After is cut to this
 JITTER = 0.2  # +-20%
-
-
-class UpstreamError(Exception):
-    """An upstream call failed; ``code`` is a protocol error code (core/wire/errors.py)."""
-
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-class Retryable(UpstreamError):
-    """A failure before the first token that another attempt may not meet."""
-
-    def __init__(self, code: ErrorCode, message: str, *, retry_after: float | None = None) -> None:
-        super().__init__(code, message)
-        self.retry_after = retry_after  # the upstream's Retry-After, in seconds
-
-
-class Refused(UpstreamError):
-    """A failure before the first token that another attempt would meet again."""
-
-
-class Broken(UpstreamError):
-    """A failure after the first token: the stream ends with ``error``."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(ErrorCode.INTERNAL, message)
 
 
 def parse_retry_after(raw: str | None, *, now: float | None = None) -> float | None:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tokenrelay.worker.errors import MalformedHttp
+
 MAX_HEAD = 65_536  # bytes of status line and headers
 MAX_CHUNK_LINE = 4_096  # bytes of a chunk-size line (size and extensions)
 NO_BODY_STATUSES = frozenset((204, 304))
@@ -28,10 +30,6 @@ NO_BODY_STATUSES = frozenset((204, 304))
 _CHUNKED, _LENGTH, _CLOSE, _NONE = "chunked", "length", "close", "none"
 # chunked decoding states
 _SIZE, _DATA, _DATA_END, _TRAILER = "size", "data", "data-end", "trailer"
-
-
-class MalformedHttp(Exception):
-    """The peer sent something that is not an HTTP/1.x response the relay can read."""
 
 
 @dataclass

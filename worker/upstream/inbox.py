@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from tokenrelay.core.wire.logprobs import Logprobs
 from tokenrelay.core.wire.vocabulary import ErrorCode, FinishReason
-from tokenrelay.worker.engine_client import EngineRefused
+from tokenrelay.worker.errors import EngineRefused
 from tokenrelay.worker.prepare import Prepared
 
 OPENING, OPEN, ATTACHED = "opening", "open", "attached"

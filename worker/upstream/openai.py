@@ -34,7 +34,7 @@ from typing import Any
 
 from tokenrelay.core.wire.params import SamplingParams
 from tokenrelay.core.wire.vocabulary import ErrorCode, FinishReason
-from tokenrelay.worker.upstream.failures import Refused, Retryable, UpstreamError
+from tokenrelay.worker.errors import Refused, Retryable, UpstreamError
 
 # upstream finish reasons -> ours (core/wire/vocabulary.py); others: stop
 UPSTREAM_REASONS: dict[str, FinishReason] = {

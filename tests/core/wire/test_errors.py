@@ -12,10 +12,7 @@ from tokenrelay.core.wire.errors import (
     STORE_UNREACHABLE_RESUME,
     lookup,
 )
-from tokenrelay.gateway.http.common import store_error
-from tokenrelay.gateway.http.openai_request import error_for_code
-from tokenrelay.gateway.session import protocol as p
-from tokenrelay.gateway.streams.errors import (
+from tokenrelay.gateway.errors import (
     STORE_ERRORS,
     BadOffset,
     EventsTrimmed,
@@ -27,6 +24,9 @@ from tokenrelay.gateway.streams.errors import (
     StreamNotFound,
     refusal,
 )
+from tokenrelay.gateway.http.common import store_error
+from tokenrelay.gateway.http.openai_request import error_for_code
+from tokenrelay.gateway.session import protocol as p
 
 DOCUMENTED = {  # docs/protocol.md "`error`" and docs/api.md "Errors"
     "bad_request": (400, "invalid_request_error"),

@@ -6,8 +6,9 @@ import dataclasses
 
 import pytest
 
+from tokenrelay.core.wire.errors import RequestError
 from tokenrelay.core.wire.params import SamplingParams
-from tokenrelay.core.wire.requests import Limits, RequestError, validate_params
+from tokenrelay.core.wire.requests import Limits, validate_params
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 FORMAT = {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA, "strict": True}}

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from tokenrelay.core.wire.errors import RequestError
 from tokenrelay.core.wire.params import SamplingParams
 from tokenrelay.core.wire.requests import (
     CHARS_PER_TOKEN,
@@ -15,7 +16,6 @@ from tokenrelay.core.wire.requests import (
     MAX_SEED,
     Limits,
     Message,
-    RequestError,
     check_input_size,
     is_request_id,
     validate_messages,

@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
+from tokenrelay.core.wire.errors import ResponseFormatError
 from tokenrelay.core.wire.response_format import (
     MAX_SCHEMA_BYTES,
     MAX_SCHEMA_DEPTH,
     MAX_SCHEMA_NODES,
     UNSUPPORTED_KEYWORDS,
     ResponseFormat,
-    ResponseFormatError,
     parse_response_format,
 )
 

@@ -7,14 +7,13 @@ from typing import Any
 
 import pytest
 
+from tokenrelay.core.wire.errors import RequestError, ResponseFormatError, ToolError
 from tokenrelay.core.wire.params import SamplingParams
-from tokenrelay.core.wire.requests import Limits, RequestError, validate_messages, validate_params
-from tokenrelay.core.wire.response_format import ResponseFormatError
+from tokenrelay.core.wire.requests import Limits, validate_messages, validate_params
 from tokenrelay.core.wire.tools import (
     OPEN,
     CallTextFilter,
     ToolChoice,
-    ToolError,
     call_grammar,
     decode_calls,
     encode_calls,

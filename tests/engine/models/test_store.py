@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tokenrelay.engine.errors import ModelNotFoundError
 from tokenrelay.engine.models.store import (
     COMPLETE_MARKER,
-    ModelNotFoundError,
     default_gguf_path,
     gguf_parsed_once,
     list_cached,

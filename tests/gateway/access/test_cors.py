@@ -23,11 +23,11 @@ from tokenrelay.gateway.access.cors import (
     MAX_HEADER_NAME,
     MAX_REQUEST_HEADERS,
     MAX_REQUEST_HEADERS_CHARS,
-    BadPreflight,
     CORSMiddleware,
     OriginPolicy,
     allow_headers,
 )
+from tokenrelay.gateway.errors import BadPreflight
 
 # What openai 6.x sends from a browser (Chromium lists them lower-cased and sorted).
 SDK_HEADERS = (

@@ -20,9 +20,10 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from tests.gateway.procs import Client, Proc, start_gateway, stop_all, wait_ready
 from tokenrelay.core.redis.embedded import EmbeddedRedis
 from tokenrelay.core.wire.stats import WorkerStats
-from tokenrelay.gateway.access.auth import Authenticator, AuthError, key_id, load_keys
+from tokenrelay.gateway.access.auth import Authenticator, key_id, load_keys
 from tokenrelay.gateway.access.cors import OriginPolicy
 from tokenrelay.gateway.access.hosts import HostPolicy
+from tokenrelay.gateway.errors import AuthError
 from tokenrelay.worker.store import WorkerStore
 
 KEY_A = "sk-test-alpha-0123456789"

@@ -6,7 +6,7 @@ import pytest
 
 from tokenrelay.core.wire.keys import Keys
 from tokenrelay.core.wire.stats import WorkerStats
-from tokenrelay.gateway.streams.errors import UnknownModel
+from tokenrelay.gateway.errors import UnknownModel
 from tokenrelay.gateway.streams.routing import Route, Served
 
 

@@ -21,7 +21,7 @@ from tokenrelay.core.wire.ids import new_stream_id
 from tokenrelay.core.wire.keys import GROUP, WORKER_DEAD_GRACE
 from tokenrelay.core.wire.scripts import decode_published
 from tokenrelay.core.wire.stats import WorkerStats
-from tokenrelay.gateway.streams.errors import (
+from tokenrelay.gateway.errors import (
     BadOffset,
     EventsTrimmed,
     StreamForbidden,
@@ -418,7 +418,7 @@ async def test_redis_outage_and_recovery(tmp_path, prefix: str) -> None:  # type
         tail = asyncio.create_task(collect(stream_store, sid, 0))
         await asyncio.sleep(0.2)
         server.stop()
-        from tokenrelay.gateway.streams.errors import RedisUnavailable
+        from tokenrelay.gateway.errors import RedisUnavailable
 
         with pytest.raises(RedisUnavailable):
             await asyncio.wait_for(tail, 5)

@@ -14,12 +14,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from tokenrelay.worker.upstream.client import (
-    ConnectError,
-    HttpClient,
-    ReadTimeout,
-    RemoteProtocolError,
-)
+from tokenrelay.worker.errors import ConnectError, ReadTimeout, RemoteProtocolError
+from tokenrelay.worker.upstream.client import HttpClient
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 

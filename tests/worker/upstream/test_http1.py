@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from tokenrelay.worker.upstream.http1 import MalformedHttp, ResponseParser, request_bytes
+from tokenrelay.worker.errors import MalformedHttp
+from tokenrelay.worker.upstream.http1 import ResponseParser, request_bytes
 from tokenrelay.worker.upstream.openai import SSEStream
 
 CHUNKED = (

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tokenrelay.core.wire.params import SamplingParams
-from tokenrelay.worker.upstream.failures import Refused, Retryable
+from tokenrelay.worker.errors import Refused, Retryable
 from tokenrelay.worker.upstream.openai import (
     SSEDecoder,
     mentions_stream_options,

@@ -1,4 +1,10 @@
-"""The stream store's exceptions, and what each tells the client on every transport.
+"""The gateway's exceptions, and what each of the stream store's tells the client.
+
+The access layer's (:class:`AuthError`, :class:`RateLimited`, :class:`TooManyStreams`,
+:class:`BadPreflight`), gRPC's :class:`GrpcUnavailable`, and the stream store's below.
+The two that render themselves stay with their format: ``ProtocolError`` (a WebSocket
+``error`` frame, gateway/session/protocol.py) and ``ApiError`` (an OpenAI error body,
+gateway/http/openai_request.py).
 
 The gateway's parts that reach Redis (gateway/streams/: the store, its tailer and
 subscriptions, model routing) raise these; :func:`refusal` maps each to a protocol error
@@ -23,16 +29,21 @@ from tokenrelay.core.wire.vocabulary import ErrorCode
 
 __all__ = [
     "STORE_ERRORS",
+    "AuthError",
     "BadOffset",
+    "BadPreflight",
     "EventsTrimmed",
+    "GrpcUnavailable",
     "NoWorker",
     "Overloaded",
+    "RateLimited",
     "RedisFull",
     "RedisUnavailable",
     "Refusal",
     "ShuttingDown",
     "StreamForbidden",
     "StreamNotFound",
+    "TooManyStreams",
     "UnknownModel",
     "refusal",
 ]
@@ -50,7 +61,7 @@ class RedisFull(RedisUnavailable):
     """Redis is at its ``maxmemory`` (or nearly, for a new stream): it takes no writes now.
 
     Reads still work. Whoever waits out an outage waits this out too; a new
-    stream is refused with ``overloaded`` (gateway/streams/errors.py).
+    stream is refused with ``overloaded`` (gateway/errors.py).
     """
 
 
@@ -80,6 +91,30 @@ class ShuttingDown(NoWorker):
 
 class UnknownModel(LookupError):
     """No live worker serves the requested model."""
+
+
+class AuthError(Exception):
+    """No valid credentials: the client gets ``unauthorized`` (401 / close 1008)."""
+
+
+class RateLimited(Exception):
+    """Over the per-key request rate: ``rate_limited`` (429) with ``Retry-After``."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class TooManyStreams(Exception):
+    """The key already has ``--max-streams-per-key`` streams open here."""
+
+
+class BadPreflight(ValueError):
+    """A preflight's ``Access-Control-Request-Headers`` is malformed or too long."""
+
+
+class GrpcUnavailable(RuntimeError):
+    """gRPC cannot be served by this installation (a package or the built code is missing)."""
 
 
 STORE_ERRORS = (
