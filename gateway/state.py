@@ -97,7 +97,7 @@ class Gateway:
                 settings.otlp_endpoint, GATEWAY_SERVICE, self.streams.gateway_id
             )
         self.models = ModelDirectory(self.streams, settings.model_name)  # who serves what
-        self.guard = Guard(settings.security, self.streams.redis, settings.redis_prefix)
+        self.guard = Guard(settings.security, self.streams.draw_tokens)
         self.connections: set[ClientSocket] = set()  # the open WebSockets
         self.shutting_down = False
         self.metrics = GatewayMetrics(self.streams, self.connections, lambda: self.shutting_down)

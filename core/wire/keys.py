@@ -143,5 +143,9 @@ class Keys:
         """The stream's own sharded pub/sub channel (cluster only; see the module doc)."""
         return f"{self.prefix}e:{{{stream_id}}}"
 
+    def rate_bucket(self, bucket: str) -> str:
+        """A per-key (or per-address) rate limit's token bucket (``BUCKET_LUA``)."""
+        return f"{self.prefix}rl:{bucket}"
+
     def worker(self, worker_id: str) -> str:
         return f"{self.prefix}w:{worker_id}"

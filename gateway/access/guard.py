@@ -21,8 +21,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-import redis.asyncio as aioredis
-
 from tokenrelay.core.exposure import is_loopback
 from tokenrelay.gateway.access.auth import (
     Authenticator,
@@ -31,7 +29,7 @@ from tokenrelay.gateway.access.auth import (
     install_log_redaction,
 )
 from tokenrelay.gateway.access.cors import OriginPolicy
-from tokenrelay.gateway.access.ratelimit import RateLimiter, StreamSlots
+from tokenrelay.gateway.access.ratelimit import Draw, RateLimiter, StreamSlots
 from tokenrelay.gateway.errors import AuthError, RateLimited, TooManyStreams
 
 log = logging.getLogger("tokenrelay.guard")
@@ -42,13 +40,13 @@ __all__ = ["AuthError", "Guard", "Principal", "RateLimited", "TooManyStreams"]
 class Guard:
     """Authentication, origin policy and per-key limits of one gateway."""
 
-    def __init__(self, settings: SecuritySettings, redis: aioredis.Redis, prefix: str) -> None:
+    def __init__(self, settings: SecuritySettings, draw: Draw) -> None:
         self.settings = settings
         self.auth = Authenticator(settings.api_keys, token_ttl=settings.ws_token_ttl)
         self.origins = OriginPolicy(settings.allow_origins)
-        self.rate = RateLimiter(redis, prefix, settings.rate_limit, settings.rate_burst)
+        self.rate = RateLimiter(draw, settings.rate_limit, settings.rate_burst)
         self.slots = StreamSlots(settings.max_streams_per_key)
-        self.address_rate = RateLimiter(redis, prefix, settings.rate_limit_per_address)
+        self.address_rate = RateLimiter(draw, settings.rate_limit_per_address)
         self.address_slots = StreamSlots(settings.max_streams_per_address)
         install_log_redaction()
 

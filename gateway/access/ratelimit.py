@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
-import redis.asyncio as aioredis
+from tokenrelay.gateway.errors import RateLimited, RedisUnavailable
 
-from tokenrelay.core.redis.connection import is_outage
-from tokenrelay.core.wire.scripts import BUCKET_LUA
-from tokenrelay.gateway.errors import RateLimited
+# the store's draw: (bucket, capacity, tokens per ms, cost) -> (allowed, wait s, left)
+Draw = Callable[[str, int, float, int], Awaitable[tuple[bool, float, int]]]
 
 log = logging.getLogger("tokenrelay.ratelimit")
 
@@ -39,32 +38,26 @@ class Verdict:
 class RateLimiter:
     """A Redis token bucket per key: ``per_minute`` refill, ``burst`` capacity."""
 
-    def __init__(
-        self, redis: aioredis.Redis, prefix: str, per_minute: float, burst: int = 0
-    ) -> None:
+    def __init__(self, draw: Draw, per_minute: float, burst: int = 0) -> None:
         self.per_minute = per_minute
         self.capacity = burst or max(1, math.ceil(per_minute))
-        self.prefix = prefix
-        self._script: Any = redis.register_script(BUCKET_LUA) if per_minute > 0 else None
+        self._draw: Draw | None = draw if per_minute > 0 else None
 
     @property
     def enabled(self) -> bool:
-        return self._script is not None
+        return self._draw is not None
 
     async def take(self, bucket: str, cost: int = 1) -> Verdict:
         """Draw ``cost`` tokens from ``bucket``; allowed when Redis is unreachable."""
-        if self._script is None:
+        if self._draw is None:
             return Verdict(True, 0.0, self.capacity)
-        rate = self.per_minute / 60_000.0
         try:
-            allowed, wait_ms, left = await self._script(
-                keys=[f"{self.prefix}rl:{bucket}"], args=[self.capacity, repr(rate), cost]
+            allowed, wait, left = await self._draw(
+                bucket, self.capacity, self.per_minute / 60_000.0, cost
             )
-        except Exception as exc:
-            if is_outage(exc):  # the request itself will report the outage
-                return Verdict(True, 0.0, 0)
-            raise
-        return Verdict(bool(allowed), int(wait_ms) / 1000.0, int(left))
+        except RedisUnavailable:  # the request itself will report the outage
+            return Verdict(True, 0.0, 0)
+        return Verdict(allowed, wait, left)
 
     async def check(self, bucket: str) -> None:
         """Raise :class:`RateLimited` when ``bucket`` has no token left."""

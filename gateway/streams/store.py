@@ -49,7 +49,14 @@ from tokenrelay.core.wire.keys import (
     Keys,
 )
 from tokenrelay.core.wire.records import MetaField, QueuedRequest, StreamMeta
-from tokenrelay.core.wire.scripts import APPEND_LUA, COUNT_LUA, Append, append_call, decode_append
+from tokenrelay.core.wire.scripts import (
+    APPEND_LUA,
+    BUCKET_LUA,
+    COUNT_LUA,
+    Append,
+    append_call,
+    decode_append,
+)
 from tokenrelay.core.wire.stats import STATS_FIELD, WorkerStats
 from tokenrelay.core.wire.telemetry import (
     DELIVERY_BUCKETS,
@@ -136,6 +143,7 @@ class StreamStore:
         self.attachments = Attachments(self.redis, self.keys, self.gateway_id, self._guard)
         self._workers_cache: tuple[float, list[str]] = (0.0, [])
         self._count = self.redis.register_script(COUNT_LUA)
+        self._bucket = self.redis.register_script(BUCKET_LUA)
         self.memory = MemoryGauge(self.redis, self._guard, admit_below=admit_memory)
         self.accepting = True  # False while the gateway drains
         # this process's totals, exported by gateway/observe/metrics.py
@@ -209,6 +217,16 @@ class StreamStore:
                 taken = pending.get("pending", 0) if isinstance(pending, dict) else 0
                 depth = (depth or 0) + max(0, length - int(taken or 0))
         return depth
+
+    async def draw_tokens(
+        self, bucket: str, capacity: int, per_ms: float, cost: int
+    ) -> tuple[bool, float, int]:
+        """Draw ``cost`` tokens from a rate limit's bucket (Redis' clock, all gateways):
+        ``(allowed, seconds until allowed, tokens left)``."""
+        keys = [self.keys.rate_bucket(bucket)]
+        args: list[int | str] = [capacity, repr(per_ms), cost]
+        allowed, wait_ms, left = await self._guard(self._bucket(keys=keys, args=args))
+        return bool(allowed), int(wait_ms) / 1000.0, int(left)
 
     async def meta_field(self, stream_id: str, name: str) -> str | None:
         """One field of a stream's metadata hash (``RedisUnavailable`` when Redis is down)."""
