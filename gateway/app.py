@@ -39,11 +39,11 @@ def routes(gw: Gateway, extra: Sequence[BaseRoute] = ()) -> list[BaseRoute]:
     """Every route of the gateway, in matching order (``extra`` just before the pages)."""
     return [
         WebSocketRoute("/v1/ws", websocket_endpoint),
-        *health.routes(),
+        *health.routes(gw.streams, lambda: gw.shutting_down),
         *openai.routes(gw),
         *streams.routes(gw),
-        *ws_token.routes(gw),
-        *metrics_route.routes(gw),
+        *ws_token.routes(gw.guard),
+        *metrics_route.routes(gw.metrics),
         *extra,
         *pages.page_routes(),
     ]

@@ -23,6 +23,7 @@ from tokenrelay.gateway.drain import ClientSocket
 from tokenrelay.gateway.observe.metrics import GatewayMetrics
 from tokenrelay.gateway.observe.readiness import ReadinessWatch
 from tokenrelay.gateway.session import protocol as p
+from tokenrelay.gateway.session.stream_session import SessionParts
 from tokenrelay.gateway.streams.routing import ModelDirectory
 from tokenrelay.gateway.streams.store import StreamStore
 
@@ -99,6 +100,9 @@ class Gateway:
         self.models = ModelDirectory(self.streams, settings.model_name)  # who serves what
         self.guard = Guard(settings.security, self.streams.draw_tokens)
         self.connections: set[ClientSocket] = set()  # the open WebSockets
+        self.session_parts = SessionParts(
+            self.streams, self.guard, self.models, settings.max_streams_per_connection
+        )
         self.shutting_down = False
         self.metrics = GatewayMetrics(self.streams, self.connections, lambda: self.shutting_down)
         self.server_name = f"tokenrelay/{version()}"

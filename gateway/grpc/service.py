@@ -76,7 +76,8 @@ class ChatCall(StreamSession):
     def __init__(
         self, gw: Gateway, pb2: Any, context: grpc.aio.ServicerContext, principal: Principal
     ) -> None:
-        super().__init__(gw, principal)
+        super().__init__(gw.session_parts, principal)
+        self.gw = gw
         self.pb2 = pb2
         self.context = context
         self.queue: asyncio.Queue[Any] = asyncio.Queue(gw.settings.send_queue)

@@ -26,16 +26,15 @@ from tokenrelay.gateway.http.common import error_response
 from tokenrelay.gateway.http.openai_request import error_for_code
 
 if TYPE_CHECKING:
-    from tokenrelay.gateway.state import Gateway
+    from tokenrelay.gateway.access.guard import Guard
 
 log = logging.getLogger("tokenrelay.api")
 
 
-def routes(gw: Gateway) -> list[BaseRoute]:
+def routes(guard: Guard) -> list[BaseRoute]:
     """``POST /v1/ws-token`` (listed in gateway/app.py)."""
 
     async def ws_token(request: Request) -> Response:
-        guard = gw.guard
         if not guard.auth.enabled:
             return JSONResponse({"token": None, "expires_at": None, "auth_required": False})
         address = request.client.host if request.client else "?"

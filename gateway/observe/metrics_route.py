@@ -22,7 +22,6 @@ from tokenrelay.core.wire.vocabulary import ErrorCode
 
 if TYPE_CHECKING:
     from tokenrelay.gateway.observe.metrics import GatewayMetrics
-    from tokenrelay.gateway.state import Gateway
 
 STATUS_CODES = {
     400: ErrorCode.BAD_REQUEST,
@@ -82,11 +81,11 @@ class HttpErrorCounter:
                 self.metrics.count_error(code_for(status, bytes(body)), "http")
 
 
-def routes(gw: Gateway) -> list[BaseRoute]:
+def routes(registry: GatewayMetrics) -> list[BaseRoute]:
     """``/metrics`` (listed in gateway/app.py)."""
 
     async def metrics(request: Request) -> Response:
-        await gw.metrics.refresh()
-        return Response(gw.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        await registry.refresh()
+        return Response(registry.render(), media_type=CONTENT_TYPE_LATEST)
 
     return [Route("/metrics", metrics, methods=["GET"])]

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tokenrelay.core.wire.errors import NO_SUCH_STREAM, as_code
@@ -33,7 +34,9 @@ from tokenrelay.gateway.errors import (
 from tokenrelay.gateway.session import protocol as p
 
 if TYPE_CHECKING:
-    from tokenrelay.gateway.state import Gateway
+    from tokenrelay.gateway.access.guard import Guard
+    from tokenrelay.gateway.streams.routing import ModelDirectory
+    from tokenrelay.gateway.streams.store import StreamStore
 
 log = logging.getLogger("tokenrelay.session")
 
@@ -81,14 +84,24 @@ class FrameRate:
         return self.violations >= MAX_VIOLATIONS
 
 
+@dataclass(frozen=True)
+class SessionParts:
+    """What a session uses of its gateway: the stream store, the guard, model routing."""
+
+    streams: StreamStore
+    guard: Guard
+    models: ModelDirectory
+    max_streams: int  # --max-streams-per-connection
+
+
 class StreamSession:
     """The streams one client channel carries; subclasses deliver the frames."""
 
     transport = "?"  # the metrics label of this channel's errors
     channel = "channel"  # what errors call it ("socket", "call")
 
-    def __init__(self, gw: Gateway, principal: Principal) -> None:
-        self.gw = gw
+    def __init__(self, parts: SessionParts, principal: Principal) -> None:
+        self.parts = parts
         self.principal = principal
         self.tails: dict[str, asyncio.Task[None]] = {}
         self.owned: set[str] = set()  # streams this channel started or resumed
@@ -141,9 +154,9 @@ class StreamSession:
         bucket = self._open_slot(rid, None)
         created = False
         try:
-            _, route = await self.gw.models.resolve(g.model)
-            await self.gw.guard.admit(self.principal)
-            new = await self.gw.streams.create(
+            _, route = await self.parts.models.resolve(g.model)
+            await self.parts.guard.admit(self.principal)
+            new = await self.parts.streams.create(
                 g.body(index), rid, model=route.model, traceparent=g.traceparent
             )
             created = True
@@ -155,7 +168,7 @@ class StreamSession:
             raise refused(exc, rid) from None
         finally:
             if not created:  # the slot goes back whatever went wrong
-                self.gw.guard.close_stream(bucket)
+                self.parts.guard.close_stream(bucket)
         self.slot_of[new.stream_id] = bucket
         self.owned.add(new.stream_id)
         extra = {"request_id": rid, "stream_id": new.stream_id, "transport": self.transport}
@@ -166,8 +179,8 @@ class StreamSession:
     async def _resume(self, r: p.Resume) -> None:
         sid = r.stream_id
         try:
-            info = await self.gw.streams.authorize(sid, r.resume_token)
-            await self.gw.streams.check_after(sid, r.after)
+            info = await self.parts.streams.authorize(sid, r.resume_token)
+            await self.parts.streams.check_after(sid, r.after)
         except STORE_ERRORS as exc:  # not found, forbidden, bad offset, Redis down
             raise refused(exc, sid=sid) from None
         old = self.tails.pop(sid, None)
@@ -180,7 +193,7 @@ class StreamSession:
             attach_id = None
             if info.status != StreamStatus.DONE:
                 with contextlib.suppress(RedisUnavailable):
-                    attach_id = await self.gw.streams.attach(sid)
+                    attach_id = await self.parts.streams.attach(sid)
             self.attach_of[sid] = attach_id
             self.owned.add(sid)
             extra = {"stream_id": sid, "request_id": info.request_id, "after": r.after,
@@ -194,12 +207,12 @@ class StreamSession:
 
     def _open_slot(self, rid: str | None, sid: str | None, new_tail: bool = True) -> str:
         """A ``--max-streams-per-key`` slot for a tail (one more here: ``new_tail``)."""
-        limit = self.gw.settings.max_streams_per_connection
+        limit = self.parts.max_streams
         if new_tail and len(self.tails) >= limit:  # --max-streams-per-connection
             msg = f"at most {limit} concurrent streams per {self.channel}"
             raise p.ProtocolError(ErrorCode.RATE_LIMITED, msg, request_id=rid, stream_id=sid)
         try:
-            return self.gw.guard.open_stream(self.principal)
+            return self.parts.guard.open_stream(self.principal)
         except TooManyStreams as exc:
             raise p.ProtocolError(
                 ErrorCode.RATE_LIMITED, str(exc), request_id=rid, stream_id=sid, retry_after=1
@@ -210,15 +223,15 @@ class StreamSession:
         try:
             if sid not in self.owned:
                 if c.resume_token is None:
-                    info = await self.gw.streams.info(sid)
+                    info = await self.parts.streams.info(sid)
                     if info is None:
                         raise StreamNotFound(NO_SUCH_STREAM)
                     raise StreamForbidden(
                         f"this {self.channel} did not start or resume the stream: "
                         "send its resume_token"
                     )
-                await self.gw.streams.authorize(sid, c.resume_token)
-            outcome = await self.gw.streams.request_cancel(sid)
+                await self.parts.streams.authorize(sid, c.resume_token)
+            outcome = await self.parts.streams.request_cancel(sid)
         except STORE_ERRORS as exc:  # not found, forbidden, Redis down
             raise refused(exc, sid=sid) from None
         done = outcome.already_finished
@@ -238,9 +251,9 @@ class StreamSession:
         """Give back a tail's per-key slot and remove its attachment (once per tail)."""
         bucket = self.slot_of.pop(sid, None)
         if bucket is not None:
-            self.gw.guard.close_stream(bucket)
+            self.parts.guard.close_stream(bucket)
         if sid in self.attach_of:
-            await self.gw.streams.detach(sid, self.attach_of.pop(sid))
+            await self.parts.streams.detach(sid, self.attach_of.pop(sid))
 
     async def detach_all(self) -> None:
         """The channel is gone: stop every tail and detach its streams (never a cancel)."""
@@ -254,7 +267,7 @@ class StreamSession:
 
     async def _tail(self, sid: str, after: int, started: Started | None) -> None:
         try:
-            await tail_frames(self.gw, sid, after, started, self.send, self.send_token)
+            await tail_frames(self.parts.streams, sid, after, started, self.send, self.send_token)
         finally:
             if self.tails.get(sid) is asyncio.current_task():
                 del self.tails[sid]
@@ -262,7 +275,7 @@ class StreamSession:
 
 
 async def tail_frames(
-    gw: Gateway,
+    streams: StreamStore,
     sid: str,
     after: int,
     started: Started | None,
@@ -277,7 +290,7 @@ async def tail_frames(
     """
     rid = started[0] if started else None
     try:
-        tail = gw.streams.tail(sid, after, resumed=started is None)
+        tail = streams.tail(sid, after, resumed=started is None)
         async with contextlib.aclosing(tail) as events:
             async for ev in events:
                 if ev.kind == EventKind.TOKEN:

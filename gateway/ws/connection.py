@@ -51,7 +51,8 @@ class Connection(StreamSession):
     channel = "socket"
 
     def __init__(self, ws: WebSocket, gw: Gateway) -> None:
-        super().__init__(gw, Principal(None))  # the principal: set by websocket_endpoint
+        super().__init__(gw.session_parts, Principal(None))  # principal: websocket_endpoint
+        self.gw = gw
         self.ws = ws
         self.queue: asyncio.Queue[str | _Close] = asyncio.Queue(gw.settings.send_queue)
         self.rate = FrameRate()

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tokenrelay.gateway.session import protocol as p
+from tokenrelay.gateway.session.stream_session import SessionParts
 from tokenrelay.gateway.streams.store import StreamStore
 from tokenrelay.gateway.ws.connection import Connection
 from tokenrelay.worker.store import WorkerStore
@@ -34,8 +35,8 @@ class Guard:
 
 
 def connection(stream_store: StreamStore, guard: Guard) -> Connection:
-    settings = SimpleNamespace(send_queue=4, max_streams_per_connection=8)
-    gw: Any = SimpleNamespace(streams=stream_store, guard=guard, settings=settings)
+    parts = SessionParts(stream_store, guard, None, max_streams=8)  # type: ignore[arg-type]
+    gw: Any = SimpleNamespace(settings=SimpleNamespace(send_queue=4), session_parts=parts)
     return Connection(SimpleNamespace(), gw)  # type: ignore[arg-type]
 
 

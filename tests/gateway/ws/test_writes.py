@@ -54,7 +54,7 @@ class ScriptedSocket:
 
 
 def connection(sock: ScriptedSocket, queue: int = 8) -> Connection:
-    gw: Any = SimpleNamespace(settings=SimpleNamespace(send_queue=queue))
+    gw: Any = SimpleNamespace(settings=SimpleNamespace(send_queue=queue), session_parts=None)
     return Connection(sock, gw)  # type: ignore[arg-type]
 
 
