@@ -1,16 +1,10 @@
 """``tokenrelay worker``: the engine loop, fed from and streaming to Redis.
 
-One worker process drives one engine through :class:`worker.engine_client.EngineClient`
-(our :class:`engine.LLMEngine`, or with ``--upstream`` a relay to an
-OpenAI-compatible server: worker/upstream/). Its loop:
-take requests from the consumer group (blocking briefly only when idle),
-apply cancels and detach timeouts, run one engine step, and append every
-stream's new events in one pipelined Redis round trip. Events are kept until
-Redis has confirmed them, so a Redis restart loses nothing: the worker waits,
-reconnects and writes them again (the log's continuity check turns a repeated
-write into a no-op and a lost one into a rewrite). A heartbeat thread
-publishes the engine's stats; gateways end the streams of a worker whose
-heartbeat stops. worker/store.py is the Redis side.
+One worker process drives one engine (worker/engine_client.py: ours, or a relay with
+``--upstream``). Its loop takes requests from the consumer group, applies cancels and
+detach timeouts, runs one engine step and appends every stream's new events in one
+pipelined round trip (worker/store.py), keeping them until Redis confirmed them: a
+Redis restart loses nothing. A heartbeat thread publishes the engine's stats.
 """
 
 from __future__ import annotations
@@ -27,7 +21,13 @@ from tokenrelay.core.wire.events import token_fields
 from tokenrelay.core.wire.logprobs import encode_logprobs
 from tokenrelay.core.wire.stats import COUNTERS, WorkerStats
 from tokenrelay.core.wire.vocabulary import FinishReason
-from tokenrelay.worker.engine_client import EngineClient, engine_config, local_engine, served_models
+from tokenrelay.worker.engine_client import (
+    EngineClient,
+    StepOutput,
+    engine_config,
+    local_engine,
+    served_models,
+)
 from tokenrelay.worker.health import start_health
 from tokenrelay.worker.heartbeat import Heartbeat
 from tokenrelay.worker.intake import Intake
@@ -199,34 +199,44 @@ class Worker:
             return
         self._step_failures = 0
         for out in outputs:
-            a = self.active.get(out.request_id)
-            if a is None:
-                continue
-            if out.new_token_ids:
-                self.telemetry.token(a.stream_id, getattr(out, "upstream_ttft", None))
-            if out.finished:
-                a.in_engine = False
-            if a.silent or a.final:
-                continue
-            if out.new_logprobs:
-                a.pending_logprobs.extend(out.new_logprobs)
-            if out.new_text:
-                a.events.append(token_fields(out.new_text, self._logprobs_of(a)))
-                a.text_chars += len(out.new_text)
-                if a.tools:
-                    a.text.append(out.new_text)
-            if out.finished:
-                reason = FinishReason(out.finish_reason or FinishReason.STOP)
-                if reason == FinishReason.CANCELLED:  # aborted: by a cancel, or expired
-                    reason = a.abort_reason or FinishReason.CANCELLED
-                self.counters[reason] = self.counters.get(reason, 0) + 1
-                message = getattr(
-                    out, "message", None
-                )  # why, for "error" (worker/engine_client.py)
-                a.events.append(
-                    a.done_event(reason, out.prompt_tokens, out.completion_tokens, message)
-                )
-                a.final = True
+            try:
+                self._take(out)
+            except Exception as exc:  # one stream's bug never drops the step's other outputs
+                a = self.active.get(out.request_id)
+                extra = {"stream_id": out.request_id, "request_id": a and a.request_id}
+                log.exception("a step output could not be written", extra=extra)
+                if a is not None and not a.final:
+                    if a.in_engine:
+                        self.engine.abort(a.stream_id)
+                        a.in_engine = False
+                    self.intake.end(a, FinishReason.ERROR, f"internal error: {type(exc).__name__}")
+
+    def _take(self, out: StepOutput) -> None:
+        """One request's output of a step: its token event, its done event when it ended."""
+        a = self.active.get(out.request_id)
+        if a is None:
+            return
+        if out.new_token_ids:
+            self.telemetry.token(a.stream_id, getattr(out, "upstream_ttft", None))
+        if out.finished:
+            a.in_engine = False
+        if a.silent or a.final:
+            return
+        if out.new_logprobs:
+            a.pending_logprobs.extend(out.new_logprobs)
+        if out.new_text:
+            a.events.append(token_fields(out.new_text, self._logprobs_of(a)))
+            a.text_chars += len(out.new_text)
+            if a.tools:
+                a.text.append(out.new_text)
+        if out.finished:
+            reason = FinishReason(out.finish_reason or FinishReason.STOP)
+            if reason == FinishReason.CANCELLED:  # aborted: by a cancel, or expired
+                reason = a.abort_reason or FinishReason.CANCELLED
+            self.counters[reason] = self.counters.get(reason, 0) + 1
+            message = getattr(out, "message", None)  # why, for an error (engine_client.py)
+            a.events.append(a.done_event(reason, out.prompt_tokens, out.completion_tokens, message))
+            a.final = True
 
     @staticmethod
     def _logprobs_of(a: Active) -> str | None:
@@ -345,9 +355,7 @@ def main(args: argparse.Namespace) -> int:
 def _run_worker(args: argparse.Namespace, status: StatusPipe) -> int:
     settings = WorkerSettings.from_args(args)  # ValueError: one line, exit 2
     check_cluster_mode(settings.redis_url, settings.redis_cluster)
-    worker_id = settings.worker_id
-    stop = threading.Event()
-    tracing = None
+    worker_id, stop, tracing = settings.worker_id, threading.Event(), None
     if settings.otlp_endpoint:  # else nothing of OpenTelemetry is imported
         from tokenrelay.core.tracing import WORKER_SERVICE, start_tracing
 
@@ -364,15 +372,13 @@ def _run_worker(args: argparse.Namespace, status: StatusPipe) -> int:
         log.info("loading model", extra={"model": args.model, "worker": worker_id})
         engine = local_engine(args)  # a signal while loading just ends the process
 
-    cluster = settings.redis_cluster
-    store = WorkerStore(settings.redis_url, worker_id, prefix=settings.redis_prefix,
-                        models=models, cluster=cluster)  # fmt: skip
-    worker = Worker(engine, store, detach_timeout=settings.detach_timeout,
-                    stream_ttl=settings.stream_ttl)  # fmt: skip
-    worker.stopping = stop
-    worker.telemetry.tracing = tracing
-    drain_timeout = settings.drain_timeout
-    install_signals(lambda: worker.drain(drain_timeout), stop.set, worker.draining.is_set)
+    s, cluster = settings, settings.redis_cluster
+    store = WorkerStore(
+        s.redis_url, worker_id, prefix=s.redis_prefix, models=models, cluster=cluster
+    )
+    worker = Worker(engine, store, detach_timeout=s.detach_timeout, stream_ttl=s.stream_ttl)
+    worker.stopping, worker.telemetry.tracing = stop, tracing
+    install_signals(lambda: worker.drain(s.drain_timeout), stop.set, worker.draining.is_set)
     worker._publish_stats()
     if health is not None:
         health.attach(worker)  # its loop runs in this thread

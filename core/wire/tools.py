@@ -59,7 +59,8 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 MAX_TOOLS = 128
 MAX_DESCRIPTION = 4096
 _NAME_RE = re.compile(r"[A-Za-z0-9_-]+")
-_BLOCK_RE = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.DOTALL)
+MAX_CALL_CHARS = 256 * 1024  # a block longer than this is no call (never parsed)
+MAX_CALLS = 128  # calls parsed from one completion, at most
 _EMPTY_PARAMETERS = '{"type":"object","properties":{}}'
 
 
@@ -247,6 +248,23 @@ def call_id(stream_id: str, index: int) -> str:
     return "call_" + digest[:24]
 
 
+def call_blocks(text: str) -> list[str]:
+    """What stands between each ``<tool_call>`` and the first ``</tool_call>`` after it,
+    stripped: one linear scan (``str.find``), whatever the text holds; a block over
+    :data:`MAX_CALL_CHARS` is skipped unread."""
+    blocks: list[str] = []
+    at = text.find(OPEN)
+    while at >= 0:
+        start = at + len(OPEN)
+        end = text.find(CLOSE, start)
+        if end < 0:
+            break
+        if end - start <= MAX_CALL_CHARS:
+            blocks.append(text[start:end].strip())
+        at = text.find(OPEN, end + len(CLOSE))
+    return blocks
+
+
 def parse_tool_calls(
     text: str, tools: Sequence[Tool], stream_id: str
 ) -> tuple[str, tuple[ToolCall, ...]]:
@@ -255,10 +273,12 @@ def parse_tool_calls(
         return text, ()
     offered = {t.name for t in tools}
     calls: list[ToolCall] = []
-    for block in _BLOCK_RE.finditer(text):
+    for block in call_blocks(text):
+        if len(calls) >= MAX_CALLS:
+            break
         try:
-            obj = json.loads(block.group(1))
-        except ValueError:
+            obj = json.loads(block)
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than Python goes
             continue
         if not isinstance(obj, dict) or obj.get("name") not in offered:
             continue
