@@ -6,6 +6,7 @@ workers' HEALTHCHECK command runs for real against a worker's health port (worke
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import shlex
 import subprocess
@@ -158,12 +159,20 @@ def test_the_build_context_leaves_out_the_checkout_state() -> None:
 
 
 def test_nginx_passes_the_port_and_the_gateways_trust_it() -> None:
-    """Host with its port (the same-origin check on :8080), and X-Forwarded-For believed."""
+    """Host with its port (the same-origin check on :8080); X-Forwarded-For is the client's
+    address as nginx saw it (a header the client sent is overwritten), and the gateways
+    believe it from nginx's fixed address only."""
     yaml = pytest.importorskip("yaml")
     conf = (DOCKER / "nginx.conf").read_text()
     assert re.search(r"proxy_set_header\s+Host\s+\$http_host;", conf)
-    assert re.search(r"proxy_set_header\s+X-Forwarded-For\s+\$proxy_add_x_forwarded_for;", conf)
+    assert re.search(r"proxy_set_header\s+X-Forwarded-For\s+\$remote_addr;", conf)
+    assert "$proxy_add_x_forwarded_for" not in conf  # appending keeps the client's lie
     compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
-    gateway = compose["services"]["gateway"]
-    assert gateway["environment"]["TOKENRELAY_FORWARDED_ALLOW_IPS"] == "*"
-    assert "ports" not in gateway  # trusted because only nginx can reach it
+    gateway, proxy = compose["services"]["gateway"], compose["services"]["proxy"]
+    trusted = gateway["environment"]["TOKENRELAY_FORWARDED_ALLOW_IPS"]
+    assert trusted == proxy["networks"]["front"]["ipv4_address"]
+    assert "front" in gateway["networks"]
+    (pool,) = compose["networks"]["front"]["ipam"]["config"]
+    assert ipaddress.ip_address(trusted) in ipaddress.ip_network(pool["subnet"])
+    assert ipaddress.ip_address(trusted) not in ipaddress.ip_network(pool["ip_range"])
+    assert "ports" not in gateway  # only nginx can reach it

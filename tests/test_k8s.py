@@ -89,7 +89,7 @@ def test_gateway_probes_drain_and_autoscaler_match_the_code() -> None:
     health = (ROOT / "gateway" / "observe" / "health.py").read_text()
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz" and '"/readyz"' in health
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz" and '"/healthz"' in health
-    env = {v["name"]: v["value"] for v in c["env"]}
+    env = {v["name"]: v.get("value") for v in c["env"]}
     drain = float(env.get("TOKENRELAY_DRAIN_TIMEOUT", DRAIN_TIMEOUT))
     spec = find("Deployment", "gateway")["spec"]["template"]["spec"]
     pre_stop = c["lifecycle"]["preStop"]["sleep"]["seconds"]
@@ -106,7 +106,7 @@ def test_gateway_probes_drain_and_autoscaler_match_the_code() -> None:
 
 def test_worker_health_port_and_gpu() -> None:
     c = container("worker")
-    env = {v["name"]: v["value"] for v in c["env"]}
+    env = {v["name"]: v.get("value") for v in c["env"]}
     port = int(env["TOKENRELAY_HEALTH_PORT"])
     assert env["TOKENRELAY_HEALTH_HOST"] == "0.0.0.0"  # the kubelet probes the pod's address
     assert c["ports"][0]["containerPort"] == port
@@ -128,3 +128,13 @@ def test_redis_never_evicts_a_stream() -> None:
 def test_the_manifests_parse_as_yaml_with_no_tabs() -> None:
     for path in K8S.glob("*.yaml"):
         assert "\t" not in Path(path).read_text(), path
+
+
+def test_gateways_believe_forwarded_headers_from_the_configured_proxy_only() -> None:
+    """A client's own X-Forwarded-For (127.0.0.1, say) must not make it loopback: the
+    trusted proxies come from the gateway-proxy ConfigMap, never ``*``."""
+    c = container("gateway")
+    (var,) = [v for v in c["env"] if v["name"] == "TOKENRELAY_FORWARDED_ALLOW_IPS"]
+    ref = var["valueFrom"]["configMapKeyRef"]
+    trusted = find("ConfigMap", ref["name"])["data"][ref["key"]]
+    assert "*" not in trusted and trusted.strip()
