@@ -39,7 +39,7 @@ GROUP = "workers"
 DEFAULT_PREFIX = "tr:"
 
 
-STREAM_ID_RE = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
+STREAM_ID_RE = re.compile(r"[A-Za-z0-9_-]{16,64}")  # fullmatch: `$` would allow a "\n"
 
 
 # Timing shared by gateways and workers (seconds).

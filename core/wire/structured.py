@@ -71,7 +71,7 @@ def _call(raw: Any, field: str) -> dict[str, Any]:
         raise ToolError("must be a string of JSON", f"{field}.function.arguments")
     try:
         json.loads(args)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than Python goes
         raise ToolError("is not valid JSON", f"{field}.function.arguments") from None
     return {"id": call_id, "type": "function", "function": {"name": fn["name"], "arguments": args}}
 

@@ -78,7 +78,7 @@ def resume_token(request: Request, body: dict[str, Any] | None = None) -> str:
 
 def stream_id_of(request: Request) -> str:
     sid = str(request.path_params["stream_id"])
-    if not STREAM_ID_RE.match(sid):
+    if not STREAM_ID_RE.fullmatch(sid):
         raise error_for_code(ErrorCode.NOT_FOUND, NO_SUCH_STREAM)
     return sid
 

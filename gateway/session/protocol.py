@@ -183,7 +183,7 @@ def _stream_id(obj: dict[str, Any]) -> str:
         raise ProtocolError(ErrorCode.BAD_REQUEST, "missing field 'stream_id'")
     if not isinstance(sid, str):
         raise ProtocolError(ErrorCode.BAD_REQUEST, "stream_id must be a string")
-    if not STREAM_ID_RE.match(sid):
+    if not STREAM_ID_RE.fullmatch(sid):
         shown = sid if len(sid) <= 64 else None
         raise ProtocolError(ErrorCode.NOT_FOUND, "no such stream", stream_id=shown)
     return sid

@@ -13,7 +13,7 @@ worker's ``--model-name``, or else every model the upstream lists.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
 from tokenrelay.core.options import MAX_INFLIGHT as DEFAULT_MAX_INFLIGHT
@@ -60,7 +60,7 @@ class UpstreamConfig:
     model: str | None = None  # the model name sent upstream; None: its first listed model
     models: tuple[str, ...] = ()  # every --upstream-model name (model is the first)
     served_name: str | None = None  # --model-name: the one model's name for clients
-    api_key: str | None = None  # sent as ``Authorization: Bearer``
+    api_key: str | None = field(default=None, repr=False)  # ``Authorization: Bearer``; never logged
     timeout: float = DEFAULT_TIMEOUT  # no byte for this long: the call fails
     max_inflight: int = DEFAULT_MAX_INFLIGHT  # calls at once (the worker takes no more)
 

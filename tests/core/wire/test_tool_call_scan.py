@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -58,3 +59,16 @@ def test_a_block_over_the_cap_is_never_parsed() -> None:
 def test_at_most_max_calls_are_parsed() -> None:
     text = f"{OPEN}{CALL}{CLOSE}" * (MAX_CALLS + 10)
     assert len(parse_tool_calls(text, TOOLS, "s")[1]) == MAX_CALLS
+
+
+def test_history_arguments_nested_too_deep_are_a_bad_request() -> None:
+    """A client's own tool-call arguments in the history: a 400 naming the field."""
+    from tokenrelay.core.wire.errors import RequestError
+    from tokenrelay.core.wire.requests import Limits, validate_messages
+
+    deep = "[" * 100_000 + "]" * 100_000
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": deep}}
+    msg = {"role": "assistant", "content": "", "tool_calls": [call]}
+    with pytest.raises(RequestError) as info:
+        validate_messages([msg], Limits(max_input_chars=10**7))
+    assert info.value.code == "bad_request" and "arguments" in (info.value.field or "")

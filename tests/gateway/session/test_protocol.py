@@ -301,3 +301,9 @@ def test_encode_token_is_the_generic_encoding(text: str, seq: int) -> None:
     """The per-token fast path writes exactly what encode(token_frame(...)) writes."""
     assert p.encode_token(SID, seq, text) == p.encode(p.token_frame(SID, seq, text))
     assert json.loads(p.encode_token(SID, seq, text))["text"] == text
+
+
+def test_a_stream_id_with_a_trailing_newline_is_no_stream_id() -> None:
+    """``$`` in a pattern matches before a final newline: ids are matched whole."""
+    err = error_of({"type": "resume", "stream_id": SID + "\n", "resume_token": "t"})
+    assert err.code == "not_found"

@@ -36,3 +36,8 @@ def test_the_worker_flags_and_their_environment_make_the_config(
     assert cfg.auth_headers() == {"Authorization": "Bearer sk-test"}
     with pytest.raises(ValueError, match="--max-inflight"):
         UpstreamConfig("http://h/v1", max_inflight=0)
+
+
+def test_the_api_key_never_shows_in_a_repr() -> None:
+    cfg = UpstreamConfig("http://up:8000/v1", api_key="sk-very-secret")
+    assert "sk-very-secret" not in repr(cfg) and cfg.api_key == "sk-very-secret"
