@@ -76,7 +76,7 @@ class Event:
     tool_calls: str | None = None  # a done event's calls as stored (core.wire.tools.decode_calls)
 
 
-_KIND_NAMES = {
+_KIND_NAMES: dict[str, EventKind] = {
     StoredKind.ACCEPTED: EventKind.ACCEPTED,
     StoredKind.TOKEN: EventKind.TOKEN,
     StoredKind.DONE: EventKind.DONE,
@@ -95,7 +95,7 @@ def decode_event(eid: bytes | str, fields: dict[Any, Any]) -> Event:
 
 def event_from_fields(seq: int, f: dict[str, str]) -> Event:
     """Build the :class:`Event` with seq ``seq`` from its stored fields."""
-    kind = _KIND_NAMES.get(f.get(F.KIND, ""), EventKind.UNKNOWN)  # type: ignore[call-overload]
+    kind = _KIND_NAMES.get(f.get(F.KIND, ""), EventKind.UNKNOWN)
     return Event(
         seq=seq,
         kind=kind,

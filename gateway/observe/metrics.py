@@ -86,8 +86,8 @@ class GatewayMetrics:
         try:
             ids = await streams.live_workers(max_age=0)
             stats = dict(zip(ids, await streams.worker_stats(ids), strict=True))
-            models: set[str | None] = {m for s in stats.values() if s for m in s.models}
-            depth = await streams.queue_depth([*sorted(models, key=str), None])
+            models = sorted({m for s in stats.values() if s for m in s.models})
+            depth = await streams.queue_depth([*models, None])
         except Exception as exc:
             if not isinstance(exc, RedisUnavailable | RedisFull):
                 log.warning("metrics: reading worker stats failed: %r", exc)
