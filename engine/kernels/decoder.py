@@ -25,7 +25,7 @@ import torch
 
 from tokenrelay.core.runtime import env_switch
 from tokenrelay.engine.kernels.build import BUILD_ERRORS, CSRC, ENV_SWITCH, load
-from tokenrelay.engine.kernels.quant import QuantWeight
+from tokenrelay.engine.kernels.quant import QuantStack, QuantWeight
 
 log = logging.getLogger("tokenrelay.engine")
 
@@ -38,8 +38,13 @@ ROWS_PER_THREAD_FOR_WHOLE_HEADS = 4
 _p, _i64 = ctypes.c_void_p, ctypes.c_int64
 
 
+class _QPart(ctypes.Structure):
+    _fields_ = [("w", _p), ("n", _i64), ("qtype", _i64)]
+
+
 class _QMat(ctypes.Structure):
-    _fields_ = [("w", _p), ("n", _i64), ("k", _i64), ("qtype", _i64)]
+    _fields_ = [("part", _QPart * QuantStack.MAX_PARTS), ("parts", _i64), ("n", _i64),
+                ("k", _i64)]  # fmt: skip
 
 
 class _Layer(ctypes.Structure):
@@ -99,11 +104,11 @@ class LayerWeights:
     """One decoder layer's weights as the fused step reads them (biases/q-k norms optional)."""
 
     input_norm: torch.Tensor  # [hidden]
-    qkv: QuantWeight  # [(H + 2 Hkv) D, hidden]
-    o: QuantWeight  # [hidden, H D]
+    qkv: Projection  # [(H + 2 Hkv) D, hidden]
+    o: Projection  # [hidden, H D]
     post_norm: torch.Tensor  # [hidden]
-    gate_up: QuantWeight  # [2 I, hidden]
-    down: QuantWeight  # [hidden, I]
+    gate_up: Projection  # [2 I, hidden]
+    down: Projection  # [hidden, I]
     qkv_bias: torch.Tensor | None = None
     q_norm: torch.Tensor | None = None  # [D], with k_norm
     k_norm: torch.Tensor | None = None
@@ -133,10 +138,18 @@ def _vector(t: torch.Tensor | None, n: int, what: str) -> torch.Tensor | None:
     return t.contiguous()
 
 
-def _qmat(w: QuantWeight, n: int, k: int, what: str) -> _QMat:
-    if not isinstance(w, QuantWeight) or w.shape != (n, k):
-        raise ValueError(f"fused decoder: {what} must be a QuantWeight [{n}, {k}]")
-    return _QMat(w.data_ptr, w.n, w.k, w.type_id)
+# What the step multiplies: one quantized matrix, or one stacked from parts by rows.
+Projection = QuantWeight | QuantStack
+
+
+def _qmat(w: Projection, n: int, k: int, what: str) -> _QMat:
+    if not isinstance(w, QuantWeight | QuantStack) or w.shape != (n, k):
+        raise ValueError(f"fused decoder: {what} must be a QuantWeight or QuantStack [{n}, {k}]")
+    parts = w.parts if isinstance(w, QuantStack) else (w,)
+    mat = _QMat(parts=len(parts), n=n, k=k)
+    for i, part in enumerate(parts):
+        mat.part[i] = _QPart(part.data_ptr, part.n, part.type_id)
+    return mat
 
 
 class FusedDecoder:

@@ -10,12 +10,19 @@ the formats in :data:`QTYPES`:
 * ``Q4_1``: 20 bytes, fp16 ``d``, fp16 ``m``, 16 bytes; ``w[j] = (q[j] & 15) d + m``, ...
 * ``Q8_0``: 34 bytes, fp16 ``d``, 32 int8 ``q``; ``w[j] = q[j] d``.
 
+and the K-quants of :data:`KQTYPES`, super-blocks of 256 weights (``Q4_K`` 144 bytes,
+``Q5_K`` 176, ``Q6_K`` 210; ``csrc/kquant.c`` documents them). Those are multiplied the
+way the format was designed for: each row of ``x`` is quantized to int8 per 256 values
+and the dot products run in integers (AVX512-VNNI where the CPU has it), so a row's
+result depends on that row alone, never on the rest of the batch.
+
 :meth:`QuantWeight.matmul` (``x @ W^T``) and :meth:`QuantWeight.rows` (the embedding
 lookup) run ``csrc/quant_matmul.c``, built at first use like the other compiled kernels
-(:mod:`tokenrelay.engine.kernels.build`): each weight is dequantized in registers, exactly, and
-multiplied against the fp32 activations, so results match a product with the
-dequantized matrix up to float rounding order. Where the kernel cannot be built, or
-``TOKENRELAY_CPU_KERNELS=0``, the same methods dequantize with torch ops and call
+(:mod:`tokenrelay.engine.kernels.build`): each weight is dequantized in registers,
+exactly, and multiplied against the fp32 activations (K-quants: against int8
+activations), so results match a product with the dequantized matrix up to float
+rounding order. Where the kernel cannot be built, or ``TOKENRELAY_CPU_KERNELS=0``, the
+same methods dequantize without it (torch ops; gguf-py for the K-quants) and call
 ``F.linear`` (slower, and it holds the fp32 matrix for the duration of the call).
 
 The C side checks nothing: every shape, dtype and index is checked here first.
@@ -38,11 +45,18 @@ from tokenrelay.engine.kernels.build import BUILD_ERRORS, CSRC, ENV_SWITCH, load
 log = logging.getLogger("tokenrelay.engine")
 
 SOURCE = CSRC / "quant_matmul.c"
-BLOCK = 32  # weights per block, every format here
+BLOCK = 32  # weights per block of the QTYPES
+KBLOCK = 256  # weights per super-block of the KQTYPES
 # name -> (ggml type id, bytes per block of 32 weights)
 QTYPES: dict[str, tuple[int, int]] = {"Q4_0": (2, 18), "Q4_1": (3, 20), "Q8_0": (8, 34)}
-QUANT_TYPES: tuple[str, ...] = tuple(QTYPES)  # the names, for messages and membership
-_BY_ID = {type_id: name for name, (type_id, _) in QTYPES.items()}
+# name -> (ggml type id, bytes per super-block of 256 weights)
+KQTYPES: dict[str, tuple[int, int]] = {"Q4_K": (12, 144), "Q5_K": (13, 176), "Q6_K": (14, 210)}
+_FORMATS = {
+    **{name: (tid, size, BLOCK) for name, (tid, size) in QTYPES.items()},
+    **{name: (tid, size, KBLOCK) for name, (tid, size) in KQTYPES.items()},
+}
+QUANT_TYPES: tuple[str, ...] = tuple(_FORMATS)  # the names, for messages and membership
+_BY_ID = {type_id: name for name, (type_id, _, _) in _FORMATS.items()}
 
 _i64, _int, _ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
 
@@ -57,6 +71,9 @@ class QuantKernel:
         self._rows = library.tr_quant_rows
         self._rows.restype = ctypes.c_int
         self._rows.argtypes = [_ptr, _i64, _int, _ptr, _i64, _ptr]
+        self._kq_x = library.tr_kq_quantized_x
+        self._kq_x.restype = ctypes.c_int
+        self._kq_x.argtypes = [_ptr, _i64, _i64, _i64, _ptr]
 
     def matmul(self, x: torch.Tensor, w: QuantWeight, y: torch.Tensor) -> None:
         """``y`` ``[M, N]`` (contiguous) = ``x @ W^T``; ``x`` ``[M, K]`` with contiguous rows.
@@ -78,6 +95,19 @@ class QuantKernel:
             raise MemoryError("quant matmul kernel: no memory for its panel scratch")
         if rc != 0:
             raise ValueError(f"quant matmul kernel: refused qtype {w.qtype}")
+
+    def quantized_x(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` ``[M, K]`` fp32 (K a multiple of 256) as the K-quant products see it: each
+        value its int8 quantization times its block's scale (the exact input of a test's
+        reference product)."""
+        if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] % KBLOCK:
+            raise ValueError(f"quantized_x: x must be fp32 [M, K], K a multiple of {KBLOCK}")
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        if x.numel() and self._kq_x(x.data_ptr(), x.shape[0], x.shape[1], x.shape[1],
+                                    out.data_ptr()):  # fmt: skip
+            raise MemoryError("quantized_x: no memory for its scratch")
+        return out
 
     def rows(self, w: QuantWeight, ids: torch.Tensor, out: torch.Tensor) -> None:
         """``out[i]`` = row ``ids[i]`` of ``W``, dequantized; ids already checked."""
@@ -105,17 +135,27 @@ def quant_kernel() -> QuantKernel | None:
 def _qtype_name(qtype: str | int) -> str:
     """``"Q4_1"``, ``3`` or ``GGMLQuantizationType.Q4_1`` -> ``"Q4_1"``."""
     name = getattr(qtype, "name", None)  # an IntEnum like gguf's GGMLQuantizationType
-    if isinstance(name, str) and name in QTYPES:
+    if isinstance(name, str) and name in _FORMATS:
         return name
-    if isinstance(qtype, str) and qtype.upper() in QTYPES:
+    if isinstance(qtype, str) and qtype.upper() in _FORMATS:
         return qtype.upper()
     if isinstance(qtype, int) and not isinstance(qtype, bool) and qtype in _BY_ID:
         return _BY_ID[qtype]
-    raise ValueError(f"quant weight: unsupported qtype {qtype!r} (supported: {', '.join(QTYPES)})")
+    supported = ", ".join(QUANT_TYPES)
+    raise ValueError(f"quant weight: unsupported qtype {qtype!r} (supported: {supported})")
 
 
 def dequantize_blocks(blocks: torch.Tensor, qtype: str) -> torch.Tensor:
-    """uint8 blocks ``[N, K / 32 * bytes]`` -> fp32 ``[N, K]``, with torch ops only."""
+    """uint8 blocks ``[N, K / block * bytes]`` -> fp32 ``[N, K]`` without the kernel.
+
+    The 32-weight formats with torch ops; the K-quants with gguf-py's numpy reference.
+    """
+    if qtype in KQTYPES:
+        from gguf.constants import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        raw = blocks.contiguous().numpy()
+        return torch.from_numpy(dequantize(raw, GGMLQuantizationType[qtype]).astype("float32"))
     _, size = QTYPES[qtype]
     n = blocks.shape[0]
     b = blocks.reshape(n, -1, size)
@@ -132,10 +172,11 @@ def dequantize_blocks(blocks: torch.Tensor, qtype: str) -> torch.Tensor:
 
 
 class QuantWeight:
-    """A weight matrix ``[N, K]`` kept in GGUF blocks (Q4_0, Q4_1 or Q8_0), CPU only.
+    """A weight matrix ``[N, K]`` kept in GGUF blocks (:data:`QUANT_TYPES`), CPU only.
 
-    ``blocks`` is the uint8 tensor ``[N, K / 32 * block bytes]`` (a copy is made only
-    when it is not contiguous); ``qtype`` a name from :data:`QTYPES`, a ggml type id or
+    ``blocks`` is the uint8 tensor ``[N, K / block * block bytes]`` (a copy is made only
+    when it is not contiguous: a view of a mapped file stays one); ``qtype`` a name from
+    :data:`QUANT_TYPES`, a ggml type id or
     gguf's ``GGMLQuantizationType``. ``n`` and ``k``, when given, are checked against
     the blocks' shape. Refuses anything else with a ``ValueError``.
     """
@@ -144,7 +185,7 @@ class QuantWeight:
         self, blocks: torch.Tensor, qtype: str | int, n: int | None = None, k: int | None = None
     ) -> None:
         self.qtype = _qtype_name(qtype)
-        self.type_id, self.block_bytes = QTYPES[self.qtype]
+        self.type_id, self.block_bytes, self.block_weights = _FORMATS[self.qtype]
         if not isinstance(blocks, torch.Tensor):
             raise ValueError("quant weight: blocks must be a torch.Tensor (uint8)")
         if blocks.dtype != torch.uint8:
@@ -161,15 +202,16 @@ class QuantWeight:
             )
         if n is not None and n != rows:
             raise ValueError(f"quant weight: blocks hold {rows} rows, not N={n}")
-        if k is not None and k != width // self.block_bytes * BLOCK:
+        holds = width // self.block_bytes * self.block_weights
+        if k is not None and k != holds:
             raise ValueError(
-                f"quant weight: rows of {width} bytes hold K={width // self.block_bytes * BLOCK}"
-                f" {self.qtype} weights, not K={k}"
+                f"quant weight: rows of {width} bytes hold K={holds} {self.qtype} weights,"
+                f" not K={k}"
             )
         self.blocks = blocks.contiguous()
         self.data_ptr = self.blocks.data_ptr()  # fixed: the blocks are never written
         self.n = int(rows)
-        self.k = width // self.block_bytes * BLOCK
+        self.k = holds
 
     @classmethod
     def from_gguf(cls, tensor: Any) -> QuantWeight:
@@ -284,3 +326,55 @@ def concat_rows(weights: Sequence[QuantWeight]) -> QuantWeight:
                 f"concat_rows: {w.qtype} K={w.k} does not stack on {first.qtype} K={first.k}"
             )
     return QuantWeight(torch.cat([w.blocks for w in weights], dim=0), first.qtype)
+
+
+class QuantStack:
+    """A matrix ``[N, K]`` stacked by rows from quantized parts, each in its own type.
+
+    A fused q/k/v or gate/up projection whose parts differ in type (a Q4_K_M file keeps
+    some layers' v in Q6_K beside Q4_K q and k) or live apart in a mapped file: nothing
+    is copied. :meth:`matmul` multiplies part by part; the fused decoder reads the
+    parts in place (engine/kernels/decoder.py).
+    """
+
+    MAX_PARTS = 3  # what the fused decoder's C struct holds
+
+    def __init__(self, parts: Sequence[QuantWeight]) -> None:
+        if not parts:
+            raise ValueError("quant stack: no parts")
+        if len(parts) > self.MAX_PARTS:
+            raise ValueError(f"quant stack: at most {self.MAX_PARTS} parts, not {len(parts)}")
+        k = parts[0].k
+        for w in parts:
+            if not isinstance(w, QuantWeight) or w.k != k:
+                raise ValueError(f"quant stack: every part must be a QuantWeight with K={k}")
+        self.parts: tuple[QuantWeight, ...] = tuple(parts)
+        self.n = sum(w.n for w in parts)
+        self.k = k
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(N, K)``: output rows (all parts), input features."""
+        return self.n, self.k
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every part's blocks."""
+        return sum(w.nbytes for w in self.parts)
+
+    @property
+    def qtypes(self) -> tuple[str, ...]:
+        """Each part's type name."""
+        return tuple(w.qtype for w in self.parts)
+
+    def __repr__(self) -> str:
+        return f"QuantStack({'+'.join(self.qtypes)}, N={self.n}, K={self.k})"
+
+    def matmul(self, x: torch.Tensor, *, use_kernel: bool = True) -> torch.Tensor:
+        """``x`` ``[..., K]`` fp32 -> ``x @ W^T`` ``[..., N]``: each part's product, joined."""
+        outs = [w.matmul(x, use_kernel=use_kernel) for w in self.parts]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+
+    def dequantize(self, *, use_kernel: bool = True) -> torch.Tensor:
+        """The whole matrix, fp32 ``[N, K]``."""
+        return torch.cat([w.dequantize(use_kernel=use_kernel) for w in self.parts])

@@ -1,29 +1,37 @@
 """Load a GGUF file's weights into :class:`engine.models.llama.CausalLM` as they are: quantized.
 
 The projections (and the token embedding, which is also the tied LM head) stay in
-the file's block format (Q4_0, Q4_1, Q8_0) as :class:`engine.kernels.quant.QuantWeight`
-and are multiplied by the C kernels of ``engine/kernels/csrc/quant_matmul.c``; only
-the norms and biases (F32 in the file) become dense tensors. Nothing is dequantized
-to fp32, so the default model takes 98 MB in memory, not 540 MB, and a decode step
-reads that much less.
+the file's block format (:data:`engine.kernels.quant.QUANT_TYPES`: Q4_0, Q4_1, Q8_0
+and the K-quants Q4_K, Q5_K, Q6_K) as :class:`engine.kernels.quant.QuantWeight` and
+are multiplied by the C kernels of ``engine/kernels/csrc``; only the norms and biases
+(F32 in the file) become dense tensors. Nothing is dequantized to fp32.
+
+What is mapped and what is copied: every quantized tensor is a read-only view of the
+file's memory map (``GGUFIndex``), so the weights cost what the file does, shared with
+the page cache, and a second start reads nothing twice. Fused projections are not
+concatenated: q/k/v and gate/up are a :class:`engine.kernels.quant.QuantStack` of their
+mapped parts, which may differ in type (a Q4_K_M file keeps some layers' v in Q6_K).
+Copied: the norms (fp32), and the q and k projections of Llama/Mistral files, whose
+rows llama.cpp's converter permutes for its rotary layout: the permutation is undone
+on whole rows of blocks into a copy, and the mapped pages of the original are dropped
+from resident memory (``GGUFIndex.release``).
 
 The architecture comes from the ``config.json`` prepared next to the tokenizer
 (:func:`engine.models.store.resolve_model_metadata`); the tensors are matched by
-their GGUF names. llama.cpp's converter permutes the rows of the q and k
-projections of Llama/Mistral models for its rotary layout; the permutation is
-undone here on whole rows of blocks.
+their GGUF names.
 """
 
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from tokenrelay.engine.kernels.quant import QUANT_TYPES, QuantWeight
+from tokenrelay.engine.kernels.quant import QUANT_TYPES, QuantStack, QuantWeight
 from tokenrelay.engine.models.config import ModelConfig
 from tokenrelay.engine.models.gguf_file import GGUFIndex
 from tokenrelay.engine.models.llama import CausalLM
@@ -76,7 +84,9 @@ class GGUFTensors:
                 f"{', '.join(QUANT_TYPES)} matrices (use --weights fp32)"
             )
         n, k = t.shape[1], t.shape[0]  # GGUF lists dims innermost first
-        data = torch.from_numpy(np.array(self.index.data(name), copy=True)).reshape(n, -1)
+        with warnings.catch_warnings():  # the view is read-only, and nothing writes to it
+            warnings.simplefilter("ignore", UserWarning)
+            data = torch.from_numpy(self.index.data(name)).reshape(n, -1)
         return QuantWeight(data, qtype, n, k)
 
     def dense(self, name: str) -> torch.Tensor:
@@ -89,19 +99,35 @@ class GGUFTensors:
         return torch.from_numpy(raw.astype(np.float32)).reshape(shape)
 
 
+def fp32_bytes(index: GGUFIndex) -> int:
+    """What the file's tensors take dequantized to fp32 (what ``--weights fp32`` holds)."""
+    return 4 * sum(int(np.prod(t.shape, dtype=np.int64)) for t in index.tensors.values())
+
+
 def native_unsupported(path: Path) -> str | None:
-    """Why ``path`` cannot be served as it is (a tensor type we do not multiply), or None."""
-    for t in GGUFIndex(path).tensors.values():
+    """Why ``path`` cannot be served as it is (a tensor type we do not multiply), or None.
+
+    One line naming the first such tensor and its type, and what ``--weights fp32``
+    would cost in memory instead.
+    """
+    index = GGUFIndex(path)
+    for t in index.tensors.values():
         kind = t.type_name
         if kind not in QUANT_TYPES and kind not in ("F32", "F16"):
-            return f"{t.name} is {kind} (native weights support {', '.join(QUANT_TYPES)})"
+            gib = fp32_bytes(index) / 2**30
+            return (
+                f"{t.name} is {kind}, which the CPU kernels do not multiply (they do "
+                f"{', '.join(QUANT_TYPES)}); --weights fp32 would hold {gib:.1f} GiB of "
+                f"dequantized weights instead of the file's {path.stat().st_size / 2**30:.1f} GiB"
+            )
     return None
 
 
 def _projection(g: GGUFTensors, prefix: str, name: str, heads: int | None) -> QuantWeight:
     w = g.quant(prefix + name)
     if heads is not None and g.arch in _PERMUTED_ARCHS:
-        w = w.take_rows(unpermute_rows(w.n, heads))
+        w = w.take_rows(unpermute_rows(w.n, heads))  # a copy: drop the mapped original
+        g.index.release(prefix + name)
     return w
 
 
@@ -124,7 +150,7 @@ def load_gguf_model(path: Path, cfg: ModelConfig) -> CausalLM:
                 dense[f"layers.{i}.{ours}"] = torch.cat([g.dense(p + n) for n in parts])
         attn: Any = layer.attn  # type: ignore[union-attr]
         mlp: Any = layer.mlp  # type: ignore[union-attr]
-        attn.qkv_packed = QuantWeight.concat_rows(
+        attn.qkv_packed = QuantStack(
             [
                 _projection(g, p, "attn_q.weight", cfg.num_heads),
                 _projection(g, p, "attn_k.weight", cfg.num_kv_heads),
@@ -132,7 +158,7 @@ def load_gguf_model(path: Path, cfg: ModelConfig) -> CausalLM:
             ]
         )
         attn.o_packed = g.quant(p + "attn_output.weight")
-        mlp.gate_up_packed = QuantWeight.concat_rows(
+        mlp.gate_up_packed = QuantStack(
             [g.quant(p + "ffn_gate.weight"), g.quant(p + "ffn_up.weight")]
         )
         mlp.down_packed = g.quant(p + "ffn_down.weight")

@@ -17,7 +17,7 @@ from torch import nn
 from tokenrelay.engine.attention.metadata import AttentionMetadata, paged_attention
 from tokenrelay.engine.kernels import cpu_linear
 from tokenrelay.engine.kernels.decoder import FusedDecoder, LayerWeights, Shape, decoder_library
-from tokenrelay.engine.kernels.quant import QuantWeight
+from tokenrelay.engine.kernels.quant import QuantStack, QuantWeight
 from tokenrelay.engine.models.config import ModelConfig
 from tokenrelay.engine.models.rope import RotaryEmbedding
 from tokenrelay.engine.runner.kv_cache import KVCache
@@ -215,9 +215,9 @@ class CausalLM(nn.Module):
     def fuse(self) -> bool:
         """Run the layers through ``engine/kernels/csrc/decoder.c`` from now on, if it can.
 
-        It can when every projection is a :class:`QuantWeight` (GGUF weights served as
-        they are), the norms are fp32 and the compiled decoder is available (not switched
-        off, a C compiler present). Returns whether the fused path is on.
+        It can when every projection is a :class:`QuantWeight` or :class:`QuantStack`
+        (GGUF weights served as they are), the norms are fp32 and the compiled decoder is
+        available (not switched off, a C compiler present). Returns whether the fused path is on.
         """
         library = decoder_library()
         if library is None:
@@ -231,10 +231,10 @@ class CausalLM(nn.Module):
                 attn.qkv_packed, attn.o_packed, mlp.gate_up_packed, mlp.down_packed
             )  # fmt: skip
             if not (
-                isinstance(qkv, QuantWeight)
-                and isinstance(o, QuantWeight)
-                and isinstance(gate_up, QuantWeight)
-                and isinstance(down, QuantWeight)
+                isinstance(qkv, QuantWeight | QuantStack)
+                and isinstance(o, QuantWeight | QuantStack)
+                and isinstance(gate_up, QuantWeight | QuantStack)
+                and isinstance(down, QuantWeight | QuantStack)
             ):
                 return False
             layers.append(LayerWeights(

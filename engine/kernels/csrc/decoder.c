@@ -49,10 +49,18 @@
 #define dec_pause() ((void)0)
 #endif
 
+#define TR_PARTS 3
 typedef struct {
-    const uint8_t *w; /* [n, k / 32 * block bytes] ggml blocks */
-    int64_t n, k;
+    const uint8_t *w; /* [n, k / block weights * block bytes] ggml blocks */
+    int64_t n;
     int64_t qtype; /* ggml type id */
+} tr_qpart;
+
+/* A matrix [n, k] stacked by rows from 1..TR_PARTS parts, each in its own ggml type (a
+ * fused q/k/v whose v is Q6_K while q and k are Q4_K), each read where the file maps it. */
+typedef struct {
+    tr_qpart part[TR_PARTS];
+    int64_t parts, n, k;
 } tr_qmat;
 
 typedef struct {
@@ -77,7 +85,7 @@ typedef struct {
     const float *final_norm;
     float *kv; /* [layers, 2, num_blocks, block_size, Hkv, D] */
     int64_t num_blocks, block_size;
-    tr_qmat head; /* the LM head [vocab, hidden]; w NULL: none */
+    tr_qmat head; /* the LM head [vocab, hidden]; parts 0: none */
 } tr_model;
 
 typedef struct {
@@ -234,7 +242,33 @@ typedef struct {
 
 static void dec_matmul(dec_shared *d, const float *x, const tr_qmat *w, float *y, float *panel,
                        int tid, int nth) {
-    qm_part(x, d->s->T, w->k, w->k, w->w, w->n, (int)w->qtype, y, w->n, panel, tid, nth);
+    int64_t row = 0;
+    for (int64_t p = 0; p < w->parts; p++) {
+        const tr_qpart *q = &w->part[p];
+        qm_part(x, d->s->T, w->k, w->k, q->w, q->n, (int)q->qtype, y + row, w->n, panel, tid,
+                nth);
+        row += q->n;
+    }
+}
+
+/* 0 when every part of w is a type qm_part multiplies and the parts add up to w's rows. */
+static int dec_check(const tr_qmat *w) {
+    if (w->parts < 1 || w->parts > TR_PARTS) return -1;
+    int64_t rows = 0;
+    for (int64_t p = 0; p < w->parts; p++) {
+        if (w->part[p].w == NULL || !qm_known(w->part[p].qtype)) return -1;
+        rows += w->part[p].n;
+    }
+    return rows == w->n ? 0 : -1;
+}
+
+/* The most scratch floats any part of w needs for T rows. */
+static int64_t dec_scratch(const tr_qmat *w, int64_t T, int64_t most) {
+    for (int64_t p = 0; p < w->parts; p++) {
+        const int64_t f = qm_scratch_floats(T, w->k, (int)w->part[p].qtype);
+        most = f > most ? f : most;
+    }
+    return most;
 }
 
 /* One thread's part of the step: every phase split over the threads, a barrier after each
@@ -312,14 +346,11 @@ int tr_decoder_forward(const tr_model *m, const tr_step *s, float *x) {
     const int64_t qkv_w = (H + 2 * Hkv) * D;
     for (int64_t l = 0; l < m->num_layers; l++) {
         const tr_layer *L = &m->layers[l];
-        const int64_t qts[4] = {L->qkv.qtype, L->o.qtype, L->gate_up.qtype, L->down.qtype};
-        for (int j = 0; j < 4; j++)
-            if (qts[j] != Q4_0 && qts[j] != Q4_1 && qts[j] != Q8_0) return -1;
+        if (dec_check(&L->qkv) || dec_check(&L->o) || dec_check(&L->gate_up) ||
+            dec_check(&L->down))
+            return -1;
     }
-    if (s->logits != NULL) {
-        const int64_t qt = m->head.qtype;
-        if (m->head.w == NULL || (qt != Q4_0 && qt != Q4_1 && qt != Q8_0)) return -1;
-    }
+    if (s->logits != NULL && dec_check(&m->head)) return -1;
     if (m->num_layers < 1) return 0;
     /* scratch: h [T, max(E, I)], qkv [T, qkv_w], att [T, H D], gu [T, 2 I], y [T, E] */
     const int64_t hw = E > I ? E : I;
@@ -337,17 +368,13 @@ int tr_decoder_forward(const tr_model *m, const tr_step *s, float *x) {
     d.y = d.gu + T * 2 * I;
     int64_t most = 0; /* the panel scratch for the widest K among the layers' matrices */
     for (int64_t l = 0; l < m->num_layers; l++) {
-        const tr_qmat *ws[4] = {&m->layers[l].qkv, &m->layers[l].o, &m->layers[l].gate_up,
-                                &m->layers[l].down};
-        for (int j = 0; j < 4; j++) {
-            const int64_t f = qm_scratch_floats(T, ws[j]->k, (int)ws[j]->qtype);
-            most = f > most ? f : most;
-        }
+        const tr_layer *L = &m->layers[l];
+        most = dec_scratch(&L->qkv, T, most);
+        most = dec_scratch(&L->o, T, most);
+        most = dec_scratch(&L->gate_up, T, most);
+        most = dec_scratch(&L->down, T, most);
     }
-    if (s->logits != NULL) {
-        const int64_t f = qm_scratch_floats(T, m->head.k, (int)m->head.qtype);
-        most = f > most ? f : most;
-    }
+    if (s->logits != NULL) most = dec_scratch(&m->head, T, most);
     d.panel_floats = most;
 #pragma omp parallel
     dec_thread(&d, tr_thread(), tr_threads());

@@ -83,6 +83,13 @@ static inline int tr_max_threads(void) { return 1; }
 #endif
 #endif
 
+#include "kquant.c"
+
+/* Every ggml type this file multiplies. */
+static inline int qm_known(int64_t qt) {
+    return qt == Q4_0 || qt == Q4_1 || qt == Q8_0 || is_kquant((int)qt);
+}
+
 static inline float half_to_float(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
@@ -666,6 +673,7 @@ static void tiles_part(const float *x, int64_t M, int64_t K, int64_t xs, const u
 
 /* Floats of panel scratch qm_part needs per thread for M rows of x (0: the tile path). */
 static int64_t qm_scratch_floats(int64_t M, int64_t K, int qt) {
+    if (is_kquant(qt)) return kq_scratch_bytes(M, K) / (int64_t)sizeof(float);
 #ifdef PANEL
     if (M >= GEMM_M(qt)) return panel_floats(K, qt);
 #endif
@@ -678,6 +686,10 @@ static int64_t qm_scratch_floats(int64_t M, int64_t K, int qt) {
  * when that is 0). No barrier at the end: y is complete once every thread has returned. */
 static void qm_part(const float *x, int64_t M, int64_t K, int64_t xs, const uint8_t *w,
                     int64_t N, int qt, float *y, int64_t ys, float *panel, int tid, int nth) {
+    if (is_kquant(qt)) {
+        kq_part(x, M, K, xs, w, N, qt, y, ys, (xq_block *)panel, tid, nth);
+        return;
+    }
 #ifdef PANEL
     if (M >= GEMM_M(qt)) {
         gemm_part(x, M, K, xs, w, N, qt, y, ys, panel, tid, nth);
@@ -690,7 +702,7 @@ static void qm_part(const float *x, int64_t M, int64_t K, int64_t xs, const uint
 
 int tr_quant_matmul(const float *x, int64_t M, int64_t K, int64_t xs, const uint8_t *w,
                     int64_t N, int qt, float *y, int64_t ys) {
-    if (qt != Q4_0 && qt != Q4_1 && qt != Q8_0) return -1;
+    if (!qm_known(qt)) return -1;
     const int64_t per = qm_scratch_floats(M, K, qt);
     float *scratch = NULL;
     if (per > 0) {
@@ -708,7 +720,11 @@ int tr_quant_matmul(const float *x, int64_t M, int64_t K, int64_t xs, const uint
 
 int tr_quant_rows(const uint8_t *w, int64_t K, int qt, const int64_t *ids, int64_t n,
                   float *out) {
-    if (qt != Q4_0 && qt != Q4_1 && qt != Q8_0) return -1;
+    if (!qm_known(qt)) return -1;
+    if (is_kquant(qt)) {
+        kq_rows(w, K, qt, ids, n, out);
+        return 0;
+    }
     const int64_t nb = K / 32, bb = block_bytes(qt), rb = nb * bb;
 #pragma omp parallel for schedule(static) if (n * K >= 65536)
     for (int64_t i = 0; i < n; i++) {
@@ -728,5 +744,21 @@ int tr_quant_rows(const uint8_t *w, int64_t K, int qt, const int64_t *ids, int64
 #endif
         }
     }
+    return 0;
+}
+
+/* x [M, K] (rows xs floats apart) as the K-quant products see it: each value replaced by
+ * its int8 quantization times its block's scale (for tests: the exact reference input). */
+int tr_kq_quantized_x(const float *x, int64_t M, int64_t K, int64_t xs, float *out) {
+    const int64_t nb = K / QK;
+    xq_block *xq = aligned_alloc(64, (size_t)(nb > 0 ? nb : 1) * sizeof(xq_block));
+    if (xq == NULL) return -2;
+    for (int64_t r = 0; r < M; r++) {
+        kq_quantize_rows(x + r * xs, 1, K, xs, xq);
+        for (int64_t b = 0; b < nb; b++)
+            for (int i = 0; i < QK; i++)
+                out[r * K + b * QK + i] = xq[b].d * (float)xq[b].q[kq_pair_pos(i)];
+    }
+    free(xq);
     return 0;
 }

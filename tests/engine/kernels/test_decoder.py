@@ -15,13 +15,14 @@ import numpy as np
 import pytest
 import torch
 
+from tests.engine.kernels.test_kquant import random_kblocks
 from tests.engine.kernels.test_quant import random_blocks
 from tokenrelay.engine.attention.cpu_kernel import CpuBackend
 from tokenrelay.engine.attention.metadata import build_metadata
 from tokenrelay.engine.kernels import decoder
 from tokenrelay.engine.kernels.build import ENV_SWITCH
 from tokenrelay.engine.kernels.cpu_attention import paged_decode
-from tokenrelay.engine.kernels.quant import QuantWeight
+from tokenrelay.engine.kernels.quant import KQTYPES, QuantStack, QuantWeight
 from tokenrelay.engine.models.config import ModelConfig, RopeConfig
 from tokenrelay.engine.models.llama import CausalLM, DecoderLayer
 from tokenrelay.engine.runner.kv_cache import KVCache
@@ -37,18 +38,26 @@ def _needs_the_library() -> None:
 
 
 def quant(n: int, k: int, qtype: str, rng: np.random.Generator) -> QuantWeight:
-    """Random blocks of ``qtype`` ``[n, k]`` (test_quant.py's, with its varied scales)."""
-    return QuantWeight(torch.from_numpy(random_blocks(n, k, qtype, rng)), qtype)
+    """Random blocks of ``qtype`` ``[n, k]`` (test_quant.py's or test_kquant.py's)."""
+    make = random_kblocks if qtype in KQTYPES else random_blocks
+    blocks = make(n, k, qtype, rng)
+    return QuantWeight(torch.from_numpy(blocks), qtype)
+
+
+# "K_MIX": the types of a Q4_K_M file, mixed within a layer: q/k Q4_K and v Q6_K stacked
+# (QuantStack), o Q5_K, gate/up Q4_K stacked, down Q6_K (hidden and FFN 256 wide).
+K_MIX = "K_MIX"
 
 
 def tiny_model(*, head_dim: int, qwen3: bool, qtype: str, seed: int = 0) -> CausalLM:
     """Two layers, GQA (4 query heads, 2 KV heads); ``qwen3``: biases and q/k norms."""
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)
+    width, inter = (256, 256) if qtype == K_MIX else (128, 160)
     cfg = ModelConfig(
-        model_type="qwen3" if qwen3 else "llama", vocab_size=96, hidden_size=128,
+        model_type="qwen3" if qwen3 else "llama", vocab_size=96, hidden_size=width,
         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=head_dim,
-        intermediate_size=160, rms_norm_eps=1e-6, rope=RopeConfig(theta=10000.0),
+        intermediate_size=inter, rms_norm_eps=1e-6, rope=RopeConfig(theta=10000.0),
         max_position_embeddings=512, tie_word_embeddings=True, qkv_bias=qwen3,
         o_bias=qwen3, mlp_bias=qwen3, qk_norm=qwen3,
     )  # fmt: skip
@@ -59,9 +68,18 @@ def tiny_model(*, head_dim: int, qwen3: bool, qtype: str, seed: int = 0) -> Caus
     for layer in model.layers:
         assert isinstance(layer, DecoderLayer)
         attn, mlp = layer.attn, layer.mlp
-        attn.qkv_packed, attn.o_packed = quant(qkv_n, e, qtype, rng), quant(e, h, qtype, rng)
-        mlp.gate_up_packed = quant(2 * i, e, qtype, rng)
-        mlp.down_packed = quant(e, i, qtype, rng)
+        if qtype == K_MIX:
+            kv_n = cfg.num_kv_heads * head_dim
+            attn.qkv_packed = QuantStack(
+                [quant(h, e, "Q4_K", rng), quant(kv_n, e, "Q4_K", rng), quant(kv_n, e, "Q6_K", rng)]
+            )
+            attn.o_packed = quant(e, h, "Q5_K", rng)
+            mlp.gate_up_packed = QuantStack([quant(i, e, "Q4_K", rng), quant(i, e, "Q4_K", rng)])
+            mlp.down_packed = quant(e, i, "Q6_K", rng)
+        else:
+            attn.qkv_packed, attn.o_packed = quant(qkv_n, e, qtype, rng), quant(e, h, qtype, rng)
+            mlp.gate_up_packed = quant(2 * i, e, qtype, rng)
+            mlp.down_packed = quant(e, i, qtype, rng)
         for holder, attr in ((attn, "qkv_weight"), (attn, "o_weight"),
                              (mlp, "gate_up_weight"), (mlp, "down_weight")):  # fmt: skip
             setattr(holder, attr, torch.nn.Parameter(torch.empty(0), requires_grad=False))
@@ -112,7 +130,14 @@ STEPS = [
 
 @pytest.mark.parametrize(
     ("head_dim", "qwen3", "qtype"),
-    [(32, False, "Q4_1"), (64, False, "Q4_0"), (64, True, "Q8_0"), (32, True, "Q4_1")],
+    [
+        (32, False, "Q4_1"),
+        (64, False, "Q4_0"),
+        (64, True, "Q8_0"),
+        (32, True, "Q4_1"),
+        (64, False, K_MIX),
+        (64, True, K_MIX),
+    ],
 )
 def test_fused_steps_match_the_op_by_op_decoder(head_dim: int, qwen3: bool, qtype: str) -> None:
     model = tiny_model(head_dim=head_dim, qwen3=qwen3, qtype=qtype)
@@ -126,11 +151,12 @@ def test_fused_steps_match_the_op_by_op_decoder(head_dim: int, qwen3: bool, qtyp
     assert got_kv.abs().sum() > 0  # the fused path wrote the pool
 
 
+@pytest.mark.parametrize("qtype", ["Q4_1", K_MIX])
 @pytest.mark.parametrize("threads", [1, 3, 5])
-def test_every_thread_count_gives_the_same_step(threads: int) -> None:
+def test_every_thread_count_gives_the_same_step(threads: int, qtype: str) -> None:
     """The step's phases split rows, heads and tasks over however many threads there are,
     more threads than rows included; each thread waits at the step's own barriers."""
-    model = tiny_model(head_dim=32, qwen3=False, qtype="Q4_1")
+    model = tiny_model(head_dim=32 if qtype != K_MIX else 64, qwen3=False, qtype=qtype)
     assert model.fuse()
     before = torch.get_num_threads()
     want, want_kv = run_steps(model, True, STEPS)
@@ -144,12 +170,13 @@ def test_every_thread_count_gives_the_same_step(threads: int) -> None:
     torch.testing.assert_close(got_kv, want_kv, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("head_qtype", ["Q8_0", "Q4_1"])
-def test_the_lm_head_within_the_step(head_qtype: str) -> None:
+@pytest.mark.parametrize(("head_qtype", "layers"), [("Q8_0", "Q4_1"), ("Q4_1", "Q4_1"),
+                                                    ("Q6_K", K_MIX)])  # fmt: skip
+def test_the_lm_head_within_the_step(head_qtype: str, layers: str) -> None:
     """With a quantized LM head the step can end with every row's logits: the same numbers
     as the head applied to the hidden states afterwards (one row, and enough rows for the
     panel path)."""
-    model = tiny_model(head_dim=32, qwen3=True, qtype="Q4_1")
+    model = tiny_model(head_dim=32 if layers != K_MIX else 64, qwen3=True, qtype=layers)
     vocab, hidden = model.cfg.vocab_size, model.cfg.hidden_size
     model.head_packed = quant(vocab, hidden, head_qtype, np.random.default_rng(3))
     assert model.fuse() and model.fused is not None and model.fused.vocab == vocab
