@@ -1,0 +1,214 @@
+"""A GGUF model's ``config.json`` and generation config, from the file's own metadata.
+
+What the engine needs beside a GGUF file's weights (``store.resolve_gguf``'s
+``<name>.meta`` folder) is read from the header through :class:`GGUFIndex`: the
+architecture keys llama.cpp's converter writes (``<arch>.block_count``,
+``<arch>.embedding_length``, ...), the token ids of ``tokenizer.ggml.*`` and the tensor
+names (no ``output.weight``: the LM head is the token embedding). The tokenizer comes
+from :mod:`engine.models.gguf_tokenizer`. Nothing goes through transformers' GGUF
+conversion, which parses every metadata field into Python objects and knows only the
+architectures it maps.
+
+Llama 3.1+ files carry their ``llama3`` RoPE scaling as a tensor of per-dimension
+divisors (``rope_freqs.weight``), not as keys: the parameters are recovered from it and
+checked against it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tokenrelay.engine.models.config import SUPPORTED_MODEL_TYPES
+from tokenrelay.engine.models.gguf_file import GGUFIndex
+
+# GGUF general.architecture -> HF model_type (the ones engine/models/config.py runs)
+ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+_CLASSES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+# ggml type of the token embedding -> the checkpoint's dtype (quantized blocks: float32)
+_DTYPES = {"F16": "float16", "BF16": "bfloat16"}
+# Llama 3's rope_scaling beside the factor, as its checkpoints (3.1, 3.2, 3.3) give it
+_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
+_LLAMA3_CONTEXT = 8192
+
+
+def model_type(index: GGUFIndex) -> str:
+    """The HF ``model_type`` of ``index``'s architecture; one clear line if unsupported."""
+    arch = index.arch
+    if arch not in ARCHITECTURES:
+        raise ValueError(
+            f"model: {index.path.name} has architecture {arch!r}, which is not supported "
+            f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
+    return ARCHITECTURES[arch]
+
+
+def model_config(index: GGUFIndex) -> dict[str, Any]:
+    """The HF-style ``config.json`` dict of a GGUF file (what ``ModelConfig`` reads)."""
+    mtype, arch = model_type(index), index.arch
+    meta: dict[str, Any] = index.metadata
+
+    def key(name: str, default: Any = None) -> Any:
+        return meta.get(f"{arch}.{name}", default)
+
+    def required(name: str) -> int:
+        value = key(name)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"model: {index.path.name} has no {arch}.{name}")
+        return value
+
+    hidden, heads = required("embedding_length"), required("attention.head_count")
+    head_dim = int(key("attention.key_length") or key("rope.dimension_count") or hidden // heads)
+    tensors = index.tensors
+    cfg: dict[str, Any] = {
+        "architectures": [_CLASSES[mtype]],
+        "model_type": mtype,
+        "vocab_size": _vocab_size(index),
+        "hidden_size": hidden,
+        "intermediate_size": required("feed_forward_length"),
+        "num_hidden_layers": required("block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(key("attention.head_count_kv") or heads),
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": int(key("context_length") or 4096),
+        "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(key("rope.freq_base", 10000.0)),
+        "attention_bias": mtype != "qwen2" and "blk.0.attn_q.bias" in tensors,
+        "mlp_bias": "blk.0.ffn_gate.bias" in tensors,
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "torch_dtype": _dtype(index),
+    }
+    rotary = key("rope.dimension_count")
+    if rotary and int(rotary) != head_dim:
+        cfg["partial_rotary_factor"] = int(rotary) / head_dim
+    scaling = _rope_scaling(index, cfg)
+    if scaling is not None:
+        cfg["rope_scaling"] = scaling
+    for name in ("bos", "eos", "padding", "unknown"):
+        value = meta.get(f"tokenizer.ggml.{name}_token_id")
+        if isinstance(value, int):
+            cfg[{"padding": "pad", "unknown": "unk"}.get(name, name) + "_token_id"] = value
+    return cfg
+
+
+def generation_config(index: GGUFIndex, config: dict[str, Any]) -> dict[str, Any]:
+    """``generation_config.json``: the token ids, every end-of-generation id in ``eos``."""
+    eos = [config[k] for k in ("eos_token_id",) if k in config]
+    for name in ("eot", "eom"):  # end of turn / of message (Llama 3's <|eot_id|>, <|eom_id|>)
+        value = index.metadata.get(f"tokenizer.ggml.{name}_token_id")
+        if isinstance(value, int) and value not in eos:
+            eos.append(value)
+    gen: dict[str, Any] = {k: config[k] for k in ("bos_token_id", "pad_token_id") if k in config}
+    if eos:
+        gen["eos_token_id"] = eos[0] if len(eos) == 1 else eos
+    return gen
+
+
+def write_metadata(
+    gguf: Path, out: Path, progress: Callable[[str], None] = lambda line: None
+) -> None:
+    """``config.json``, ``generation_config.json`` and the tokenizer of ``gguf`` into ``out``.
+
+    ``progress`` gets one line per step (what is read, how large, how long it took).
+    """
+    from tokenrelay.engine.models.gguf_tokenizer import build_tokenizer, save_tokenizer
+
+    started = time.monotonic()
+    index = GGUFIndex(gguf)
+    config = model_config(index)
+    progress(
+        f"{config['model_type']}: {config['num_hidden_layers']} layers, "
+        f"hidden {config['hidden_size']}, vocabulary {config['vocab_size']}"
+    )
+    tokenizer = build_tokenizer(index, progress)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    gen = generation_config(index, config)
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n")
+    save_tokenizer(tokenizer, out)
+    progress(f"config and tokenizer written ({time.monotonic() - started:.1f} s)")
+
+
+def _vocab_size(index: GGUFIndex) -> int:
+    tokens = index.arrays.get("tokenizer.ggml.tokens")
+    if tokens is not None:
+        return tokens.count
+    value = index.metadata.get(f"{index.arch}.vocab_size")
+    if isinstance(value, int):
+        return value
+    embedding = index.tensors.get("token_embd.weight")
+    if embedding is None:
+        raise ValueError(f"model: {index.path.name} has no token list and no token_embd.weight")
+    return embedding.shape[-1]
+
+
+def _dtype(index: GGUFIndex) -> str:
+    embedding = index.tensors.get("token_embd.weight")
+    return _DTYPES.get(embedding.type_name, "float32") if embedding else "float32"
+
+
+def _rope_scaling(index: GGUFIndex, cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """HF ``rope_scaling`` from the ``<arch>.rope.scaling.*`` keys or ``rope_freqs.weight``."""
+    prefix = f"{index.arch}.rope.scaling."
+    meta: dict[str, Any] = index.metadata
+    kind = meta.get(prefix + "type")
+    factor = meta.get(prefix + "factor", meta.get(f"{index.arch}.rope.scale_linear"))
+    if kind is None and factor is not None and float(factor) != 1.0:
+        kind = "linear"  # older files: only rope.scale_linear
+    if kind in (None, "none"):
+        if "rope_freqs.weight" in index.tensors:
+            return _llama3_scaling(index, cfg)
+        return None
+    scaling: dict[str, Any] = {"rope_type": kind}
+    if factor is not None:
+        scaling["factor"] = float(factor)
+    original = meta.get(prefix + "original_context_length")
+    if original:
+        scaling["original_max_position_embeddings"] = int(original)
+    for gguf_name, hf_name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
+        if meta.get(prefix + gguf_name) is not None:
+            scaling[hf_name] = float(meta[prefix + gguf_name])
+    return scaling
+
+
+def _llama3_scaling(index: GGUFIndex, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Llama 3's ``rope_scaling``, recovered from the divisors llama.cpp stored per frequency."""
+    info = index.tensors["rope_freqs.weight"]
+    if info.type_name != "F32":
+        raise ValueError(f"model: rope_freqs.weight in {index.path.name} is {info.type_name}")
+    stored = np.frombuffer(index.data("rope_freqs.weight").tobytes(), dtype="<f4")
+    factor = float(stored.max())
+    scaling = {
+        "rope_type": "llama3",
+        "factor": factor,
+        **_LLAMA3_ROPE,
+        "original_max_position_embeddings": _LLAMA3_CONTEXT,
+    }
+    dim = cfg["head_dim"]
+    freqs = 1.0 / cfg["rope_theta"] ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    low, high = _LLAMA3_ROPE["low_freq_factor"], _LLAMA3_ROPE["high_freq_factor"]
+    wavelen = 2 * math.pi / freqs
+    smooth = (_LLAMA3_CONTEXT / wavelen - low) / (high - low)
+    want = np.where(
+        wavelen < _LLAMA3_CONTEXT / high,
+        1.0,
+        np.where(wavelen > _LLAMA3_CONTEXT / low, factor, 1 / ((1 - smooth) / factor + smooth)),
+    )
+    if stored.shape != want.shape or not np.allclose(stored, want, rtol=1e-4):
+        raise ValueError(
+            f"model: rope_freqs.weight in {index.path.name} holds per-dimension RoPE factors "
+            "other than Llama 3's; not supported"
+        )
+    return scaling
