@@ -34,6 +34,23 @@ CPU_BATCHED_TOKENS = 1024
 GPU_BATCHED_TOKENS = 8192
 
 
+# weights auto dequantizes a GGUF the kernels cannot multiply only into at most this share
+# of the memory available at start; beyond it the start is refused, in one line
+DENSE_SHARE = 0.5
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available now (Linux ``MemAvailable``), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def _check_int(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be an integer, got {value!r}")
@@ -160,13 +177,22 @@ class EngineConfig:
         dense_dtype = self.dtype not in (None, "float32")
         if gguf is None or device_type != "cpu" or dense_dtype or backend != "cpu":
             return "dense"
-        from tokenrelay.engine.models.gguf_weights import native_unsupported
+        from tokenrelay.engine.models.gguf_file import GGUFIndex
+        from tokenrelay.engine.models.gguf_weights import fp32_bytes, native_unsupported
 
         why = native_unsupported(gguf)
-        if why is not None:
-            log.info("weights auto: dequantizing", extra={"model": self.model, "reason": why})
-            return "dense"
-        return "native"
+        if why is None:
+            return "native"
+        need, free = fp32_bytes(GGUFIndex(gguf)), available_memory()
+        if free is not None and need > free * DENSE_SHARE:
+            raise ValueError(
+                f"model: {why}, more than this machine can hold ({free / 2**30:.1f} GiB "
+                "available): pick a file in a type the kernels multiply"
+            )
+        log.warning(
+            "weights auto: dequantizing to fp32", extra={"model": self.model, "reason": why}
+        )
+        return "dense"
 
     def default_batched_tokens(self, device_type: str) -> int:
         """The per-step token budget: the configured one, else a per-device default."""

@@ -77,8 +77,9 @@ def _is_hf_dir(path: Path) -> bool:
 
 
 def _cache_name_for_gguf(path: Path) -> str:
-    st = path.stat()
-    digest = hashlib.sha256(f"{path.resolve()}:{st.st_size}".encode()).hexdigest()[:10]
+    st = path.stat()  # a file rewritten in place (same size) is a new model: mtime too
+    key = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
     return f"{path.stem}-{digest}"
 
 
@@ -173,21 +174,17 @@ def resolve_gguf(name: str, *, prepare: bool = True) -> tuple[Path, Path]:
 
 
 def _write_metadata(gguf: Path, out: Path) -> None:
-    """The config and tokenizer of ``gguf`` (no weights) into ``out``."""
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+    """The config and tokenizer of ``gguf`` (no weights) into ``out``, from the file's own
+    metadata (``engine/models/gguf_meta.py``; about a second for the default model)."""
+    from tokenrelay.engine.models.gguf_meta import write_metadata
 
-    folder, filename = str(gguf.parent), gguf.name
     print(f"tokenrelay: reading {gguf.name}'s config and tokenizer (one time) ...",
           file=sys.stderr, flush=True)  # fmt: skip
-    with gguf_parsed_once():
-        config = AutoConfig.from_pretrained(folder, gguf_file=filename)
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
-    out.mkdir(parents=True, exist_ok=True)
-    if hasattr(config, "quantization_config"):
-        delattr(config, "quantization_config")
-    config.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    GenerationConfig.from_model_config(config).save_pretrained(out)
+
+    def progress(line: str) -> None:
+        print(f"tokenrelay:   {line}", file=sys.stderr, flush=True)
+
+    write_metadata(gguf, out, progress)
 
 
 def convert_gguf(gguf: Path, target: Path) -> Path:

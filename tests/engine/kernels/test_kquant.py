@@ -37,9 +37,11 @@ def kernel() -> QuantKernel:
     return k
 
 
-def random_kblocks(n: int, k: int, qtype: str, rng: np.random.Generator) -> np.ndarray:
+def random_kblocks(
+    n: int, k: int, qtype: str, rng: np.random.Generator, scale: float = 0.002
+) -> np.ndarray:
     """Random super-blocks of ``qtype`` ``[n, k / 256 * bytes]``: every quant, scale and
-    min byte random, ``d`` (and ``dmin``) small finite fp16 values."""
+    min byte random, ``d`` (and ``dmin``) finite fp16 values of about ``scale``."""
     _, size = KQTYPES[qtype]
     nb = k // 256
     raw = rng.integers(0, 256, size=(n, nb, size), dtype=np.uint8)
@@ -49,10 +51,10 @@ def random_kblocks(n: int, k: int, qtype: str, rng: np.random.Generator) -> np.n
         return v.view(np.uint8).reshape(n, nb, 2)
 
     if qtype == "Q6_K":
-        raw[..., 208:210] = halves(0.002)
+        raw[..., 208:210] = halves(scale)
     else:
-        raw[..., 0:2] = halves(0.002)
-        raw[..., 2:4] = halves(0.002)
+        raw[..., 0:2] = halves(scale)
+        raw[..., 2:4] = halves(scale)
     return raw.reshape(n, -1)
 
 
