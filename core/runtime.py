@@ -3,7 +3,7 @@
 One place for what every process asks of its environment: the package version
 (``tokenrelay --version``, the ``Server`` header, the page's asset tag), the
 cache root ``$TOKENRELAY_HOME``, where the browser assets live, feature
-switches read from the environment, and tying a child process's life to its
+switches read from the environment, the memory available, and tying a child process's life to its
 parent's.
 """
 
@@ -45,6 +45,18 @@ def asset_dir(name: str) -> Path:
         if (root / name).is_dir():
             return root / name
     raise FileNotFoundError(f"the {name}/ folder is neither at {_SOURCE_ROOT} nor {_DATA_ROOT}")
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available now (Linux ``MemAvailable``), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def env_switch(name: str) -> bool:

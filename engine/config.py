@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tokenrelay.core import runtime
 from tokenrelay.engine.attention.registry import BACKENDS, choose
 from tokenrelay.engine.models.config import ModelConfig
 from tokenrelay.engine.models.store import locate_model
@@ -37,18 +38,6 @@ GPU_BATCHED_TOKENS = 8192
 # weights auto dequantizes a GGUF the kernels cannot multiply only into at most this share
 # of the memory available at start; beyond it the start is refused, in one line
 DENSE_SHARE = 0.5
-
-
-def available_memory() -> int | None:
-    """Bytes of memory available now (Linux ``MemAvailable``), or None where unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -183,7 +172,7 @@ class EngineConfig:
         why = native_unsupported(gguf)
         if why is None:
             return "native"
-        need, free = fp32_bytes(GGUFIndex(gguf)), available_memory()
+        need, free = fp32_bytes(GGUFIndex(gguf)), runtime.available_memory()
         if free is not None and need > free * DENSE_SHARE:
             raise ValueError(
                 f"model: {why}, more than this machine can hold ({free / 2**30:.1f} GiB "

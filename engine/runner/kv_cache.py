@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import torch
 
+from tokenrelay.core.runtime import available_memory
 from tokenrelay.engine.models.config import ModelConfig
 
 log = logging.getLogger("tokenrelay.engine")
 
 GIB = 1024**3
-CPU_DEFAULT_GIB = 1.0  # default pool on CPU
+# The default pool on CPU is sized in tokens, like llama.cpp's -c, so it follows the model:
+# room for several full conversations at once, at most a share of the memory available at
+# start. Its pages are touched only as blocks are first used (KVCache).
+CPU_DEFAULT_TOKENS = 16384
+CPU_MEMORY_SHARE = 0.25
 GPU_MEMORY_FRACTION = 0.85  # share of free GPU memory (after weights) for the pool...
 GPU_ACTIVATION_RESERVE_GIB = 1.0  # ...minus this much kept for activations
 
@@ -39,8 +45,9 @@ def plan_num_blocks(
     """How many blocks the pool gets.
 
     ``num_blocks`` wins when given; else ``kv_cache_memory_gib``; else on CUDA
-    ``GPU_MEMORY_FRACTION`` of free memory minus an activation reserve, and
-    ``CPU_DEFAULT_GIB`` on CPU.
+    ``GPU_MEMORY_FRACTION`` of free memory minus an activation reserve, and on CPU
+    ``CPU_DEFAULT_TOKENS`` tokens of this model's KV, or fewer where that is more than
+    ``CPU_MEMORY_SHARE`` of the memory available.
     """
     if num_blocks is not None:
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks <= 0:
@@ -55,7 +62,16 @@ def plan_num_blocks(
         free, _total = torch.cuda.mem_get_info(device)
         budget = free * GPU_MEMORY_FRACTION - GPU_ACTIVATION_RESERVE_GIB * GIB
     else:
-        budget = CPU_DEFAULT_GIB * GIB
+        budget = float(-(-CPU_DEFAULT_TOKENS // block_size) * per_block)
+        avail = available_memory()
+        if avail is not None and budget > avail * CPU_MEMORY_SHARE:
+            budget = avail * CPU_MEMORY_SHARE
+        log.info(
+            "KV pool sized",
+            extra={"tokens": int(budget // per_block) * block_size, "default_tokens":
+                   CPU_DEFAULT_TOKENS, "available_gib": None if avail is None else
+                   round(avail / GIB, 2)},
+        )  # fmt: skip
     blocks = int(budget // per_block)
     if blocks <= 0:
         raise ValueError(
@@ -64,8 +80,24 @@ def plan_num_blocks(
     return blocks
 
 
+def zeros_untouched(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zeroed CPU tensor whose pages the OS maps in only when first written.
+
+    ``torch.zeros`` writes every byte, so a pool is resident in full from the start;
+    ``calloc`` (numpy's zeros) takes fresh zero pages from the OS for a large block and
+    writes none. A block the engine never uses costs no memory.
+    """
+    count = 1
+    for d in shape:
+        count *= d
+    nbytes = count * torch.empty((), dtype=dtype).element_size()
+    raw = torch.from_numpy(np.zeros(max(nbytes, 1), dtype=np.uint8))[:nbytes]
+    return raw.view(dtype).reshape(shape)
+
+
 class KVCache:
-    """One pool of blocks per layer, allocated once (zeroed: padded reads stay finite)."""
+    """One pool of blocks per layer, allocated once (zeroed: padded reads stay finite;
+    on the CPU resident only as blocks are used)."""
 
     def __init__(
         self,
@@ -78,11 +110,11 @@ class KVCache:
         self.num_blocks = num_blocks
         self.block_size = block_size
         # [layers, 2, num_blocks, block_size, Hkv, D] in one allocation
-        self.data = torch.zeros(
-            (cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim),
-            dtype=dtype,
-            device=device,
-        )
+        shape = (cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        if device.type == "cpu":
+            self.data = zeros_untouched(shape, dtype)
+        else:
+            self.data = torch.zeros(shape, dtype=dtype, device=device)
         self.k: list[torch.Tensor] = [self.data[i, 0] for i in range(cfg.num_layers)]
         self.v: list[torch.Tensor] = [self.data[i, 1] for i in range(cfg.num_layers)]
         log.info(

@@ -33,6 +33,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef __F16C__
+#include <immintrin.h>
+#endif
 
 enum { Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 #define QK 256
@@ -64,6 +67,9 @@ static inline int kq_pair_pos(int i) {
 static inline float kq_half(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
+#ifdef __F16C__
+    return _cvtsh_ss(h);
+#endif
     const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
     uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
     if (exp == 0x1f) {
@@ -315,7 +321,7 @@ static inline __attribute__((always_inline)) void kq_tile(const xq_block *xq, in
                                                           float *y0, int64_t ys, const int R,
                                                           const int C) {
     const int bb = kq_block_bytes(qt);
-    __m512 acc[4][4];
+    __m512 acc[8][4];
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -346,31 +352,54 @@ static inline __attribute__((always_inline)) void kq_tile(const xq_block *xq, in
         for (int c = 0; c < C; c++) y0[r * ys + c] = _mm512_reduce_add_ps(acc[r][c]);
 }
 
-#define KQ_R 4 /* rows of x per tile */
-#define KQ_C 2 /* rows of W per tile */
+#define KQ_R 8 /* rows of x per tile (from 3 rows of x on: two W rows at a time) */
+#define KQ_C 4 /* rows of W per tile: each thread's share of W comes in these */
 
-#define KQ_COLS(QT, R)                                                                       \
-    if (C == KQ_C) kq_tile(xq, nb, w0, rb, QT, k, y0, ys, R, KQ_C);                          \
-    else kq_tile(xq, nb, w0, rb, QT, k, y0, ys, R, 1);
-#define KQ_ROWS(QT)                                                                          \
-    switch (R) {                                                                             \
-        case 4: KQ_COLS(QT, 4) break;                                                        \
-        case 3: KQ_COLS(QT, 3) break;                                                        \
-        case 2: KQ_COLS(QT, 2) break;                                                        \
-        default: KQ_COLS(QT, 1) break;                                                       \
+#define KQ_CASE(QT, R, C)                                                                    \
+    case R: kq_tile(xq, nb, w0, rb, QT, k, y0, ys, R, C); break;
+#define KQ_TILES(QT)                                                                         \
+    if (C == 4) {                                                                            \
+        switch (R) { KQ_CASE(QT, 2, 4) default: kq_tile(xq, nb, w0, rb, QT, k, y0, ys, 1, 4); } \
+    } else if (C == 2) {                                                                     \
+        switch (R) {                                                                         \
+            KQ_CASE(QT, 8, 2) KQ_CASE(QT, 7, 2) KQ_CASE(QT, 6, 2) KQ_CASE(QT, 5, 2)           \
+            KQ_CASE(QT, 4, 2) KQ_CASE(QT, 3, 2) KQ_CASE(QT, 2, 2)                            \
+            default: kq_tile(xq, nb, w0, rb, QT, k, y0, ys, 1, 2);                           \
+        }                                                                                    \
+    } else {                                                                                 \
+        switch (R) {                                                                         \
+            KQ_CASE(QT, 8, 1) KQ_CASE(QT, 7, 1) KQ_CASE(QT, 6, 1) KQ_CASE(QT, 5, 1)           \
+            KQ_CASE(QT, 4, 1) KQ_CASE(QT, 3, 1) KQ_CASE(QT, 2, 1)                            \
+            default: kq_tile(xq, nb, w0, rb, QT, k, y0, ys, 1, 1);                           \
+        }                                                                                    \
     }
 
+/* R rows of x (1..8) by C rows of W (4 with R <= 2; else 2 or 1). */
 static void kq_run_tile(const xq_block *xq, int64_t nb, const uint8_t *w0, int64_t rb, int qt,
                         const kq_consts *k, float *y0, int64_t ys, int R, int C) {
     switch (qt) {
-        case Q4_K: KQ_ROWS(Q4_K) break;
-        case Q5_K: KQ_ROWS(Q5_K) break;
-        default: KQ_ROWS(Q6_K) break;
+        case Q4_K: KQ_TILES(Q4_K) break;
+        case Q5_K: KQ_TILES(Q5_K) break;
+        default: KQ_TILES(Q6_K) break;
+    }
+}
+
+/* R rows of x from r0 (relative to xq) by the cols (<= KQ_C) rows of W from w0. */
+static void kq_rows_by_tile(const xq_block *xq, int64_t nb, const uint8_t *w0, int64_t rb,
+                            int qt, const kq_consts *k, float *y0, int64_t ys, int R,
+                            int64_t cols) {
+    if (R <= 2 && cols == KQ_C) {
+        kq_run_tile(xq, nb, w0, rb, qt, k, y0, ys, R, KQ_C);
+        return;
+    }
+    for (int64_t c = 0; c < cols; c += 2) {
+        const int C = cols - c >= 2 ? 2 : 1;
+        kq_run_tile(xq, nb, w0 + c * rb, rb, qt, k, y0 + c, ys, R, C);
     }
 }
 #else
-#define KQ_R 4
-#define KQ_C 2
+#define KQ_R 8
+#define KQ_C 4
 #endif
 
 #define KQ_CHUNK 64 /* rows of x quantized at a time (the thread's scratch) */
@@ -404,8 +433,8 @@ static void kq_part(const float *x, int64_t M, int64_t K, int64_t xs, const uint
 #ifdef TR_KQ_VNNI
             for (int64_t r0 = m0; r0 < m1; r0 += KQ_R) {
                 const int R = (int)(m1 - r0 < KQ_R ? m1 - r0 : KQ_R);
-                kq_run_tile(xq + (r0 - m0) * nb, nb, w + n0 * rb, rb, qt, &k, y + r0 * ys + n0,
-                            ys, R, (int)cols);
+                kq_rows_by_tile(xq + (r0 - m0) * nb, nb, w + n0 * rb, rb, qt, &k,
+                                y + r0 * ys + n0, ys, R, cols);
             }
 #else
             kq_block_portable(xq, nb, w, rb, qt, y + m0 * ys, ys, 0, m1 - m0, n0, n0 + cols);

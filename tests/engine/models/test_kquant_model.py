@@ -180,7 +180,7 @@ def test_a_sequence_gets_the_same_tokens_alone_and_in_a_batch(native: Any) -> No
 def test_a_type_without_a_kernel_is_one_clear_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tokenrelay.engine import config as config_module
+    from tokenrelay.core import runtime
 
     writer = gguf.GGUFWriter(str(tmp_path / "q3.gguf"), "llama")
     writer.add_tensor("output_norm.weight", np.ones(HIDDEN, dtype=np.float32))
@@ -191,13 +191,13 @@ def test_a_type_without_a_kernel_is_one_clear_line(
     writer.write_tensors_to_file()
     writer.close()
     cfg = EngineConfig(model=str(tmp_path / "q3.gguf"), device="cpu")
-    monkeypatch.setattr(config_module, "available_memory", lambda: 1024)
+    monkeypatch.setattr(runtime, "available_memory", lambda: 1024)
     with pytest.raises(ValueError) as err:
         cfg.weights_for("cpu")
     message = str(err.value)
     assert "\n" not in message
     assert "blk.0.ffn_down.weight is Q3_K" in message and "--weights fp32 would hold" in message
-    monkeypatch.setattr(config_module, "available_memory", lambda: 2**40)
+    monkeypatch.setattr(runtime, "available_memory", lambda: 2**40)
     assert cfg.weights_for("cpu") == "dense"  # it fits: dequantized, with a warning
 
 
