@@ -17,7 +17,8 @@
  * As the format was designed for, each row of x is quantized first, per 256 values
  * (xq_block: d = max|x| / 127, q = round(x / d), the sums of each 16 q's), and the dot
  * products run in integers: per pair of sub-blocks, u8 weights x s8 activations summed in
- * pairs (vpmaddubsw), then times the sub-blocks' scales into int32 (vpdpwssd, AVX512-VNNI);
+ * fours into int32 (vpdpbusd, AVX512-VNNI), two quarters' sums packed into int16s and
+ * multiplied by their sub-blocks' scales into int32 (vpdpwssd);
  * the mins (Q4_K, Q5_K) and Q6_K's -32 come from the 16-sums. Each super-block's integer
  * sum is exact; it is scaled into fp32 accumulators in super-block order. Row r of y
  * therefore depends only on row r of x, never on what else is in the batch or how the
@@ -226,17 +227,18 @@ static __attribute__((unused)) void kq_block_portable(const xq_block *xq, int64_
 
 #ifdef TR_KQ_VNNI
 /* Per super-block of one row of W: its 4 quarter vectors of u8 weights (pair order), the
- * 4 quarters' s16 scale vectors, the s16 vector its 16-sums are multiplied by (mins
- * duplicated per 16, or Q6_K's scales) and d, dmin. */
+ * s16 scale vectors of its two pairs of quarters (in the order vpackssdw leaves their sums),
+ * the s16 vector its 16-sums are multiplied by (mins duplicated per 16, or Q6_K's scales)
+ * and d, dmin. */
 typedef struct {
-    __m512i w[4], s[4];
+    __m512i w[4], s[2];
     __m256i m;
     float d, dmin;
 } kq_wblock;
 
 typedef struct {
-    __m512i sel[4];     /* scale lane -> sub-block, per quarter (Q4_K/Q5_K) */
-    __m512i sel6[4];    /* scale lane -> group of 16, per quarter (Q6_K) */
+    __m512i sel[2];     /* packed lane -> sub-block, per pair of quarters (Q4_K/Q5_K) */
+    __m512i sel6[2];    /* packed lane -> group of 16, per pair of quarters (Q6_K) */
     __m256i mdup;       /* lane i -> min i / 2 (at 8 + i / 2 of the scales-mins vector) */
     __m512i bits5[4];   /* Q5_K: the qh bit of each byte, per quarter */
     __m512i shift4;     /* 0 in the low 256 bits, 4 in the high ones (16-bit lanes) */
@@ -246,13 +248,21 @@ typedef struct {
 static void kq_consts_init(kq_consts *k) {
     int16_t a[32];
     uint8_t b[64];
+    for (int pq = 0; pq < 2; pq++) {
+        /* vpackssdw of quarters 2pq, 2pq+1's int32 sums: s16 lane L holds, per 128 bits, 4
+         * lanes of the first then 4 of the second; int32 lane l sums pair-order bytes 4l.. */
+        int16_t a6[32];
+        for (int L = 0; L < 32; L++) {
+            const int q = 2 * pq + (L % 8 >= 4), l = 4 * (L / 8) + L % 4;
+            const int natural = kq_pair_pos(64 * q + 4 * l);
+            a[L] = (int16_t)(natural / 32);
+            a6[L] = (int16_t)(natural / 16);
+        }
+        k->sel[pq] = _mm512_loadu_si512(a);
+        k->sel6[pq] = _mm512_loadu_si512(a6);
+    }
     for (int qi = 0; qi < 4; qi++) {
         const int h = qi / 2, odd = qi % 2;
-        for (int i = 0; i < 32; i++) a[i] = (int16_t)(4 * h + odd + (i < 16 ? 0 : 2));
-        k->sel[qi] = _mm512_loadu_si512(a);
-        /* s16 lane i covers pair-order bytes 2i, 2i+1: natural group of 16 */
-        for (int i = 0; i < 32; i++) a[i] = (int16_t)(kq_pair_pos(128 * h + 64 * odd + 2 * i) / 16);
-        k->sel6[qi] = _mm512_loadu_si512(a);
         for (int i = 0; i < 64; i++) b[i] = (uint8_t)(1u << (4 * h + odd + (i < 32 ? 0 : 2)));
         k->bits5[qi] = _mm512_loadu_si512(b);
     }
@@ -283,16 +293,24 @@ static inline __attribute__((always_inline)) void kq_load(const uint8_t *b, cons
             const __m512i hi = _mm512_and_si512(_mm512_srlv_epi16(qh, k->shift6[odd]),
                                                 _mm512_set1_epi8(3));
             o->w[qi] = _mm512_or_si512(lo, _mm512_slli_epi16(hi, 4));
-            o->s[qi] = _mm512_permutexvar_epi16(k->sel6[qi], sc5);
         }
+        o->s[0] = _mm512_permutexvar_epi16(k->sel6[0], sc5);
+        o->s[1] = _mm512_permutexvar_epi16(k->sel6[1], sc5);
         o->m = sc;
         o->d = kq_half(b + 208);
         o->dmin = 0.0f;
         return;
     }
-    uint8_t sm[16];
-    kq_scales_mins(b + 4, sm);
-    const __m256i sm16 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)sm));
+    /* kq_scales_mins in SIMD (no store-to-load round trip): u32 lanes [a, b, c, -] of the 12
+     * bytes -> [a & six, (c & low4) | ((a >> 6) & two) << 4, b & six, ...] */
+    const __m128i v = _mm_loadu_si128((const __m128i *)(b + 4)); /* 16 bytes: inside the block */
+    const __m128i acbc = _mm_srlv_epi32(_mm_shuffle_epi32(v, 0x98), _mm_setr_epi32(0, 0, 0, 4));
+    const __m128i aabb = _mm_shuffle_epi32(v, 0x50);
+    const __m128i low = _mm_and_si128(acbc, _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f,
+                                                           0x0f0f0f0f));
+    const __m128i top = _mm_and_si128(_mm_srli_epi32(aabb, 2),
+                                      _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    const __m256i sm16 = _mm256_cvtepu8_epi16(_mm_or_si128(low, top));
     const __m512i sm5 = _mm512_castsi256_si512(sm16);
     const uint8_t *qs = b + (qt == Q5_K ? 48 : 16);
     __m512i qh = _mm512_setzero_si512();
@@ -302,13 +320,13 @@ static inline __attribute__((always_inline)) void kq_load(const uint8_t *b, cons
         o->w[2 * h] = _mm512_and_si512(raw, low4);
         o->w[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
     }
-    for (int qi = 0; qi < 4; qi++) {
-        if (qt == Q5_K) {
+    if (qt == Q5_K)
+        for (int qi = 0; qi < 4; qi++) {
             const __mmask64 set = _mm512_test_epi8_mask(qh, k->bits5[qi]);
             o->w[qi] = _mm512_mask_add_epi8(o->w[qi], set, o->w[qi], _mm512_set1_epi8(16));
         }
-        o->s[qi] = _mm512_permutexvar_epi16(k->sel[qi], sm5);
-    }
+    o->s[0] = _mm512_permutexvar_epi16(k->sel[0], sm5);
+    o->s[1] = _mm512_permutexvar_epi16(k->sel[1], sm5);
     o->m = _mm256_permutexvar_epi16(k->mdup, sm16);
     o->d = kq_half(b);
     o->dmin = kq_half(b + 2);
@@ -330,10 +348,15 @@ static inline __attribute__((always_inline)) void kq_tile(const xq_block *xq, in
             kq_load(w0 + c * rb + b * bb, qt, k, &wb);
             for (int r = 0; r < R; r++) {
                 const xq_block *xb = xq + r * nb + b;
+                /* per quarter, sums of 4 products (|sum| <= 4 * 63 * 127: an int16), two
+                 * quarters packed into int16s, times their sub-blocks' scales */
                 __m512i dot = _mm512_setzero_si512();
-                for (int qi = 0; qi < 4; qi++) {
-                    const __m512i xv = _mm512_load_si512(xb->q + 64 * qi);
-                    dot = _mm512_dpwssd_epi32(dot, _mm512_maddubs_epi16(wb.w[qi], xv), wb.s[qi]);
+                for (int pq = 0; pq < 2; pq++) {
+                    const __m512i p0 = _mm512_dpbusd_epi32(
+                        _mm512_setzero_si512(), wb.w[2 * pq], _mm512_load_si512(xb->q + 128 * pq));
+                    const __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wb.w[2 * pq + 1],
+                                                           _mm512_load_si512(xb->q + 128 * pq + 64));
+                    dot = _mm512_dpwssd_epi32(dot, _mm512_packs_epi32(p0, p1), wb.s[pq]);
                 }
                 /* the 16-sums times the mins (Q4_K, Q5_K) or Q6_K's scales (its -32) */
                 const __m256i bs = _mm256_load_si256((const __m256i *)xb->bs);
