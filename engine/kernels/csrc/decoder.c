@@ -236,6 +236,8 @@ typedef struct {
     float *x, *h, *qkv, *att, *gu, *y; /* activations, see tr_decoder_forward */
     int64_t panel_floats;             /* per-thread matmul scratch (0: none needed) */
     int64_t *next;                    /* attention's task counter, one per layer */
+    const int64_t *group_starts;      /* rows attended as one tile (pa_make_groups) */
+    int64_t groups;
     dec_barrier bar;
     int failed;
 } dec_shared;
@@ -289,7 +291,7 @@ static void dec_thread(dec_shared *d, int tid, int nth) {
     }
     pa_args att = {NULL, (H + 2 * Hkv) * D, d->att, NULL, NULL, s->tables, s->bt_stride, NULL,
                    s->rows, s->seqs, s->lens, T, H, Hkv, D, m->block_size, s->heads_per_task,
-                   (float)m->scale};
+                   (float)m->scale, d->group_starts, d->groups};
     ok = ok && pa_scratch_init(&sc, &att) == 0;
     if (!ok) __atomic_store_n(&d->failed, 1, __ATOMIC_RELAXED);
     dec_wait(&d->bar, nth);
@@ -361,7 +363,19 @@ int tr_decoder_forward(const tr_model *m, const tr_step *s, float *x) {
         free(next);
         return -2;
     }
-    dec_shared d = {m, s, x, buf, NULL, NULL, NULL, NULL, 0, next, {0, 0, 0}, 0};
+    int64_t *starts = (int64_t *)malloc(sizeof(int64_t) * (size_t)(T + 1));
+    if (starts == NULL) {
+        free(buf);
+        free(next);
+        return -2;
+    }
+    dec_shared d = {m, s, x, buf, NULL, NULL, NULL, NULL, 0, next, NULL, 0, {0, 0, 0}, 0};
+    if (H / Hkv <= 16) { /* prefill chunks' rows in tiles (the tile keeps 16 G query rows) */
+        pa_args rows = {NULL, 0, NULL, NULL, NULL, s->tables, s->bt_stride, NULL, s->rows,
+                        s->seqs, s->lens, T, H, Hkv, D, m->block_size, 1, 0.0f, NULL, 0};
+        d.groups = pa_make_groups(&rows, starts);
+        d.group_starts = starts;
+    }
     d.qkv = d.h + T * hw;
     d.att = d.qkv + T * qkv_w;
     d.gu = d.att + T * H * D;
@@ -380,5 +394,6 @@ int tr_decoder_forward(const tr_model *m, const tr_step *s, float *x) {
     dec_thread(&d, tr_thread(), tr_threads());
     free(buf);
     free(next);
+    free(starts);
     return d.failed ? -2 : 0;
 }

@@ -186,6 +186,10 @@ typedef struct {
     const int32_t *row_lens;
     int64_t n, num_heads, num_kv_heads, head_dim, block_size, heads_per_task;
     float scale;
+    /* runs of rows attended as one tile (pa_make_groups): group g is rows [starts[g],
+     * starts[g + 1]); NULL: every row alone */
+    const int64_t *group_starts;
+    int64_t groups;
 } pa_args;
 
 /* One thread's scratch: scores [R, cap] (grown on demand), acc [R, D] then inv_sum [R]. */
@@ -193,24 +197,51 @@ typedef struct {
     float *scores;
     int64_t cap;
     float *acc;
+    float *tile; /* the tiled path's: acc [QT G, D], m, l [QT G], kt [D, TT], s [QT G, TT] */
 } pa_scratch;
 
 static int64_t pa_tasks(const pa_args *a) {
-    return a->n * (a->num_kv_heads / a->heads_per_task);
+    const int64_t units = a->group_starts != NULL ? a->groups : a->n;
+    return units * (a->num_kv_heads / a->heads_per_task);
+}
+
+#define PA_QT 16 /* query tokens (rows of one sequence) per tile */
+#define PA_TT 16 /* key tokens per score sub-tile */
+
+/* Split rows 0..n-1 into runs attended together: consecutive rows of one sequence at
+ * consecutive positions (a prefill chunk), at most PA_QT each. starts gets n + 1 entries at
+ * most; returns the number of groups. */
+static int64_t pa_make_groups(const pa_args *a, int64_t *starts) {
+    int64_t g = 0;
+    for (int64_t i = 0; i < a->n; i++) {
+        const int joins = i > 0 && a->row_lens != NULL && a->seqs[i] == a->seqs[i - 1] &&
+                          a->row_lens[i] == a->row_lens[i - 1] + 1 && i - starts[g - 1] < PA_QT;
+        if (!joins) starts[g++] = i;
+    }
+    starts[g] = a->n;
+    return g;
 }
 
 /* R = heads_per_task * G query rows per task. Returns 0, or -1 without memory. */
 static int pa_scratch_init(pa_scratch *s, const pa_args *a) {
     const int64_t R = a->heads_per_task * (a->num_heads / a->num_kv_heads);
+    const int64_t RG = PA_QT * (a->num_heads / a->num_kv_heads), D = a->head_dim;
     s->scores = NULL;
     s->cap = 0;
     s->acc = (float *)malloc(sizeof(float) * R * (a->head_dim + 1));
+    s->tile = NULL;
+    if (a->group_starts != NULL) {
+        const size_t floats = (size_t)(RG * D + 2 * RG + D * PA_TT + RG * PA_TT);
+        s->tile = (float *)aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
+        if (s->tile == NULL) return -1;
+    }
     return s->acc == NULL ? -1 : 0;
 }
 
 static void pa_scratch_free(pa_scratch *s) {
     free(s->scores);
     free(s->acc);
+    free(s->tile);
 }
 
 /* One task: decode row i's run of heads_per_task KV heads. Returns -1 without memory. */
@@ -267,6 +298,180 @@ static int pa_task(const pa_args *a, pa_scratch *sc, int64_t task) {
     return 0;
 }
 
+#if defined(__AVX512F__)
+/* e^x for x <= 0, 16 lanes (exp_nonpositive's polynomial); -inf gives 0. */
+static inline __m512 exp512_nonpositive(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(-87.3f);
+    const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    x = _mm512_max_ps(x, lo);
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    const __m512i bits = _mm512_slli_epi32(
+        _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mov_ps((__mmask16)~under, _mm512_mul_ps(y, _mm512_castsi512_ps(bits)));
+}
+#endif
+
+/* s[rg, 0..tt) = scale * q_rg . k_j for query vectors q[rg] (rows of D) against the key
+ * sub-tile kt [D, PA_TT] (token j in lane j); lanes >= tt are left to the caller's mask. */
+static void pa_tile_scores(const float *const *q, int64_t RG, int64_t D, const float *kt,
+                           float scale, float *s) {
+#if defined(__AVX512F__)
+    if (PA_TT == 16) {
+        int64_t rg = 0;
+        for (; rg + 4 <= RG; rg += 4) {
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t d = 0; d < D; d++) {
+                const __m512 k = _mm512_load_ps(kt + d * PA_TT);
+                a0 = _mm512_fmadd_ps(_mm512_set1_ps(q[rg][d]), k, a0);
+                a1 = _mm512_fmadd_ps(_mm512_set1_ps(q[rg + 1][d]), k, a1);
+                a2 = _mm512_fmadd_ps(_mm512_set1_ps(q[rg + 2][d]), k, a2);
+                a3 = _mm512_fmadd_ps(_mm512_set1_ps(q[rg + 3][d]), k, a3);
+            }
+            const __m512 sc = _mm512_set1_ps(scale);
+            _mm512_store_ps(s + rg * PA_TT, _mm512_mul_ps(a0, sc));
+            _mm512_store_ps(s + (rg + 1) * PA_TT, _mm512_mul_ps(a1, sc));
+            _mm512_store_ps(s + (rg + 2) * PA_TT, _mm512_mul_ps(a2, sc));
+            _mm512_store_ps(s + (rg + 3) * PA_TT, _mm512_mul_ps(a3, sc));
+        }
+        for (; rg < RG; rg++) {
+            __m512 a0 = _mm512_setzero_ps();
+            for (int64_t d = 0; d < D; d++)
+                a0 = _mm512_fmadd_ps(_mm512_set1_ps(q[rg][d]), _mm512_load_ps(kt + d * PA_TT), a0);
+            _mm512_store_ps(s + rg * PA_TT, _mm512_mul_ps(a0, _mm512_set1_ps(scale)));
+        }
+        return;
+    }
+#endif
+    for (int64_t rg = 0; rg < RG; rg++) {
+        float acc[PA_TT] = {0};
+        for (int64_t d = 0; d < D; d++) {
+            const float qd = q[rg][d];
+#pragma omp simd
+            for (int64_t j = 0; j < PA_TT; j++) acc[j] += qd * kt[d * PA_TT + j];
+        }
+        for (int64_t j = 0; j < PA_TT; j++) s[rg * PA_TT + j] = acc[j] * scale;
+    }
+}
+
+/* acc[D] += sum_j p[j] v_j for the tt tokens of a sub-tile (v_j `stride` floats apart). */
+static inline void pa_tile_values(float *acc, const float *p, const float *v, int64_t tt,
+                                  int64_t stride, int64_t D) {
+#if defined(__AVX512F__)
+    if (D == 64) {
+        __m512 a0 = _mm512_loadu_ps(acc), a1 = _mm512_loadu_ps(acc + 16);
+        __m512 a2 = _mm512_loadu_ps(acc + 32), a3 = _mm512_loadu_ps(acc + 48);
+        for (int64_t j = 0; j < tt; j++) {
+            const __m512 pj = _mm512_set1_ps(p[j]);
+            const float *vj = v + j * stride;
+            a0 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj), a0);
+            a1 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 16), a1);
+            a2 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 32), a2);
+            a3 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 48), a3);
+        }
+        _mm512_storeu_ps(acc, a0);
+        _mm512_storeu_ps(acc + 16, a1);
+        _mm512_storeu_ps(acc + 32, a2);
+        _mm512_storeu_ps(acc + 48, a3);
+        return;
+    }
+#endif
+    for (int64_t j = 0; j < tt; j++) {
+        const float pj = p[j];
+        const float *vj = v + j * stride;
+#pragma omp simd
+        for (int64_t d = 0; d < D; d++) acc[d] += pj * vj[d];
+    }
+}
+
+/* The rows [i0, i0 + n) of one sequence at consecutive positions (a prefill chunk), KV heads
+ * [h0, h0 + hp): each key/value sub-tile is read once for all n * G query vectors of a head,
+ * with an online softmax (running max and sum, the partial output rescaled as the max
+ * grows). A row's result depends only on its own query and length, not on its tile. */
+static void pa_tile_task(const pa_args *a, pa_scratch *sc, int64_t i0, int64_t n, int64_t h0,
+                         int64_t hp) {
+    const int64_t G = a->num_heads / a->num_kv_heads, D = a->head_dim, bs = a->block_size;
+    const int64_t tok_stride = a->num_kv_heads * D, block_stride = bs * tok_stride;
+    const int64_t RG = n * G, seq = a->seqs[i0];
+    const int32_t *bt = a->block_tables + seq * a->bt_stride;
+    float *acc = sc->tile, *m = acc + PA_QT * G * D, *l = m + PA_QT * G;
+    float *kt = l + PA_QT * G, *s = kt + D * PA_TT; /* kt, s: 64-byte aligned (D * 4 bytes) */
+    const float *q[PA_QT * 16];
+    int64_t len[PA_QT * 16];
+    for (int64_t h = h0; h < h0 + hp; h++) {
+        int64_t most = 0;
+        for (int64_t rg = 0; rg < RG; rg++) {
+            const int64_t i = i0 + rg / G;
+            q[rg] = a->q + a->rows[i] * a->q_row_stride + (h * G + rg % G) * D;
+            len[rg] = a->row_lens[i];
+            most = len[rg] > most ? len[rg] : most;
+            m[rg] = -INFINITY;
+            l[rg] = 0.0f;
+        }
+        memset(acc, 0, sizeof(float) * RG * D);
+        for (int64_t t0 = 0; t0 < most;) {
+            const int64_t off = t0 % bs, left = most - t0;
+            int64_t tt = bs - off < PA_TT ? bs - off : PA_TT;
+            tt = left < tt ? left : tt;
+            const float *kb = a->k_cache + (int64_t)bt[t0 / bs] * block_stride + off * tok_stride +
+                              h * D;
+            const float *vb = a->v_cache + (int64_t)bt[t0 / bs] * block_stride + off * tok_stride +
+                              h * D;
+            for (int64_t d = 0; d < D; d++) /* K^T of the sub-tile, zero-padded */
+                for (int64_t j = 0; j < PA_TT; j++)
+                    kt[d * PA_TT + j] = j < tt ? kb[j * tok_stride + d] : 0.0f;
+            pa_tile_scores(q, RG, D, kt, a->scale, s);
+            for (int64_t rg = 0; rg < RG; rg++) {
+                const int64_t valid = len[rg] - t0 < tt ? len[rg] - t0 : tt;
+                if (valid <= 0) continue; /* this row's prefix ends before the sub-tile */
+                float *sr = s + rg * PA_TT, mx = m[rg];
+                for (int64_t j = 0; j < valid; j++) mx = sr[j] > mx ? sr[j] : mx;
+                const float c = expf(m[rg] - mx); /* 0 at the first sub-tile (m = -inf) */
+                float sum = 0.0f;
+#if defined(__AVX512F__)
+                if (PA_TT == 16) {
+                    const __mmask16 keep = (__mmask16)((1u << valid) - 1);
+                    const __m512 e = exp512_nonpositive(
+                        _mm512_sub_ps(_mm512_load_ps(sr), _mm512_set1_ps(mx)));
+                    const __m512 p = _mm512_maskz_mov_ps(keep, e);
+                    _mm512_store_ps(sr, p);
+                    sum = _mm512_reduce_add_ps(p);
+                } else
+#endif
+                {
+                    for (int64_t j = 0; j < valid; j++) {
+                        sr[j] = expf(sr[j] - mx);
+                        sum += sr[j];
+                    }
+                }
+                float *ar = acc + rg * D;
+                if (c != 1.0f)
+#pragma omp simd
+                    for (int64_t d = 0; d < D; d++) ar[d] *= c;
+                l[rg] = l[rg] * c + sum;
+                m[rg] = mx;
+                pa_tile_values(ar, sr, vb, valid, tok_stride, D);
+            }
+            t0 += tt;
+        }
+        for (int64_t rg = 0; rg < RG; rg++) {
+            const int64_t i = i0 + rg / G;
+            float *o = a->out + a->rows[i] * a->num_heads * D + (h * G + rg % G) * D;
+            const float inv = 1.0f / l[rg];
+            for (int64_t d = 0; d < D; d++) o[d] = acc[rg * D + d] * inv;
+        }
+    }
+}
+
 /* A thread's part of a call, inside a parallel region: tasks taken one at a time from the
  * shared counter *next (zero before the first thread starts) until none are left or
  * *failed is set; sets *failed when out of memory. No barrier at the end. */
@@ -276,6 +481,18 @@ static void pa_part(const pa_args *a, pa_scratch *sc, int64_t *next, int *failed
         if (__atomic_load_n(failed, __ATOMIC_RELAXED)) return;
         const int64_t task = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
         if (task >= tasks) return;
+        if (a->group_starts != NULL) {
+            const int64_t parts = a->num_kv_heads / a->heads_per_task;
+            const int64_t g = task / parts, h0 = task % parts * a->heads_per_task;
+            const int64_t i0 = a->group_starts[g], n = a->group_starts[g + 1] - i0;
+            if (n > 1) {
+                pa_tile_task(a, sc, i0, n, h0, a->heads_per_task);
+                continue;
+            }
+            if (pa_task(a, sc, i0 * parts + task % parts) != 0)
+                __atomic_store_n(failed, 1, __ATOMIC_RELAXED);
+            continue;
+        }
         if (pa_task(a, sc, task) != 0) __atomic_store_n(failed, 1, __ATOMIC_RELAXED);
     }
 }
@@ -286,10 +503,17 @@ int tr_paged_decode_f32(const float *q, int64_t q_row_stride, float *out, const 
                         const int64_t *seqs, const int32_t *row_lens, int64_t n,
                         int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                         int64_t block_size, int64_t heads_per_task, float scale) {
-    const pa_args a = {q,      q_row_stride, out,       k_cache,      v_cache,
-                       block_tables, bt_stride, ctx_lens, rows,       seqs,
-                       row_lens, n,         num_heads, num_kv_heads, head_dim,
-                       block_size, heads_per_task, scale};
+    pa_args a = {q,      q_row_stride, out,       k_cache,      v_cache,
+                 block_tables, bt_stride, ctx_lens, rows,       seqs,
+                 row_lens, n,         num_heads, num_kv_heads, head_dim,
+                 block_size, heads_per_task, scale, NULL, 0};
+    int64_t *starts = NULL;
+    if (row_lens != NULL && num_heads / num_kv_heads <= 16) {
+        starts = (int64_t *)malloc(sizeof(int64_t) * (size_t)(n + 1));
+        if (starts == NULL) return -1;
+        a.groups = pa_make_groups(&a, starts);
+        a.group_starts = starts;
+    }
     int failed = 0;
     int64_t next = 0;
 #pragma omp parallel
@@ -301,5 +525,6 @@ int tr_paged_decode_f32(const float *q, int64_t q_row_stride, float *out, const 
             pa_part(&a, &sc, &next, &failed);
         pa_scratch_free(&sc);
     }
+    free(starts);
     return failed ? -1 : 0;
 }
