@@ -14,7 +14,9 @@ and the K-quants of :data:`KQTYPES`, super-blocks of 256 weights (``Q4_K`` 144 b
 ``Q5_K`` 176, ``Q6_K`` 210; ``csrc/kquant.c`` documents them). Those are multiplied the
 way the format was designed for: each row of ``x`` is quantized to int8 per 256 values
 and the dot products run in integers (AVX512-VNNI where the CPU has it), so a row's
-result depends on that row alone, never on the rest of the batch.
+result depends on that row alone, never on the rest of the batch. Q8_0 takes the same
+path where the CPU has AVX512-VNNI and K is a multiple of 256
+(:meth:`QuantKernel.int8_activations`).
 
 :meth:`QuantWeight.matmul` (``x @ W^T``) and :meth:`QuantWeight.rows` (the embedding
 lookup) run ``csrc/quant_matmul.c``, built at first use like the other compiled kernels
@@ -71,6 +73,9 @@ class QuantKernel:
         self._rows = library.tr_quant_rows
         self._rows.restype = ctypes.c_int
         self._rows.argtypes = [_ptr, _i64, _int, _ptr, _i64, _ptr]
+        self._int8 = library.tr_quant_int8_activations
+        self._int8.restype = ctypes.c_int
+        self._int8.argtypes = [_int, _i64]
         self._kq_x = library.tr_kq_quantized_x
         self._kq_x.restype = ctypes.c_int
         self._kq_x.argtypes = [_ptr, _i64, _i64, _i64, _ptr]
@@ -95,6 +100,11 @@ class QuantKernel:
             raise MemoryError("quant matmul kernel: no memory for its panel scratch")
         if rc != 0:
             raise ValueError(f"quant matmul kernel: refused qtype {w.qtype}")
+
+    def int8_activations(self, w: QuantWeight) -> bool:
+        """Whether products with ``w`` quantize ``x`` to int8 per 256 values: the K-quants,
+        and Q8_0 where the CPU has the int8 dot products and K is whole 256-blocks."""
+        return bool(self._int8(w.type_id, w.k))
 
     def quantized_x(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` ``[M, K]`` fp32 (K a multiple of 256) as the K-quant products see it: each

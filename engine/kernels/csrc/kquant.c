@@ -47,6 +47,7 @@ enum { Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 #include <immintrin.h>
 #endif
 
+
 /* One row's 256 values of x, quantized. 320 bytes: rows of blocks stay 64-byte aligned. */
 typedef struct {
     int8_t q[QK];  /* pair order (see above) */
@@ -57,7 +58,22 @@ typedef struct {
 
 static inline int is_kquant(int qt) { return qt == Q4_K || qt == Q5_K || qt == Q6_K; }
 
-static inline int kq_block_bytes(int qt) { return qt == Q4_K ? 144 : qt == Q5_K ? 176 : 210; }
+#define KQ_Q8_0 8 /* ggml's Q8_0: fp16 d, 32 int8 q; 8 blocks per 256 values of x */
+
+/* Whether kq_part multiplies qt at this K: the K-quants always; Q8_0 where the int8 dot
+ * products are there and K is whole 256-blocks of x (else quant_matmul.c's fp32 path). */
+static inline int kq_takes(int qt, int64_t K) {
+#ifdef TR_KQ_VNNI
+    if (qt == KQ_Q8_0) return K % QK == 0;
+#endif
+    (void)K;
+    return is_kquant(qt);
+}
+
+/* Bytes of W per 256 weights of a row. */
+static inline int kq_block_bytes(int qt) {
+    return qt == Q4_K ? 144 : qt == Q5_K ? 176 : qt == Q6_K ? 210 : 8 * 34;
+}
 
 /* Natural position i of a 256-block <-> its place in pair order (the map is its own inverse). */
 static inline int kq_pair_pos(int i) {
@@ -140,6 +156,30 @@ static void kq_quantize_rows(const float *x, int64_t M, int64_t K, int64_t xs, x
             }
         }
     }
+}
+
+/* For Q8_0: rows of x quantized per 256 values as for the K-quants, stored in natural order
+ * as unsigned bytes q + 128 (vpdpbusd's unsigned side; the 128 comes off per block of W). */
+static void kq_quantize_rows_u8(const float *x, int64_t M, int64_t K, int64_t xs,
+                                xq_block *xq) {
+    const int64_t nb = K / QK;
+    for (int64_t r = 0; r < M; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            const float *v = x + r * xs + b * QK;
+            xq_block *o = xq + r * nb + b;
+            float amax = 0.0f;
+            for (int i = 0; i < QK; i++) {
+                const float a = fabsf(v[i]);
+                amax = a > amax ? a : amax;
+            }
+            const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+            o->d = amax / 127.0f;
+            for (int i = 0; i < QK; i++) {
+                int q = (int)nearbyintf(v[i] * id);
+                q = q > 127 ? 127 : q < -127 ? -127 : q;
+                ((uint8_t *)o->q)[i] = (uint8_t)(q + 128);
+            }
+        }
 }
 
 /* One super-block of W as integers: q[256] (natural order; Q6_K minus 32), per group of 16
@@ -375,6 +415,49 @@ static inline __attribute__((always_inline)) void kq_tile(const xq_block *xq, in
         for (int c = 0; c < C; c++) y0[r * ys + c] = _mm512_reduce_add_ps(acc[r][c]);
 }
 
+/* Q8_0 against x quantized per 256 (kq_quantize_rows_u8): per quarter of 256 values, two
+ * blocks of W (64 int8) dotted with x + 128 in fours (vpdpbusd, from -128 times the weights'
+ * own sums in fours, which takes the 128 back off), scaled per block in fp32. */
+static inline __attribute__((always_inline)) void kq8_tile(const xq_block *xq, int64_t nb,
+                                                           const uint8_t *w0, int64_t rb,
+                                                           float *y0, int64_t ys, const int R,
+                                                           const int C) {
+    __m512 acc[8][2];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+    const __m512i ones = _mm512_set1_epi8(1);
+    for (int64_t b = 0; b < nb; b++) {
+        for (int c = 0; c < C; c++) {
+            const uint8_t *blk = w0 + c * rb + b * 272;
+            __m512i w[4], corr[4];
+            __m512 dw[4];
+            for (int q = 0; q < 4; q++) {
+                const uint8_t *b0 = blk + 68 * q, *b1 = b0 + 34;
+                w[q] = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b0 + 2))),
+                    _mm256_loadu_si256((const __m256i *)(b1 + 2)), 1);
+                corr[q] = _mm512_sub_epi32(
+                    _mm512_setzero_si512(),
+                    _mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, w[q]), 7));
+                dw[q] = _mm512_insertf32x8(_mm512_set1_ps(kq_half(b0)),
+                                           _mm256_set1_ps(kq_half(b1)), 1);
+            }
+            for (int r = 0; r < R; r++) {
+                const xq_block *xb = xq + r * nb + b;
+                __m512 t = _mm512_setzero_ps();
+                for (int q = 0; q < 4; q++) {
+                    const __m512i p =
+                        _mm512_dpbusd_epi32(corr[q], _mm512_load_si512(xb->q + 64 * q), w[q]);
+                    t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), dw[q], t);
+                }
+                acc[r][c] = _mm512_fmadd_ps(t, _mm512_set1_ps(xb->d), acc[r][c]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) y0[r * ys + c] = _mm512_reduce_add_ps(acc[r][c]);
+}
+
 #define KQ_R 8 /* rows of x per tile (from 3 rows of x on: two W rows at a time) */
 #define KQ_C 4 /* rows of W per tile: each thread's share of W comes in these */
 
@@ -403,7 +486,20 @@ static void kq_run_tile(const xq_block *xq, int64_t nb, const uint8_t *w0, int64
     switch (qt) {
         case Q4_K: KQ_TILES(Q4_K) break;
         case Q5_K: KQ_TILES(Q5_K) break;
-        default: KQ_TILES(Q6_K) break;
+        case Q6_K: KQ_TILES(Q6_K) break;
+        default: /* Q8_0: two rows of W at most (its unpacked blocks take 12 registers) */
+            for (int c = 0; c < C; c += 2) {
+                const int cc = C - c >= 2 ? 2 : 1;
+                switch (R * 2 + cc) {
+#define KQ8_CASE(RR, CC)                                                                     \
+    case RR * 2 + CC: kq8_tile(xq, nb, w0 + c * rb, rb, y0 + c, ys, RR, CC); break;
+                    KQ8_CASE(8, 2) KQ8_CASE(7, 2) KQ8_CASE(6, 2) KQ8_CASE(5, 2) KQ8_CASE(4, 2)
+                    KQ8_CASE(3, 2) KQ8_CASE(2, 2) KQ8_CASE(1, 2) KQ8_CASE(8, 1) KQ8_CASE(7, 1)
+                    KQ8_CASE(6, 1) KQ8_CASE(5, 1) KQ8_CASE(4, 1) KQ8_CASE(3, 1) KQ8_CASE(2, 1)
+                    default: kq8_tile(xq, nb, w0 + c * rb, rb, y0 + c, ys, 1, 1);
+#undef KQ8_CASE
+                }
+            }
     }
 }
 
@@ -449,7 +545,10 @@ static void kq_part(const float *x, int64_t M, int64_t K, int64_t xs, const uint
 #endif
     for (int64_t m0 = 0; m0 < M; m0 += KQ_CHUNK) {
         const int64_t m1 = m0 + KQ_CHUNK < M ? m0 + KQ_CHUNK : M;
-        kq_quantize_rows(x + m0 * xs, m1 - m0, K, xs, xq);
+        if (qt == KQ_Q8_0)
+            kq_quantize_rows_u8(x + m0 * xs, m1 - m0, K, xs, xq);
+        else
+            kq_quantize_rows(x + m0 * xs, m1 - m0, K, xs, xq);
         for (int64_t t = t0; t < t1; t++) {
             const int64_t n0 = t * KQ_C;
             const int64_t cols = N - n0 < KQ_C ? N - n0 : KQ_C;

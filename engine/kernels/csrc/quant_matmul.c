@@ -673,7 +673,7 @@ static void tiles_part(const float *x, int64_t M, int64_t K, int64_t xs, const u
 
 /* Floats of panel scratch qm_part needs per thread for M rows of x (0: the tile path). */
 static int64_t qm_scratch_floats(int64_t M, int64_t K, int qt) {
-    if (is_kquant(qt)) return kq_scratch_bytes(M, K) / (int64_t)sizeof(float);
+    if (kq_takes(qt, K)) return kq_scratch_bytes(M, K) / (int64_t)sizeof(float);
 #ifdef PANEL
     if (M >= GEMM_M(qt)) return panel_floats(K, qt);
 #endif
@@ -686,7 +686,7 @@ static int64_t qm_scratch_floats(int64_t M, int64_t K, int qt) {
  * when that is 0). No barrier at the end: y is complete once every thread has returned. */
 static void qm_part(const float *x, int64_t M, int64_t K, int64_t xs, const uint8_t *w,
                     int64_t N, int qt, float *y, int64_t ys, float *panel, int tid, int nth) {
-    if (is_kquant(qt)) {
+    if (kq_takes(qt, K)) {
         kq_part(x, M, K, xs, w, N, qt, y, ys, (xq_block *)panel, tid, nth);
         return;
     }
@@ -762,3 +762,6 @@ int tr_kq_quantized_x(const float *x, int64_t M, int64_t K, int64_t xs, float *o
     free(xq);
     return 0;
 }
+
+/* 1 when products with a qt matrix of K columns quantize x to int8 (kquant.c), else 0. */
+int tr_quant_int8_activations(int qt, int64_t K) { return kq_takes(qt, K); }

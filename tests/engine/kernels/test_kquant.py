@@ -22,6 +22,7 @@ import pytest
 import torch
 from gguf.quants import dequantize
 
+from tests.engine.kernels.test_quant import random_blocks
 from tokenrelay.engine.kernels import quant
 from tokenrelay.engine.kernels.quant import KQTYPES, QuantKernel, QuantStack, QuantWeight
 
@@ -201,3 +202,19 @@ def test_bad_k_quant_shapes_are_refused() -> None:
         w.matmul(torch.zeros(1, 32))
     with pytest.raises(ValueError, match="unsupported qtype"):
         QuantWeight(torch.zeros(2, 110, dtype=torch.uint8), "Q3_K")
+
+
+def test_q8_0_in_whole_blocks_takes_the_int8_path(kernel: QuantKernel) -> None:
+    """On an AVX512-VNNI CPU, Q8_0 with K a multiple of 256 runs the int8 products too:
+    exact against the quantized x, the int8 bound against x, batch-invariant."""
+    rng = np.random.default_rng(9)
+    raw = random_blocks(37, 1024, "Q8_0", rng)
+    w, w64 = QuantWeight(torch.from_numpy(raw), "Q8_0"), reference(raw, "Q8_0")
+    narrow = QuantWeight(torch.from_numpy(random_blocks(3, 576, "Q8_0", rng)), "Q8_0")
+    assert not kernel.int8_activations(narrow)  # 576: not whole blocks of 256
+    if not kernel.int8_activations(w):
+        pytest.skip("this CPU has no AVX512-VNNI: Q8_0 keeps its fp32 path")
+    x = torch.randn(21, 1024, generator=torch.Generator().manual_seed(4))
+    y = w.matmul(x)
+    check(y, x, kernel.quantized_x(x), w64)
+    assert torch.equal(torch.cat([w.matmul(x[i : i + 1]) for i in range(21)]), y)
