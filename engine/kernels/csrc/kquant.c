@@ -26,8 +26,9 @@
  *
  * x's int8 values are stored in "pair order": within each 128, [0..31, 64..95, 32..63,
  * 96..127], so that one 64-byte load matches one load of Q4_K/Q5_K nibbles (and, with a
- * broadcast and shifts, of Q6_K's). Without AVX512-VNNI/BW/VL a portable C path computes
- * the same integer sums.
+ * broadcast and shifts, of Q6_K's). The tiles: kquant_avx512.c with AVX512-VNNI/BW/VL,
+ * kquant_avx2.c with AVX2 (AVX-VNNI where there), else portable C; all compute the same
+ * integer sums.
  *
  * Included by quant_matmul.c (kq_part is its K-quant branch).
  */
@@ -44,6 +45,9 @@ enum { Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) &&                \
     defined(__AVX512VNNI__)
 #define TR_KQ_VNNI 1
+#include <immintrin.h>
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define TR_KQ_AVX2 1
 #include <immintrin.h>
 #endif
 
@@ -238,9 +242,10 @@ static void kq_rows(const uint8_t *w, int64_t K, int qt, const int64_t *ids, int
 }
 
 /* Portable: y[r, c] for rows of x [r0, r1) and W's rows [c0, c1). */
-static __attribute__((unused)) void kq_block_portable(const xq_block *xq, int64_t nb, const uint8_t *w, int64_t rb,
-                              int qt, float *y, int64_t ys, int64_t r0, int64_t r1, int64_t c0,
-                              int64_t c1) {
+static __attribute__((unused)) void kq_block_portable(const xq_block *xq, int64_t nb,
+                                                      const uint8_t *w, int64_t rb, int qt,
+                                                      float *y, int64_t ys, int64_t r0,
+                                                      int64_t r1, int64_t c0, int64_t c1) {
     const int bb = kq_block_bytes(qt);
     for (int64_t c = c0; c < c1; c++)
         for (int64_t r = r0; r < r1; r++) {
@@ -265,257 +270,10 @@ static __attribute__((unused)) void kq_block_portable(const xq_block *xq, int64_
         }
 }
 
-#ifdef TR_KQ_VNNI
-/* Per super-block of one row of W: its 4 quarter vectors of u8 weights (pair order), the
- * s16 scale vectors of its two pairs of quarters (in the order vpackssdw leaves their sums),
- * the s16 vector its 16-sums are multiplied by (mins duplicated per 16, or Q6_K's scales)
- * and d, dmin. */
-typedef struct {
-    __m512i w[4], s[2];
-    __m256i m;
-    float d, dmin;
-} kq_wblock;
-
-typedef struct {
-    __m512i sel[2];     /* packed lane -> sub-block, per pair of quarters (Q4_K/Q5_K) */
-    __m512i sel6[2];    /* packed lane -> group of 16, per pair of quarters (Q6_K) */
-    __m256i mdup;       /* lane i -> min i / 2 (at 8 + i / 2 of the scales-mins vector) */
-    __m512i bits5[4];   /* Q5_K: the qh bit of each byte, per quarter */
-    __m512i shift4;     /* 0 in the low 256 bits, 4 in the high ones (16-bit lanes) */
-    __m512i shift6[2];  /* Q6_K qh shifts per odd: [2 odd | 4 + 2 odd] */
-} kq_consts;
-
-static void kq_consts_init(kq_consts *k) {
-    int16_t a[32];
-    uint8_t b[64];
-    for (int pq = 0; pq < 2; pq++) {
-        /* vpackssdw of quarters 2pq, 2pq+1's int32 sums: s16 lane L holds, per 128 bits, 4
-         * lanes of the first then 4 of the second; int32 lane l sums pair-order bytes 4l.. */
-        int16_t a6[32];
-        for (int L = 0; L < 32; L++) {
-            const int q = 2 * pq + (L % 8 >= 4), l = 4 * (L / 8) + L % 4;
-            const int natural = kq_pair_pos(64 * q + 4 * l);
-            a[L] = (int16_t)(natural / 32);
-            a6[L] = (int16_t)(natural / 16);
-        }
-        k->sel[pq] = _mm512_loadu_si512(a);
-        k->sel6[pq] = _mm512_loadu_si512(a6);
-    }
-    for (int qi = 0; qi < 4; qi++) {
-        const int h = qi / 2, odd = qi % 2;
-        for (int i = 0; i < 64; i++) b[i] = (uint8_t)(1u << (4 * h + odd + (i < 32 ? 0 : 2)));
-        k->bits5[qi] = _mm512_loadu_si512(b);
-    }
-    int16_t m[16];
-    for (int i = 0; i < 16; i++) m[i] = (int16_t)(8 + i / 2);
-    k->mdup = _mm256_loadu_si256((const __m256i *)m);
-    for (int i = 0; i < 32; i++) a[i] = (int16_t)(i < 16 ? 0 : 4);
-    k->shift4 = _mm512_loadu_si512(a);
-    for (int odd = 0; odd < 2; odd++) {
-        for (int i = 0; i < 32; i++) a[i] = (int16_t)(i < 16 ? 2 * odd : 4 + 2 * odd);
-        k->shift6[odd] = _mm512_loadu_si512(a);
-    }
-}
-
-static inline __attribute__((always_inline)) void kq_load(const uint8_t *b, const int qt,
-                                                          const kq_consts *k, kq_wblock *o) {
-    const __m512i low4 = _mm512_set1_epi8(15);
-    if (qt == Q6_K) {
-        const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
-        const __m512i sc5 = _mm512_castsi256_si512(sc);
-        for (int qi = 0; qi < 4; qi++) {
-            const int h = qi / 2, odd = qi % 2;
-            const __m512i ql = _mm512_broadcast_i64x4(
-                _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32 * odd)));
-            const __m512i qh = _mm512_broadcast_i64x4(
-                _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h)));
-            const __m512i lo = _mm512_and_si512(_mm512_srlv_epi16(ql, k->shift4), low4);
-            const __m512i hi = _mm512_and_si512(_mm512_srlv_epi16(qh, k->shift6[odd]),
-                                                _mm512_set1_epi8(3));
-            o->w[qi] = _mm512_or_si512(lo, _mm512_slli_epi16(hi, 4));
-        }
-        o->s[0] = _mm512_permutexvar_epi16(k->sel6[0], sc5);
-        o->s[1] = _mm512_permutexvar_epi16(k->sel6[1], sc5);
-        o->m = sc;
-        o->d = kq_half(b + 208);
-        o->dmin = 0.0f;
-        return;
-    }
-    /* kq_scales_mins in SIMD (no store-to-load round trip): u32 lanes [a, b, c, -] of the 12
-     * bytes -> [a & six, (c & low4) | ((a >> 6) & two) << 4, b & six, ...] */
-    const __m128i v = _mm_loadu_si128((const __m128i *)(b + 4)); /* 16 bytes: inside the block */
-    const __m128i acbc = _mm_srlv_epi32(_mm_shuffle_epi32(v, 0x98), _mm_setr_epi32(0, 0, 0, 4));
-    const __m128i aabb = _mm_shuffle_epi32(v, 0x50);
-    const __m128i low = _mm_and_si128(acbc, _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f,
-                                                           0x0f0f0f0f));
-    const __m128i top = _mm_and_si128(_mm_srli_epi32(aabb, 2),
-                                      _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
-    const __m256i sm16 = _mm256_cvtepu8_epi16(_mm_or_si128(low, top));
-    const __m512i sm5 = _mm512_castsi256_si512(sm16);
-    const uint8_t *qs = b + (qt == Q5_K ? 48 : 16);
-    __m512i qh = _mm512_setzero_si512();
-    if (qt == Q5_K) qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 16)));
-    for (int h = 0; h < 2; h++) {
-        const __m512i raw = _mm512_loadu_si512(qs + 64 * h);
-        o->w[2 * h] = _mm512_and_si512(raw, low4);
-        o->w[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
-    }
-    if (qt == Q5_K)
-        for (int qi = 0; qi < 4; qi++) {
-            const __mmask64 set = _mm512_test_epi8_mask(qh, k->bits5[qi]);
-            o->w[qi] = _mm512_mask_add_epi8(o->w[qi], set, o->w[qi], _mm512_set1_epi8(16));
-        }
-    o->s[0] = _mm512_permutexvar_epi16(k->sel[0], sm5);
-    o->s[1] = _mm512_permutexvar_epi16(k->sel[1], sm5);
-    o->m = _mm256_permutexvar_epi16(k->mdup, sm16);
-    o->d = kq_half(b);
-    o->dmin = kq_half(b + 2);
-}
-
-/* y[r, c] for R rows of x (xq, nb blocks a row) and C rows of W from w0 (rb bytes apart). */
-static inline __attribute__((always_inline)) void kq_tile(const xq_block *xq, int64_t nb,
-                                                          const uint8_t *w0, int64_t rb,
-                                                          const int qt, const kq_consts *k,
-                                                          float *y0, int64_t ys, const int R,
-                                                          const int C) {
-    const int bb = kq_block_bytes(qt);
-    __m512 acc[8][4];
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        for (int c = 0; c < C; c++) {
-            kq_wblock wb;
-            kq_load(w0 + c * rb + b * bb, qt, k, &wb);
-            for (int r = 0; r < R; r++) {
-                const xq_block *xb = xq + r * nb + b;
-                /* per quarter, sums of 4 products (|sum| <= 4 * 63 * 127: an int16), two
-                 * quarters packed into int16s, times their sub-blocks' scales */
-                __m512i dot = _mm512_setzero_si512();
-                for (int pq = 0; pq < 2; pq++) {
-                    const __m512i p0 = _mm512_dpbusd_epi32(
-                        _mm512_setzero_si512(), wb.w[2 * pq], _mm512_load_si512(xb->q + 128 * pq));
-                    const __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wb.w[2 * pq + 1],
-                                                           _mm512_load_si512(xb->q + 128 * pq + 64));
-                    dot = _mm512_dpwssd_epi32(dot, _mm512_packs_epi32(p0, p1), wb.s[pq]);
-                }
-                /* the 16-sums times the mins (Q4_K, Q5_K) or Q6_K's scales (its -32) */
-                const __m256i bs = _mm256_load_si256((const __m256i *)xb->bs);
-                const __m256i side = _mm256_madd_epi16(bs, wb.m);
-                if (qt == Q6_K)
-                    dot = _mm512_sub_epi32(dot, _mm512_zextsi256_si512(_mm256_slli_epi32(side, 5)));
-                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(wb.d * xb->d),
-                                            acc[r][c]);
-                if (qt != Q6_K)
-                    acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi256_si512(side)),
-                                                _mm512_set1_ps(-wb.dmin * xb->d), acc[r][c]);
-            }
-        }
-    }
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) y0[r * ys + c] = _mm512_reduce_add_ps(acc[r][c]);
-}
-
-/* Q8_0 against x quantized per 256 (kq_quantize_rows_u8): per quarter of 256 values, two
- * blocks of W (64 int8) dotted with x + 128 in fours (vpdpbusd, from -128 times the weights'
- * own sums in fours, which takes the 128 back off), scaled per block in fp32. */
-static inline __attribute__((always_inline)) void kq8_tile(const xq_block *xq, int64_t nb,
-                                                           const uint8_t *w0, int64_t rb,
-                                                           float *y0, int64_t ys, const int R,
-                                                           const int C) {
-    __m512 acc[8][2];
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
-    const __m512i ones = _mm512_set1_epi8(1);
-    for (int64_t b = 0; b < nb; b++) {
-        for (int c = 0; c < C; c++) {
-            const uint8_t *blk = w0 + c * rb + b * 272;
-            __m512i w[4], corr[4];
-            __m512 dw[4];
-            for (int q = 0; q < 4; q++) {
-                const uint8_t *b0 = blk + 68 * q, *b1 = b0 + 34;
-                w[q] = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b0 + 2))),
-                    _mm256_loadu_si256((const __m256i *)(b1 + 2)), 1);
-                corr[q] = _mm512_sub_epi32(
-                    _mm512_setzero_si512(),
-                    _mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, w[q]), 7));
-                dw[q] = _mm512_insertf32x8(_mm512_set1_ps(kq_half(b0)),
-                                           _mm256_set1_ps(kq_half(b1)), 1);
-            }
-            for (int r = 0; r < R; r++) {
-                const xq_block *xb = xq + r * nb + b;
-                __m512 t = _mm512_setzero_ps();
-                for (int q = 0; q < 4; q++) {
-                    const __m512i p =
-                        _mm512_dpbusd_epi32(corr[q], _mm512_load_si512(xb->q + 64 * q), w[q]);
-                    t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), dw[q], t);
-                }
-                acc[r][c] = _mm512_fmadd_ps(t, _mm512_set1_ps(xb->d), acc[r][c]);
-            }
-        }
-    }
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) y0[r * ys + c] = _mm512_reduce_add_ps(acc[r][c]);
-}
-
-#define KQ_R 8 /* rows of x per tile (from 3 rows of x on: two W rows at a time) */
-#define KQ_C 4 /* rows of W per tile: each thread's share of W comes in these */
-
-#define KQ_CASE(QT, R, C)                                                                    \
-    case R: kq_tile(xq, nb, w0, rb, QT, k, y0, ys, R, C); break;
-#define KQ_TILES(QT)                                                                         \
-    if (C == 4) {                                                                            \
-        switch (R) { KQ_CASE(QT, 2, 4) default: kq_tile(xq, nb, w0, rb, QT, k, y0, ys, 1, 4); } \
-    } else if (C == 2) {                                                                     \
-        switch (R) {                                                                         \
-            KQ_CASE(QT, 8, 2) KQ_CASE(QT, 7, 2) KQ_CASE(QT, 6, 2) KQ_CASE(QT, 5, 2)           \
-            KQ_CASE(QT, 4, 2) KQ_CASE(QT, 3, 2) KQ_CASE(QT, 2, 2)                            \
-            default: kq_tile(xq, nb, w0, rb, QT, k, y0, ys, 1, 2);                           \
-        }                                                                                    \
-    } else {                                                                                 \
-        switch (R) {                                                                         \
-            KQ_CASE(QT, 8, 1) KQ_CASE(QT, 7, 1) KQ_CASE(QT, 6, 1) KQ_CASE(QT, 5, 1)           \
-            KQ_CASE(QT, 4, 1) KQ_CASE(QT, 3, 1) KQ_CASE(QT, 2, 1)                            \
-            default: kq_tile(xq, nb, w0, rb, QT, k, y0, ys, 1, 1);                           \
-        }                                                                                    \
-    }
-
-/* R rows of x (1..8) by C rows of W (4 with R <= 2; else 2 or 1). */
-static void kq_run_tile(const xq_block *xq, int64_t nb, const uint8_t *w0, int64_t rb, int qt,
-                        const kq_consts *k, float *y0, int64_t ys, int R, int C) {
-    switch (qt) {
-        case Q4_K: KQ_TILES(Q4_K) break;
-        case Q5_K: KQ_TILES(Q5_K) break;
-        case Q6_K: KQ_TILES(Q6_K) break;
-        default: /* Q8_0: two rows of W at most (its unpacked blocks take 12 registers) */
-            for (int c = 0; c < C; c += 2) {
-                const int cc = C - c >= 2 ? 2 : 1;
-                switch (R * 2 + cc) {
-#define KQ8_CASE(RR, CC)                                                                     \
-    case RR * 2 + CC: kq8_tile(xq, nb, w0 + c * rb, rb, y0 + c, ys, RR, CC); break;
-                    KQ8_CASE(8, 2) KQ8_CASE(7, 2) KQ8_CASE(6, 2) KQ8_CASE(5, 2) KQ8_CASE(4, 2)
-                    KQ8_CASE(3, 2) KQ8_CASE(2, 2) KQ8_CASE(1, 2) KQ8_CASE(8, 1) KQ8_CASE(7, 1)
-                    KQ8_CASE(6, 1) KQ8_CASE(5, 1) KQ8_CASE(4, 1) KQ8_CASE(3, 1) KQ8_CASE(2, 1)
-                    default: kq8_tile(xq, nb, w0 + c * rb, rb, y0 + c, ys, 1, 1);
-#undef KQ8_CASE
-                }
-            }
-    }
-}
-
-/* R rows of x from r0 (relative to xq) by the cols (<= KQ_C) rows of W from w0. */
-static void kq_rows_by_tile(const xq_block *xq, int64_t nb, const uint8_t *w0, int64_t rb,
-                            int qt, const kq_consts *k, float *y0, int64_t ys, int R,
-                            int64_t cols) {
-    if (R <= 2 && cols == KQ_C) {
-        kq_run_tile(xq, nb, w0, rb, qt, k, y0, ys, R, KQ_C);
-        return;
-    }
-    for (int64_t c = 0; c < cols; c += 2) {
-        const int C = cols - c >= 2 ? 2 : 1;
-        kq_run_tile(xq, nb, w0 + c * rb, rb, qt, k, y0 + c, ys, R, C);
-    }
-}
+#if defined(TR_KQ_VNNI)
+#include "kquant_avx512.c"
+#elif defined(TR_KQ_AVX2)
+#include "kquant_avx2.c"
 #else
 #define KQ_R 8
 #define KQ_C 4
@@ -539,7 +297,7 @@ static void kq_part(const float *x, int64_t M, int64_t K, int64_t xs, const uint
     int64_t t0, t1;
     tr_split((N + KQ_C - 1) / KQ_C, tid, nth, &t0, &t1);
     if (t0 >= t1) return;
-#ifdef TR_KQ_VNNI
+#if defined(TR_KQ_VNNI) || defined(TR_KQ_AVX2)
     kq_consts k;
     kq_consts_init(&k);
 #endif
@@ -552,7 +310,7 @@ static void kq_part(const float *x, int64_t M, int64_t K, int64_t xs, const uint
         for (int64_t t = t0; t < t1; t++) {
             const int64_t n0 = t * KQ_C;
             const int64_t cols = N - n0 < KQ_C ? N - n0 : KQ_C;
-#ifdef TR_KQ_VNNI
+#if defined(TR_KQ_VNNI) || defined(TR_KQ_AVX2)
             for (int64_t r0 = m0; r0 < m1; r0 += KQ_R) {
                 const int R = (int)(m1 - r0 < KQ_R ? m1 - r0 : KQ_R);
                 kq_rows_by_tile(xq + (r0 - m0) * nb, nb, w + n0 * rb, rb, qt, &k,

@@ -146,18 +146,25 @@ def test_rows_and_dequantize_match_the_reference(kernel: QuantKernel) -> None:
         )  # fmt: skip
 
 
-def test_the_portable_path(tmp_path: Path) -> None:
-    """Built without AVX-512, the same integer sums (portable C): the same bounds."""
+@pytest.mark.parametrize(
+    "flags",
+    [("-mno-avx512f",), ("-mno-avx512f", "-mno-avxvnni"),
+     ("-mno-avx512f", "-mno-avx2", "-mno-fma", "-mno-f16c")],
+    ids=["avx2-vnni", "avx2", "portable"],
+)  # fmt: skip
+def test_the_narrower_paths(flags: tuple[str, ...], tmp_path: Path) -> None:
+    """Built without AVX-512 (AVX2 with and without AVX-VNNI, portable C): the same integer
+    sums, the same bounds, rows still independent of their batch."""
     try:
-        narrow = QuantKernel(quant.load(quant.SOURCE, tmp_path, ("-mno-avx512f",)))
+        narrow = QuantKernel(quant.load(quant.SOURCE, tmp_path, flags))
     except quant.BUILD_ERRORS as exc:
-        pytest.skip(f"could not build without AVX-512: {exc}")
+        pytest.skip(f"could not build with {flags}: {exc}")
     rng = np.random.default_rng(6)
     gen = torch.Generator().manual_seed(6)
     for qtype in KQTYPES:
         raw = random_kblocks(13, 512, qtype, rng)
         w, w64 = QuantWeight(torch.from_numpy(raw), qtype), reference(raw, qtype)
-        for m in (1, 3, 66):
+        for m in (1, 3, 5, 66):
             x = torch.randn(m, 512, generator=gen)
             y = torch.empty(m, 13)
             narrow.matmul(x, w, y)
