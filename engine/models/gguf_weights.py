@@ -113,7 +113,8 @@ def native_unsupported(path: Path) -> str | None:
     index = GGUFIndex(path)
     for t in index.tensors.values():
         kind = t.type_name
-        if kind not in QUANT_TYPES and kind not in ("F32", "F16"):
+        vector = kind in ("F32", "F16") and len(t.shape) == 1  # norms and biases stay dense
+        if kind not in QUANT_TYPES and not vector:
             gib = fp32_bytes(index) / 2**30
             return (
                 f"{t.name} is {kind}, which the CPU kernels do not multiply (they do "

@@ -24,6 +24,7 @@ from tests.engine.kernels.test_kquant import random_kblocks
 from tokenrelay.core.wire.params import SamplingParams
 from tokenrelay.engine import EngineConfig, LLMEngine
 from tokenrelay.engine.kernels.quant import QuantStack, QuantWeight
+from tokenrelay.engine.models.gguf_weights import native_unsupported
 from tokenrelay.engine.models.store import default_gguf_path, locate_model
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,", "Once upon a time"]
@@ -199,6 +200,16 @@ def test_a_type_without_a_kernel_is_one_clear_line(
     assert "blk.0.ffn_down.weight is Q3_K" in message and "--weights fp32 would hold" in message
     monkeypatch.setattr(runtime, "available_memory", lambda: 2**40)
     assert cfg.weights_for("cpu") == "dense"  # it fits: dequantized, with a warning
+    # a float16 matrix is no quantized block either (norms and biases are fine)
+    writer = gguf.GGUFWriter(str(tmp_path / "f16.gguf"), "llama")
+    writer.add_tensor("output_norm.weight", np.ones(HIDDEN, dtype=np.float16))
+    writer.add_tensor("blk.0.ffn_down.weight", np.zeros((8, HIDDEN), dtype=np.float16))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    why = native_unsupported(tmp_path / "f16.gguf")
+    assert why is not None and why.startswith("blk.0.ffn_down.weight is F16")
 
 
 @pytest.mark.parametrize("threads", [1, 2])
