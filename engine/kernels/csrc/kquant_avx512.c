@@ -8,7 +8,7 @@
 typedef struct {
     __m512i w[4], s[2];
     __m256i m;
-    float d, dmin;
+    __m512 dd; /* [d x 8 | -dmin x 8] (Q4_K, Q5_K), d x 16 (Q6_K) */
 } kq_wblock;
 
 typedef struct {
@@ -72,8 +72,7 @@ static inline __attribute__((always_inline)) void kq_load(const uint8_t *b, cons
         o->s[0] = _mm512_permutexvar_epi16(k->sel6[0], sc5);
         o->s[1] = _mm512_permutexvar_epi16(k->sel6[1], sc5);
         o->m = sc;
-        o->d = kq_half(b + 208);
-        o->dmin = 0.0f;
+        o->dd = _mm512_set1_ps(kq_half(b + 208));
         return;
     }
     /* kq_scales_mins in SIMD (no store-to-load round trip): u32 lanes [a, b, c, -] of the 12
@@ -103,8 +102,7 @@ static inline __attribute__((always_inline)) void kq_load(const uint8_t *b, cons
     o->s[0] = _mm512_permutexvar_epi16(k->sel[0], sm5);
     o->s[1] = _mm512_permutexvar_epi16(k->sel[1], sm5);
     o->m = _mm256_permutexvar_epi16(k->mdup, sm16);
-    o->d = kq_half(b);
-    o->dmin = kq_half(b + 2);
+    o->dd = _mm512_insertf32x8(_mm512_set1_ps(kq_half(b)), _mm256_set1_ps(-kq_half(b + 2)), 1);
 }
 
 /* y[r, c] for R rows of x (xq, nb blocks a row) and C rows of W from w0 (rb bytes apart). */
@@ -114,11 +112,12 @@ static inline __attribute__((always_inline)) void kq_tile(const xq_block *xq, in
                                                           float *y0, int64_t ys, const int R,
                                                           const int C) {
     const int bb = kq_block_bytes(qt);
-    __m512 acc[8][4];
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        for (int c = 0; c < C; c++) {
+    /* one row of W at a time over all of K: its R accumulators stay in registers (an
+     * acc[r][c] indexed by a loop over c would live on the stack) */
+    for (int c = 0; c < C; c++) {
+        __m512 acc[8];
+        for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
             kq_wblock wb;
             kq_load(w0 + c * rb + b * bb, qt, k, &wb);
             for (int r = 0; r < R; r++) {
@@ -136,36 +135,40 @@ static inline __attribute__((always_inline)) void kq_tile(const xq_block *xq, in
                 /* the 16-sums times the mins (Q4_K, Q5_K) or Q6_K's scales (its -32) */
                 const __m256i bs = _mm256_load_si256((const __m256i *)xb->bs);
                 const __m256i side = _mm256_madd_epi16(bs, wb.m);
-                if (qt == Q6_K)
+                if (qt == Q6_K) {
                     dot = _mm512_sub_epi32(dot, _mm512_zextsi256_si512(_mm256_slli_epi32(side, 5)));
-                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(wb.d * xb->d),
-                                            acc[r][c]);
-                if (qt != Q6_K)
-                    acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi256_si512(side)),
-                                                _mm512_set1_ps(-wb.dmin * xb->d), acc[r][c]);
+                } else { /* one conversion: [the dot's two halves summed | the mins' side] */
+                    const __m256i half = _mm256_add_epi32(_mm512_castsi512_si256(dot),
+                                                          _mm512_extracti64x4_epi64(dot, 1));
+                    dot = _mm512_inserti64x4(_mm512_castsi256_si512(half), side, 1);
+                }
+                const __m512 scale = _mm512_mul_ps(wb.dd, _mm512_set1_ps(xb->d));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);
             }
         }
+        for (int r = 0; r < R; r++) y0[r * ys + c] = _mm512_reduce_add_ps(acc[r]);
     }
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) y0[r * ys + c] = _mm512_reduce_add_ps(acc[r][c]);
 }
 
 /* Q8_0 against x quantized per 256 (kq_quantize_rows_u8): per quarter of 256 values, two
  * blocks of W (64 int8) dotted with x + 128 in fours (vpdpbusd, from -128 times the weights'
- * own sums in fours, which takes the 128 back off), scaled per block in fp32. */
+ * own sums in fours, which takes the 128 back off); the four quarters' sums folded to two
+ * lanes per block (vpermt2d, exact in int32), converted once and scaled per block. */
 static inline __attribute__((always_inline)) void kq8_tile(const xq_block *xq, int64_t nb,
                                                            const uint8_t *w0, int64_t rb,
                                                            float *y0, int64_t ys, const int R,
                                                            const int C) {
-    __m512 acc[8][2];
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
     const __m512i ones = _mm512_set1_epi8(1);
-    for (int64_t b = 0; b < nb; b++) {
-        for (int c = 0; c < C; c++) {
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26,
+                                           28, 30);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    const __m512i pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    for (int c = 0; c < C; c++) { /* one row of W at a time: its accumulators in registers */
+        __m512 acc[8];
+        for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
             const uint8_t *blk = w0 + c * rb + b * 272;
             __m512i w[4], corr[4];
-            __m512 dw[4];
             for (int q = 0; q < 4; q++) {
                 const uint8_t *b0 = blk + 68 * q, *b1 = b0 + 34;
                 w[q] = _mm512_inserti64x4(
@@ -174,23 +177,30 @@ static inline __attribute__((always_inline)) void kq8_tile(const xq_block *xq, i
                 corr[q] = _mm512_sub_epi32(
                     _mm512_setzero_si512(),
                     _mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, w[q]), 7));
-                dw[q] = _mm512_insertf32x8(_mm512_set1_ps(kq_half(b0)),
-                                           _mm256_set1_ps(kq_half(b1)), 1);
             }
+            const __m256 d8 = _mm256_setr_ps(kq_half(blk), kq_half(blk + 34), kq_half(blk + 68),
+                                             kq_half(blk + 102), kq_half(blk + 136),
+                                             kq_half(blk + 170), kq_half(blk + 204),
+                                             kq_half(blk + 238));
+            const __m512 dw = _mm512_permutexvar_ps(pairs, _mm512_castps256_ps512(d8));
             for (int r = 0; r < R; r++) {
                 const xq_block *xb = xq + r * nb + b;
-                __m512 t = _mm512_setzero_ps();
-                for (int q = 0; q < 4; q++) {
-                    const __m512i p =
-                        _mm512_dpbusd_epi32(corr[q], _mm512_load_si512(xb->q + 64 * q), w[q]);
-                    t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), dw[q], t);
-                }
-                acc[r][c] = _mm512_fmadd_ps(t, _mm512_set1_ps(xb->d), acc[r][c]);
+                __m512i p[4];
+                for (int q = 0; q < 4; q++)
+                    p[q] = _mm512_dpbusd_epi32(corr[q], _mm512_load_si512(xb->q + 64 * q), w[q]);
+                /* [8 lanes block 2q | 8 lanes block 2q+1] x 4 -> 4 lanes a block -> 2 */
+                const __m512i t01 = _mm512_add_epi32(_mm512_permutex2var_epi32(p[0], even, p[1]),
+                                                     _mm512_permutex2var_epi32(p[0], odd, p[1]));
+                const __m512i t23 = _mm512_add_epi32(_mm512_permutex2var_epi32(p[2], even, p[3]),
+                                                     _mm512_permutex2var_epi32(p[2], odd, p[3]));
+                const __m512i u = _mm512_add_epi32(_mm512_permutex2var_epi32(t01, even, t23),
+                                                   _mm512_permutex2var_epi32(t01, odd, t23));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(u),
+                                         _mm512_mul_ps(dw, _mm512_set1_ps(xb->d)), acc[r]);
             }
         }
+        for (int r = 0; r < R; r++) y0[r * ys + c] = _mm512_reduce_add_ps(acc[r]);
     }
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) y0[r * ys + c] = _mm512_reduce_add_ps(acc[r][c]);
 }
 
 #define KQ_R 8 /* rows of x per tile (from 3 rows of x on: two W rows at a time) */
