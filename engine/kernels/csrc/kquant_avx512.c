@@ -105,49 +105,78 @@ static inline __attribute__((always_inline)) void kq_load(const uint8_t *b, cons
     o->dd = _mm512_insertf32x8(_mm512_set1_ps(kq_half(b)), _mm256_set1_ps(-kq_half(b + 2)), 1);
 }
 
-/* y[r, c] for R rows of x (xq, nb blocks a row) and C rows of W from w0 (rb bytes apart). */
+#define KQ_TILE_MOST 8 /* rows of x a kq_tile takes at most (more spill registers) */
+
+/* acc + row xb of x times one super-block of W (wb), scaled: the step every tile takes per
+ * row of x, row of W and super-block, in the same order whatever the tile's shape. */
+static inline __attribute__((always_inline)) __m512 kq_step(const kq_wblock *wb,
+                                                            const xq_block *xb, const int qt,
+                                                            __m512 acc) {
+    /* per quarter, sums of 4 products (|sum| <= 4 * 63 * 127: an int16), two quarters packed
+     * into int16s, times their sub-blocks' scales */
+    __m512i dot = _mm512_setzero_si512();
+    for (int pq = 0; pq < 2; pq++) {
+        const __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wb->w[2 * pq],
+                                               _mm512_load_si512(xb->q + 128 * pq));
+        const __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wb->w[2 * pq + 1],
+                                               _mm512_load_si512(xb->q + 128 * pq + 64));
+        dot = _mm512_dpwssd_epi32(dot, _mm512_packs_epi32(p0, p1), wb->s[pq]);
+    }
+    /* the 16-sums times the mins (Q4_K, Q5_K) or Q6_K's scales (its -32) */
+    const __m256i side =
+        _mm256_madd_epi16(_mm256_load_si256((const __m256i *)xb->bs), wb->m);
+    if (qt == Q6_K) {
+        dot = _mm512_sub_epi32(dot, _mm512_zextsi256_si512(_mm256_slli_epi32(side, 5)));
+    } else { /* one conversion: [the dot's two halves summed | the mins' side] */
+        const __m256i half = _mm256_add_epi32(_mm512_castsi512_si256(dot),
+                                              _mm512_extracti64x4_epi64(dot, 1));
+        dot = _mm512_inserti64x4(_mm512_castsi256_si512(half), side, 1);
+    }
+    const __m512 scale = _mm512_mul_ps(wb->dd, _mm512_set1_ps(xb->d));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc);
+}
+
+/* y[r, c] for R (3..8) rows of x (xq, nb blocks a row) and C rows of W from w0 (rb bytes
+ * apart), one row of W at a time over all of K: its R accumulators stay in registers. */
 static inline __attribute__((always_inline)) void kq_tile(const xq_block *xq, int64_t nb,
                                                           const uint8_t *w0, int64_t rb,
                                                           const int qt, const kq_consts *k,
                                                           float *y0, int64_t ys, const int R,
                                                           const int C) {
     const int bb = kq_block_bytes(qt);
-    /* one row of W at a time over all of K: its R accumulators stay in registers (an
-     * acc[r][c] indexed by a loop over c would live on the stack) */
     for (int c = 0; c < C; c++) {
-        __m512 acc[8];
+        __m512 acc[KQ_TILE_MOST];
         for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             kq_wblock wb;
             kq_load(w0 + c * rb + b * bb, qt, k, &wb);
-            for (int r = 0; r < R; r++) {
-                const xq_block *xb = xq + r * nb + b;
-                /* per quarter, sums of 4 products (|sum| <= 4 * 63 * 127: an int16), two
-                 * quarters packed into int16s, times their sub-blocks' scales */
-                __m512i dot = _mm512_setzero_si512();
-                for (int pq = 0; pq < 2; pq++) {
-                    const __m512i p0 = _mm512_dpbusd_epi32(
-                        _mm512_setzero_si512(), wb.w[2 * pq], _mm512_load_si512(xb->q + 128 * pq));
-                    const __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wb.w[2 * pq + 1],
-                                                           _mm512_load_si512(xb->q + 128 * pq + 64));
-                    dot = _mm512_dpwssd_epi32(dot, _mm512_packs_epi32(p0, p1), wb.s[pq]);
-                }
-                /* the 16-sums times the mins (Q4_K, Q5_K) or Q6_K's scales (its -32) */
-                const __m256i bs = _mm256_load_si256((const __m256i *)xb->bs);
-                const __m256i side = _mm256_madd_epi16(bs, wb.m);
-                if (qt == Q6_K) {
-                    dot = _mm512_sub_epi32(dot, _mm512_zextsi256_si512(_mm256_slli_epi32(side, 5)));
-                } else { /* one conversion: [the dot's two halves summed | the mins' side] */
-                    const __m256i half = _mm256_add_epi32(_mm512_castsi512_si256(dot),
-                                                          _mm512_extracti64x4_epi64(dot, 1));
-                    dot = _mm512_inserti64x4(_mm512_castsi256_si512(half), side, 1);
-                }
-                const __m512 scale = _mm512_mul_ps(wb.dd, _mm512_set1_ps(xb->d));
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);
-            }
+            for (int r = 0; r < R; r++) acc[r] = kq_step(&wb, xq + r * nb + b, qt, acc[r]);
         }
         for (int r = 0; r < R; r++) y0[r * ys + c] = _mm512_reduce_add_ps(acc[r]);
     }
+}
+
+/* The same for 1 or 2 rows of x (decode) and 4 rows of W interleaved super-block by
+ * super-block: four independent streams of W in flight (the loop over them unrolled, so
+ * their accumulators are registers). */
+static inline __attribute__((always_inline)) void kq_tile4(const xq_block *xq, int64_t nb,
+                                                           const uint8_t *w0, int64_t rb,
+                                                           const int qt, const kq_consts *k,
+                                                           float *y0, int64_t ys, const int R) {
+    const int bb = kq_block_bytes(qt);
+    __m512 acc[2][4];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            kq_wblock wb;
+            kq_load(w0 + c * rb + b * bb, qt, k, &wb);
+            for (int r = 0; r < R; r++) acc[r][c] = kq_step(&wb, xq + r * nb + b, qt, acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 4; c++) y0[r * ys + c] = _mm512_reduce_add_ps(acc[r][c]);
 }
 
 /* Q8_0 against x quantized per 256 (kq_quantize_rows_u8): per quarter of 256 values, two
@@ -164,7 +193,7 @@ static inline __attribute__((always_inline)) void kq8_tile(const xq_block *xq, i
     const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
     const __m512i pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     for (int c = 0; c < C; c++) { /* one row of W at a time: its accumulators in registers */
-        __m512 acc[8];
+        __m512 acc[KQ_TILE_MOST];
         for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *blk = w0 + c * rb + b * 272;
@@ -203,47 +232,38 @@ static inline __attribute__((always_inline)) void kq8_tile(const xq_block *xq, i
     }
 }
 
-#define KQ_R 8 /* rows of x per tile (from 3 rows of x on: two W rows at a time) */
-#define KQ_C 4 /* rows of W per tile: each thread's share of W comes in these */
+#define KQ_R KQ_TILE_MOST /* rows of x per tile */
+#define KQ_C 4  /* rows of W per tile: each thread's share of W comes in these */
 
-#define KQ_CASE(QT, R, C)                                                                    \
-    case R: kq_tile(xq, nb, w0, rb, QT, k, y0, ys, R, C); break;
+#define KQ_CASE(QT, RR)                                                                      \
+    case RR: kq_tile(xq, nb, w0, rb, QT, k, y0, ys, RR, C); break;
 #define KQ_TILES(QT)                                                                         \
-    if (C == 4) {                                                                            \
-        switch (R) { KQ_CASE(QT, 2, 4) default: kq_tile(xq, nb, w0, rb, QT, k, y0, ys, 1, 4); } \
-    } else if (C == 2) {                                                                     \
-        switch (R) {                                                                         \
-            KQ_CASE(QT, 8, 2) KQ_CASE(QT, 7, 2) KQ_CASE(QT, 6, 2) KQ_CASE(QT, 5, 2)           \
-            KQ_CASE(QT, 4, 2) KQ_CASE(QT, 3, 2) KQ_CASE(QT, 2, 2)                            \
-            default: kq_tile(xq, nb, w0, rb, QT, k, y0, ys, 1, 2);                           \
-        }                                                                                    \
+    if (R <= 2 && C == 4) {                                                                  \
+        if (R == 2) kq_tile4(xq, nb, w0, rb, QT, k, y0, ys, 2);                               \
+        else kq_tile4(xq, nb, w0, rb, QT, k, y0, ys, 1);                                     \
     } else {                                                                                 \
         switch (R) {                                                                         \
-            KQ_CASE(QT, 8, 1) KQ_CASE(QT, 7, 1) KQ_CASE(QT, 6, 1) KQ_CASE(QT, 5, 1)           \
-            KQ_CASE(QT, 4, 1) KQ_CASE(QT, 3, 1) KQ_CASE(QT, 2, 1)                            \
-            default: kq_tile(xq, nb, w0, rb, QT, k, y0, ys, 1, 1);                           \
+            KQ_CASE(QT, 8) KQ_CASE(QT, 7) KQ_CASE(QT, 6) KQ_CASE(QT, 5) KQ_CASE(QT, 4)         \
+            KQ_CASE(QT, 3) KQ_CASE(QT, 2)                                                    \
+            default: kq_tile(xq, nb, w0, rb, QT, k, y0, ys, 1, C);                           \
         }                                                                                    \
     }
 
-/* R rows of x (1..8) by C rows of W (4 with R <= 2; else 2 or 1). */
+/* R rows of x (1..8) by C rows of W (4 with R <= 2). */
 static void kq_run_tile(const xq_block *xq, int64_t nb, const uint8_t *w0, int64_t rb, int qt,
                         const kq_consts *k, float *y0, int64_t ys, int R, int C) {
     switch (qt) {
         case Q4_K: KQ_TILES(Q4_K) break;
         case Q5_K: KQ_TILES(Q5_K) break;
         case Q6_K: KQ_TILES(Q6_K) break;
-        default: /* Q8_0: two rows of W at most (its unpacked blocks take 12 registers) */
-            for (int c = 0; c < C; c += 2) {
-                const int cc = C - c >= 2 ? 2 : 1;
-                switch (R * 2 + cc) {
-#define KQ8_CASE(RR, CC)                                                                     \
-    case RR * 2 + CC: kq8_tile(xq, nb, w0 + c * rb, rb, y0 + c, ys, RR, CC); break;
-                    KQ8_CASE(8, 2) KQ8_CASE(7, 2) KQ8_CASE(6, 2) KQ8_CASE(5, 2) KQ8_CASE(4, 2)
-                    KQ8_CASE(3, 2) KQ8_CASE(2, 2) KQ8_CASE(1, 2) KQ8_CASE(8, 1) KQ8_CASE(7, 1)
-                    KQ8_CASE(6, 1) KQ8_CASE(5, 1) KQ8_CASE(4, 1) KQ8_CASE(3, 1) KQ8_CASE(2, 1)
-                    default: kq8_tile(xq, nb, w0 + c * rb, rb, y0 + c, ys, 1, 1);
+        default: /* Q8_0 */
+            switch (R) {
+#define KQ8_CASE(RR)                                                                         \
+    case RR: kq8_tile(xq, nb, w0, rb, y0, ys, RR, C); break;
+                KQ8_CASE(8) KQ8_CASE(7) KQ8_CASE(6) KQ8_CASE(5) KQ8_CASE(4) KQ8_CASE(3)
+                KQ8_CASE(2)
+                default: kq8_tile(xq, nb, w0, rb, y0, ys, 1, C);
 #undef KQ8_CASE
-                }
             }
     }
 }
@@ -252,12 +272,5 @@ static void kq_run_tile(const xq_block *xq, int64_t nb, const uint8_t *w0, int64
 static void kq_rows_by_tile(const xq_block *xq, int64_t nb, const uint8_t *w0, int64_t rb,
                             int qt, const kq_consts *k, float *y0, int64_t ys, int R,
                             int64_t cols) {
-    if (R <= 2 && cols == KQ_C) {
-        kq_run_tile(xq, nb, w0, rb, qt, k, y0, ys, R, KQ_C);
-        return;
-    }
-    for (int64_t c = 0; c < cols; c += 2) {
-        const int C = cols - c >= 2 ? 2 : 1;
-        kq_run_tile(xq, nb, w0 + c * rb, rb, qt, k, y0 + c, ys, R, C);
-    }
+    kq_run_tile(xq, nb, w0, rb, qt, k, y0, ys, R, (int)cols);
 }
