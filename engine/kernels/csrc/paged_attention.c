@@ -231,7 +231,8 @@ static int pa_scratch_init(pa_scratch *s, const pa_args *a) {
     s->acc = (float *)malloc(sizeof(float) * R * (a->head_dim + 1));
     s->tile = NULL;
     if (a->group_starts != NULL) {
-        const size_t floats = (size_t)(RG * D + 2 * RG + D * PA_TT + RG * PA_TT);
+        const int64_t RGp = (RG + 15) / 16 * 16; /* the AVX-512 path's rows, lane-padded */
+        const size_t floats = (size_t)(2 * RGp * D + 4 * RGp + 2 * PA_TT * RGp + D * PA_TT);
         s->tile = (float *)aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
         if (s->tile == NULL) return -1;
     }
@@ -472,6 +473,122 @@ static void pa_tile_task(const pa_args *a, pa_scratch *sc, int64_t i0, int64_t n
     }
 }
 
+#if defined(__AVX512F__)
+/* pa_tile_task with the query rows across the vector lanes (D a multiple of 16): Q^T [D, RGp]
+ * once per head, scores S[t][rows] = sum_d Q^T[d] * k_t[d] straight from the pool's rows (no
+ * transpose of K), the online softmax 16 rows at a time, then acc[row] += p * v_t. Each row
+ * sees the same operations in the same order as in any other tile. */
+static void pa_tile_task512(const pa_args *a, pa_scratch *sc, int64_t i0, int64_t n, int64_t h0,
+                            int64_t hp) {
+    const int64_t G = a->num_heads / a->num_kv_heads, D = a->head_dim, bs = a->block_size;
+    const int64_t tok_stride = a->num_kv_heads * D, block_stride = bs * tok_stride;
+    const int64_t RG = n * G, RGp = (RG + 15) / 16 * 16, nv = RGp / 16, seq = a->seqs[i0];
+    const int32_t *bt = a->block_tables + seq * a->bt_stride;
+    float *acc = sc->tile, *qt = acc + RGp * D, *m = qt + RGp * D, *l = m + RGp;
+    float *c = l + RGp, *sp = c + RGp + RGp; /* sp: scores, then probabilities [TT][RGp] */
+    int32_t *len = (int32_t *)(c + RGp);
+    const __m512 scale = _mm512_set1_ps(a->scale), ninf = _mm512_set1_ps(-INFINITY);
+    for (int64_t h = h0; h < h0 + hp; h++) {
+        int32_t most = 0;
+        for (int64_t rg = 0; rg < RGp; rg++) {
+            const int64_t i = i0 + rg / G;
+            len[rg] = rg < RG ? a->row_lens[i] : 0; /* padding rows: never valid */
+            most = len[rg] > most ? len[rg] : most;
+            const float *q = rg < RG ? a->q + a->rows[i] * a->q_row_stride + (h * G + rg % G) * D
+                                     : NULL;
+            for (int64_t d = 0; d < D; d++) qt[d * RGp + rg] = q != NULL ? q[d] : 0.0f;
+            m[rg] = -INFINITY;
+            l[rg] = 0.0f;
+        }
+        memset(acc, 0, sizeof(float) * RGp * D);
+        for (int64_t t0 = 0; t0 < most;) {
+            const int64_t off = t0 % bs, left = most - t0;
+            int64_t tt = bs - off < PA_TT ? bs - off : PA_TT;
+            tt = left < tt ? left : tt;
+            const float *kb = a->k_cache + (int64_t)bt[t0 / bs] * block_stride + off * tok_stride +
+                              h * D;
+            const float *vb = a->v_cache + (int64_t)bt[t0 / bs] * block_stride + off * tok_stride +
+                              h * D;
+            /* scores, masked: 8 tokens x 2 vectors of rows at a time */
+            for (int64_t v = 0; v < nv; v += 2) {
+                const int two = v + 1 < nv;
+                for (int64_t j0 = 0; j0 < tt; j0 += 8) {
+                    const int64_t jn = tt - j0 < 8 ? tt - j0 : 8;
+                    __m512 s0[8], s1[8];
+                    for (int j = 0; j < 8; j++) s0[j] = s1[j] = _mm512_setzero_ps();
+                    for (int64_t d = 0; d < D; d++) {
+                        const __m512 q0 = _mm512_load_ps(qt + d * RGp + 16 * v);
+                        const __m512 q1 = two ? _mm512_load_ps(qt + d * RGp + 16 * v + 16) : q0;
+                        for (int j = 0; j < 8; j++) {
+                            if (j >= jn) break;
+                            const __m512 k = _mm512_set1_ps(kb[(j0 + j) * tok_stride + d]);
+                            s0[j] = _mm512_fmadd_ps(q0, k, s0[j]);
+                            s1[j] = _mm512_fmadd_ps(q1, k, s1[j]);
+                        }
+                    }
+                    for (int64_t j = 0; j < jn; j++) {
+                        const __m512i pos = _mm512_set1_epi32((int32_t)(t0 + j0 + j));
+                        for (int u = 0; u <= two; u++) {
+                            const __mmask16 ok = _mm512_cmpgt_epi32_mask(
+                                _mm512_loadu_si512(len + 16 * (v + u)), pos);
+                            const __m512 sv = _mm512_mul_ps(u ? s1[j] : s0[j], scale);
+                            _mm512_store_ps(sp + (j0 + j) * RGp + 16 * (v + u),
+                                            _mm512_mask_blend_ps(ok, ninf, sv));
+                        }
+                    }
+                }
+            }
+            /* online softmax, 16 rows at a time */
+            for (int64_t v = 0; v < nv; v++) {
+                __m512 mx = _mm512_load_ps(m + 16 * v);
+                for (int64_t j = 0; j < tt; j++) mx = _mm512_max_ps(mx, _mm512_load_ps(sp + j * RGp + 16 * v));
+                const __m512 old = _mm512_load_ps(m + 16 * v);
+                /* rows with nothing valid yet keep -inf: 0 weights, c = 1 (NaN masked off) */
+                const __mmask16 live = _mm512_cmp_ps_mask(mx, ninf, _CMP_NEQ_OQ);
+                const __m512 cv = _mm512_mask_blend_ps(
+                    live, _mm512_set1_ps(1.0f), exp512_nonpositive(_mm512_sub_ps(old, mx)));
+                __m512 sum = _mm512_setzero_ps();
+                for (int64_t j = 0; j < tt; j++) {
+                    float *pj = sp + j * RGp + 16 * v;
+                    const __m512 e = _mm512_maskz_mov_ps(
+                        live, exp512_nonpositive(_mm512_sub_ps(_mm512_load_ps(pj), mx)));
+                    _mm512_store_ps(pj, e);
+                    sum = _mm512_add_ps(sum, e);
+                }
+                _mm512_store_ps(l + 16 * v,
+                                _mm512_fmadd_ps(_mm512_load_ps(l + 16 * v), cv, sum));
+                _mm512_store_ps(m + 16 * v, mx);
+                _mm512_store_ps(c + 16 * v, cv);
+            }
+            /* values: acc[row] = acc[row] c + sum_j p[j][row] v_j, two rows at a time */
+            for (int64_t rg = 0; rg < RG; rg += 2) {
+                const int two = rg + 1 < RG;
+                for (int64_t d0 = 0; d0 < D; d0 += 16) {
+                    float *a0 = acc + rg * D + d0, *a1 = a0 + D;
+                    __m512 x0 = _mm512_mul_ps(_mm512_loadu_ps(a0), _mm512_set1_ps(c[rg]));
+                    __m512 x1 = two ? _mm512_mul_ps(_mm512_loadu_ps(a1), _mm512_set1_ps(c[rg + 1]))
+                                    : x0;
+                    for (int64_t j = 0; j < tt; j++) {
+                        const __m512 vj = _mm512_loadu_ps(vb + j * tok_stride + d0);
+                        x0 = _mm512_fmadd_ps(_mm512_set1_ps(sp[j * RGp + rg]), vj, x0);
+                        if (two) x1 = _mm512_fmadd_ps(_mm512_set1_ps(sp[j * RGp + rg + 1]), vj, x1);
+                    }
+                    _mm512_storeu_ps(a0, x0);
+                    if (two) _mm512_storeu_ps(a1, x1);
+                }
+            }
+            t0 += tt;
+        }
+        for (int64_t rg = 0; rg < RG; rg++) {
+            const int64_t i = i0 + rg / G;
+            float *o = a->out + a->rows[i] * a->num_heads * D + (h * G + rg % G) * D;
+            const float inv = 1.0f / l[rg];
+            for (int64_t d = 0; d < D; d++) o[d] = acc[rg * D + d] * inv;
+        }
+    }
+}
+#endif
+
 /* A thread's part of a call, inside a parallel region: tasks taken one at a time from the
  * shared counter *next (zero before the first thread starts) until none are left or
  * *failed is set; sets *failed when out of memory. No barrier at the end. */
@@ -486,6 +603,12 @@ static void pa_part(const pa_args *a, pa_scratch *sc, int64_t *next, int *failed
             const int64_t g = task / parts, h0 = task % parts * a->heads_per_task;
             const int64_t i0 = a->group_starts[g], n = a->group_starts[g + 1] - i0;
             if (n > 1) {
+#if defined(__AVX512F__)
+                if (a->head_dim % 16 == 0) {
+                    pa_tile_task512(a, sc, i0, n, h0, a->heads_per_task);
+                    continue;
+                }
+#endif
                 pa_tile_task(a, sc, i0, n, h0, a->heads_per_task);
                 continue;
             }
