@@ -14,6 +14,11 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"  # gitignored: a run's saved tables and JSON
 
 
+def say(*parts: object) -> None:
+    """Print a progress line now (flushed: the output may be a pipe or a log)."""
+    print(*parts, flush=True)
+
+
 def machine() -> str:
     """``"<CPU model>, <n> cores"`` (the cores this process may use)."""
     name = platform.processor() or "unknown CPU"

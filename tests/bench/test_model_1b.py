@@ -1,6 +1,7 @@
-"""bench/model_1b.py (the random test model) and bench/vs_llamacpp.py's helpers, without
-llama.cpp: the writer is deterministic and copies the tokenizer; the long prompts are the
-same for a seed and differ between seeds; a server's RSS sums its whole process tree."""
+"""bench/model_1b.py (the random test model) and the helpers of bench/vs_llamacpp.py
+(bench/vs_llamacpp_servers.py, bench/long_prompts.py), without llama.cpp: the writer is
+deterministic and copies the tokenizer; the long prompts are the same for a seed and
+differ between seeds; a server's RSS sums its whole process tree."""
 
 from __future__ import annotations
 
@@ -15,13 +16,9 @@ from pathlib import Path
 import pytest
 
 from bench import model_1b
-from bench.vs_llamacpp import (
-    ServerConfig,
-    default_gguf,
-    long_text,
-    process_tree,
-    tree_rss,
-)
+from bench.long_prompts import long_text
+from bench.vs_llamacpp import default_gguf
+from bench.vs_llamacpp_servers import ServerConfig, process_tree, tree_rss
 
 pytestmark = pytest.mark.timeout(240)
 
