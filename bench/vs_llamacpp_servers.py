@@ -50,7 +50,7 @@ class ServerConfig:
 
     def describe_ours(self, shape: dict[str, int]) -> str:
         if self.kv_tokens is None:
-            return "KV pool: the engine's default (1 GiB on CPU)"
+            return "KV pool: the engine's default (16384 tokens on CPU)"
         blocks = self.kv_tokens // self.block_size
         return (
             f"KV pool {blocks} blocks x {self.block_size} = {blocks * self.block_size} tokens "
