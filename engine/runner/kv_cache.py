@@ -12,7 +12,7 @@ import logging
 import numpy as np
 import torch
 
-from tokenrelay.core.runtime import available_memory
+from tokenrelay.core.runtime import available_memory, env_switch
 from tokenrelay.engine.models.config import ModelConfig
 
 log = logging.getLogger("tokenrelay.engine")
@@ -23,6 +23,9 @@ GIB = 1024**3
 # start. Its pages are touched only as blocks are first used (KVCache).
 CPU_DEFAULT_TOKENS = 16384
 CPU_MEMORY_SHARE = 0.25
+# TOKENRELAY_KV_LAZY=0: write the whole CPU pool at start (resident from the first step, as
+# llama.cpp's), e.g. for a soak that watches the worker's memory for leaks
+LAZY_SWITCH = "TOKENRELAY_KV_LAZY"
 GPU_MEMORY_FRACTION = 0.85  # share of free GPU memory (after weights) for the pool...
 GPU_ACTIVATION_RESERVE_GIB = 1.0  # ...minus this much kept for activations
 
@@ -111,7 +114,7 @@ class KVCache:
         self.block_size = block_size
         # [layers, 2, num_blocks, block_size, Hkv, D] in one allocation
         shape = (cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        if device.type == "cpu":
+        if device.type == "cpu" and env_switch(LAZY_SWITCH):
             self.data = zeros_untouched(shape, dtype)
         else:
             self.data = torch.zeros(shape, dtype=dtype, device=device)

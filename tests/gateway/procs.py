@@ -86,9 +86,11 @@ def stop_all(procs: list[Proc], timeout: float = 15.0) -> None:
         proc.wait_stopped(max(0.1, deadline - time.monotonic()))
 
 
-def start_worker(redis_url: str, prefix: str, log_dir: Path, *extra: str) -> Proc:
+def start_worker(
+    redis_url: str, prefix: str, log_dir: Path, *extra: str, env: dict[str, str] | None = None
+) -> Proc:
     args = ["worker", "--redis-url", redis_url, "--redis-prefix", prefix, "--device", "cpu"]
-    return Proc([*args, *extra], log_dir / f"worker-{time.monotonic_ns()}.log")
+    return Proc([*args, *extra], log_dir / f"worker-{time.monotonic_ns()}.log", env)
 
 
 def start_gateway(redis_url: str, prefix: str, log_dir: Path, *extra: str) -> tuple[Proc, str]:

@@ -133,33 +133,40 @@ static inline void kq_scales_mins(const uint8_t *s, uint8_t out[16]) {
     memcpy(out, w, 16);
 }
 
+/* 256 values v as int8: q[i] = round(v[i] / d) (to nearest even, as the AVX-512 conversion
+ * does), d = max|v| / 127 (returned; 0 for a block of zeros). */
+static inline float kq_quantize_block(const float *v, int q[QK]) {
+    float amax = 0.0f;
+    for (int i = 0; i < QK; i++) {
+        const float a = fabsf(v[i]);
+        amax = a > amax ? a : amax;
+    }
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int i = 0; i < QK; i++) {
+        const int n = (int)nearbyintf(v[i] * id);
+        q[i] = n > 127 ? 127 : n < -127 ? -127 : n;
+    }
+    return amax / 127.0f;
+}
+
 /* Quantize rows [0, M) of x (K values each, rows xs floats apart) into xq (K / 256 blocks a
- * row). Round to nearest even, as the AVX-512 conversion does. */
+ * row): pair order and the sums of each 16. */
 static void kq_quantize_rows(const float *x, int64_t M, int64_t K, int64_t xs, xq_block *xq) {
     const int64_t nb = K / QK;
-    for (int64_t r = 0; r < M; r++) {
+    int q[QK];
+    for (int64_t r = 0; r < M; r++)
         for (int64_t b = 0; b < nb; b++) {
-            const float *v = x + r * xs + b * QK;
             xq_block *o = xq + r * nb + b;
-            float amax = 0.0f;
-            for (int i = 0; i < QK; i++) {
-                const float a = fabsf(v[i]);
-                amax = a > amax ? a : amax;
-            }
-            const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-            o->d = d;
+            o->d = kq_quantize_block(x + r * xs + b * QK, q);
             for (int g = 0; g < 16; g++) {
                 int sum = 0;
                 for (int i = 16 * g; i < 16 * g + 16; i++) {
-                    int q = (int)nearbyintf(v[i] * id);
-                    q = q > 127 ? 127 : q < -127 ? -127 : q;
-                    o->q[kq_pair_pos(i)] = (int8_t)q;
-                    sum += q;
+                    o->q[kq_pair_pos(i)] = (int8_t)q[i];
+                    sum += q[i];
                 }
                 o->bs[g] = (int16_t)sum;
             }
         }
-    }
 }
 
 /* For Q8_0: rows of x quantized per 256 values as for the K-quants, stored in natural order
@@ -167,22 +174,12 @@ static void kq_quantize_rows(const float *x, int64_t M, int64_t K, int64_t xs, x
 static void kq_quantize_rows_u8(const float *x, int64_t M, int64_t K, int64_t xs,
                                 xq_block *xq) {
     const int64_t nb = K / QK;
+    int q[QK];
     for (int64_t r = 0; r < M; r++)
         for (int64_t b = 0; b < nb; b++) {
-            const float *v = x + r * xs + b * QK;
             xq_block *o = xq + r * nb + b;
-            float amax = 0.0f;
-            for (int i = 0; i < QK; i++) {
-                const float a = fabsf(v[i]);
-                amax = a > amax ? a : amax;
-            }
-            const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-            o->d = amax / 127.0f;
-            for (int i = 0; i < QK; i++) {
-                int q = (int)nearbyintf(v[i] * id);
-                q = q > 127 ? 127 : q < -127 ? -127 : q;
-                ((uint8_t *)o->q)[i] = (uint8_t)(q + 128);
-            }
+            o->d = kq_quantize_block(x + r * xs + b * QK, q);
+            for (int i = 0; i < QK; i++) ((uint8_t *)o->q)[i] = (uint8_t)(q[i] + 128);
         }
 }
 

@@ -90,35 +90,7 @@ static inline int qm_known(int64_t qt) {
     return qt == Q4_0 || qt == Q4_1 || qt == Q8_0 || is_kquant((int)qt);
 }
 
-static inline float half_to_float(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-#ifdef TR_AVX2
-    return _cvtsh_ss(h);
-#else
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (man << 13); /* inf / nan */
-    } else if (exp == 0) {
-        if (man == 0) {
-            bits = sign;
-        } else { /* subnormal: normalise */
-            exp = 127 - 15 + 1;
-            while (!(man & 0x400)) {
-                man <<= 1;
-                exp--;
-            }
-            bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
-        }
-    } else {
-        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-#endif
-}
+static inline float half_to_float(const uint8_t *p) { return kq_half(p); }
 
 /* The 32 weights of one block into `out` (portable; the gather and the fallback). */
 static inline void dequant_block(const uint8_t *b, int qt, float *out) {

@@ -5,7 +5,8 @@ quantize into K-types), with the default model's tokenizer: Llama-shaped, 2 laye
 hidden 256, q/k/gate/up in Q4_K, v and down in Q6_K (Q5_K in the second layer), the tied
 embedding in Q6_K. Served natively (mapped blocks, int8 activations) its greedy tokens
 agree with the fp32 path of the same weights (dequantized by transformers + gguf-py),
-up to where two logits nearly tie: the first-divergence counts are printed.
+except where the fp32 path's own two best nearly tie: the first-divergence counts are
+printed, and each divergence is checked to be such a tie.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pytest
 import torch
 
 from tests.engine.kernels.test_kquant import random_kblocks
+from tests.engine.models.test_gguf_weights import TOKENS, _greedy
 from tokenrelay.core.wire.params import SamplingParams
 from tokenrelay.engine import EngineConfig, LLMEngine
 from tokenrelay.engine.kernels.quant import QuantStack, QuantWeight
@@ -28,7 +30,6 @@ from tokenrelay.engine.models.gguf_weights import native_unsupported
 from tokenrelay.engine.models.store import default_gguf_path, locate_model
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,", "Once upon a time"]
-TOKENS = 16
 HIDDEN, FFN, HEADS, KV_HEADS, HEAD_DIM, LAYERS = 256, 512, 4, 2, 64, 2
 GGML = gguf.GGMLQuantizationType
 # d (and dmin) of about this give weights of ~0.07: activations and attention scores of
@@ -128,17 +129,6 @@ def _in_a_map_of(address: int, path: Path) -> bool:
     return False
 
 
-def _greedy(engine: Any, prompts: list[str]) -> list[list[int]]:
-    params = SamplingParams(max_tokens=TOKENS, temperature=0.0, ignore_eos=True)
-    for i, p in enumerate(prompts):
-        engine.add_request(f"g{i}", p, params)
-    out: dict[str, list[int]] = {f"g{i}": [] for i in range(len(prompts))}
-    while engine.has_unfinished():
-        for o in engine.step():
-            out[o.request_id].extend(o.new_token_ids)
-    return [out[f"g{i}"] for i in range(len(prompts))]
-
-
 def test_auto_serves_k_quants_natively_from_the_mapped_file(native: Any, kquant_file: Path) -> None:
     runner = native.runner
     assert runner.weights == "native"
@@ -159,16 +149,43 @@ def test_auto_serves_k_quants_natively_from_the_mapped_file(native: Any, kquant_
     assert dense_bytes < 100_000  # norms only
 
 
+# Where the greedy tokens part, the K-quant path's token must be among the fp32 path's best,
+# this close to its first (log-prob). Quantizing activations to int8 per 256 values moves this
+# random model's log-probs by up to ~1.4 (the same model in torch with fp32 weights and
+# int8-rounded inputs gives the kernels' numbers exactly: the rest is that rounding).
+NEAR_TIE = 2.0
+
+
+def _top(engine: Any, ids: list[int]) -> Any:
+    """The engine's best next tokens after ``ids`` (its ``Logprobs``, five alternatives)."""
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, logprobs=5)
+    engine.add_request("top", ids, params)
+    found = []
+    while engine.has_unfinished():
+        for o in engine.step():
+            found.extend(o.new_logprobs or [])
+    return found[0]
+
+
 def test_greedy_tokens_agree_with_the_fp32_path(native: Any, kquant_file: Path) -> None:
+    """Greedy tokens equal the fp32 path's up to a near tie: where they part, the token the
+    K-quant path chose is one of the fp32 path's best, within NEAR_TIE of its first."""
     dense = LLMEngine(EngineConfig(model=str(kquant_file), device="cpu", weights="fp32"))
     assert dense.runner.weights == "float32"
-    got, want = _greedy(native, PROMPTS), _greedy(dense, PROMPTS)
+    prompts = [list(native.tokenizer(p)["input_ids"]) for p in PROMPTS]  # the same ids for both
+    got, want = _greedy(native, prompts), _greedy(dense, prompts)
     agree = [next((i for i, (a, b) in enumerate(zip(n, d, strict=True)) if a != b), TOKENS)
              for n, d in zip(got, want, strict=True)]  # fmt: skip
     print(f"K-quant native vs fp32: tokens agreeing before the first difference: {agree}")
     assert all(len(n) == TOKENS for n in got)
-    assert sum(agree) >= TOKENS * len(PROMPTS) // 2, agree
-    assert max(agree) == TOKENS, agree
+    for ids, n, d, i in zip(prompts, got, want, agree, strict=True):
+        if i == TOKENS:
+            continue
+        top = _top(dense, ids + d[:i])  # the fp32 path where the two parted
+        chosen = dense.token_texts(n[i])[1]
+        options = {t.raw: t.logprob for t in top.top}
+        assert chosen in options, (i, chosen, options)
+        assert top.top[0].logprob - options[chosen] <= NEAR_TIE, (i, options)
 
 
 def test_a_sequence_gets_the_same_tokens_alone_and_in_a_batch(native: Any) -> None:

@@ -3,7 +3,9 @@ capped by the memory available, and resident only as blocks are used."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import ctypes
+import mmap
+import sys
 
 import pytest
 import torch
@@ -51,23 +53,38 @@ def test_the_cpu_default_takes_at_most_a_share_of_available_memory(
     assert gib == 3
 
 
-def _rss() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
+def _resident(t: torch.Tensor) -> int:
+    """Bytes of ``t``'s memory the OS has mapped in (mincore(2) over its pages)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    page = mmap.PAGESIZE
+    start = t.data_ptr() // page * page
+    length = t.data_ptr() + t.numel() * t.element_size() - start
+    pages = (length + page - 1) // page
+    vec = (ctypes.c_ubyte * pages)()
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    if libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(length), vec) != 0:
+        raise OSError(ctypes.get_errno(), "mincore")
+    return sum(b & 1 for b in vec) * page
 
 
-@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+@pytest.mark.skipif(sys.platform != "linux", reason="mincore(2) as Linux has it")
 def test_an_unused_pool_costs_no_memory() -> None:
     cfg = config()  # 64 KiB of fp32 KV a token
-    before = _rss()
     cache = KVCache(cfg, num_blocks=512, block_size=16, dtype=torch.float32, device=CPU)
     assert cache.data.numel() * 4 == 512 * 2**20  # a 512 MiB pool
-    assert _rss() - before < 64 * 2**20
+    assert _resident(cache.data) < 2**20
     assert not cache.data[0, 0, 3].any() and not cache.data[-1, 1, -1].any()  # zeroed
     cache.k[0][5].fill_(1.0)  # a block in use is real memory
     assert cache.data[0, 0, 5].sum() == 16 * 8 * 64 and not cache.data[0, 0, 4].any()
+    assert 2**15 <= _resident(cache.data) < 2**20 + 2**16
     assert cache.data.dtype == torch.float32 and cache.data.is_contiguous()
     half = KVCache(cfg, num_blocks=2, block_size=16, dtype=torch.bfloat16, device=CPU)
     assert half.data.dtype == torch.bfloat16 and not half.data.any()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="mincore(2) as Linux has it")
+def test_the_switch_makes_the_pool_resident_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(kv_cache.LAZY_SWITCH, "0")
+    cache = KVCache(config(), num_blocks=64, block_size=16, dtype=torch.float32, device=CPU)
+    assert _resident(cache.data) >= 64 * 2**20 - 2 * mmap.PAGESIZE  # written in full
+    assert not cache.data.any()
