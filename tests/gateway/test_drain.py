@@ -112,12 +112,16 @@ async def test_readiness_follows_redis(cluster: Cluster) -> None:
     assert readyz(cluster.addr)[0] == 200
 
 
+DRAINED_TOKENS = 96
+
+
 async def test_sigterm_gateway_drains_running_stream(cluster: Cluster) -> None:
     gw, addr = start_gateway(cluster.redis.url, PREFIX, cluster.logs, "--drain-timeout", "30")
     cluster.extra.append(gw)
     wait_ready(addr, gw, 60)
     c = await Client.open(addr)
-    params = {"max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    # long enough to be still running when SIGTERM lands (a fast engine writes 8 tokens first)
+    params = {"max_tokens": DRAINED_TOKENS, "temperature": 0, "ignore_eos": True}
     await c.send(generate_frame("Tell me about rivers.", "d1", **params))
     frames = await c.recv_until(lambda f: f["type"] == "token", 60)
     sid = frames[-1]["stream_id"]
@@ -140,7 +144,7 @@ async def test_sigterm_gateway_drains_running_stream(cluster: Cluster) -> None:
     done = frames[-1]
     assert done["stream_id"] == sid and done["finish_reason"] == "length"
     seqs = [f["seq"] for f in frames if f["type"] == "token"]
-    assert seqs == list(range(1, done["seq"])) and len(seqs) == 8
+    assert seqs == list(range(1, done["seq"])) and len(seqs) == DRAINED_TOKENS
     with pytest.raises(ConnectionClosed) as closed:
         await c.recv(10)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001
