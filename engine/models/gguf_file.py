@@ -95,7 +95,7 @@ class GGUFIndex:
         self.tensors: dict[str, TensorInfo] = {}
         try:
             self._parse(self._mm.data)
-        except (struct.error, UnicodeDecodeError, IndexError) as exc:
+        except (struct.error, UnicodeDecodeError, IndexError, OverflowError) as exc:
             why = f"model: {self.path.name} is not a readable GGUF file ({exc})"
             raise ValueError(why) from exc
 
@@ -135,7 +135,7 @@ class GGUFIndex:
                 value, pos = _value(buf, pos, info.type_id, decode=True)
                 out.append(value)
             return out
-        except (struct.error, UnicodeDecodeError, ValueError) as exc:
+        except (struct.error, UnicodeDecodeError, ValueError, OverflowError, IndexError) as exc:
             raise ValueError(f"model: {key} in {self.path.name} is not readable ({exc})") from exc
 
     def _parse(self, buf: memoryview) -> None:

@@ -198,3 +198,14 @@ def test_a_broken_gguf_file_is_a_clear_error(tmp_path: Path) -> None:
     good.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (5).to_bytes(8, "little") * 2)
     with pytest.raises(ValueError, match="not a readable GGUF file"):
         GGUFIndex(good)
+    # an array claiming 2**62 uint32 values: an offset past what an index can hold
+    huge = tmp_path / "huge.gguf"
+    key = b"k"
+    huge.write_bytes(
+        b"GGUF" + (3).to_bytes(4, "little") + (0).to_bytes(8, "little") + (2).to_bytes(8, "little")
+        + len(key).to_bytes(8, "little") + key + (9).to_bytes(4, "little")
+        + (4).to_bytes(4, "little") + (2**62).to_bytes(8, "little")
+        + len(key).to_bytes(8, "little") + key + (4).to_bytes(4, "little") + bytes(4)
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="not a readable GGUF file"):
+        GGUFIndex(huge)
