@@ -169,10 +169,11 @@ class EngineConfig:
         from tokenrelay.engine.models.gguf_file import GGUFIndex
         from tokenrelay.engine.models.gguf_weights import fp32_bytes, native_unsupported
 
-        why = native_unsupported(gguf)
+        index = GGUFIndex(gguf)  # the header, read once for both questions
+        why = native_unsupported(gguf, index)
         if why is None:
             return "native"
-        need, free = fp32_bytes(GGUFIndex(gguf)), runtime.available_memory()
+        need, free = fp32_bytes(index), runtime.available_memory()
         if free is not None and need > free * DENSE_SHARE:
             raise ValueError(
                 f"model: {why}, more than this machine can hold ({free / 2**30:.1f} GiB "

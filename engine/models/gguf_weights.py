@@ -104,13 +104,13 @@ def fp32_bytes(index: GGUFIndex) -> int:
     return 4 * sum(int(np.prod(t.shape, dtype=np.int64)) for t in index.tensors.values())
 
 
-def native_unsupported(path: Path) -> str | None:
+def native_unsupported(path: Path, index: GGUFIndex | None = None) -> str | None:
     """Why ``path`` cannot be served as it is (a tensor type we do not multiply), or None.
 
     One line naming the first such tensor and its type, and what ``--weights fp32``
-    would cost in memory instead.
+    would cost in memory instead. ``index``: the file's, where the caller has it.
     """
-    index = GGUFIndex(path)
+    index = index if index is not None else GGUFIndex(path)
     for t in index.tensors.values():
         kind = t.type_name
         vector = kind in ("F32", "F16") and len(t.shape) == 1  # norms and biases stay dense

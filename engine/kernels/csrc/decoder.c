@@ -301,7 +301,7 @@ static void dec_thread(dec_shared *d, int tid, int nth) {
     const int64_t pool = m->num_blocks * m->block_size * Hkv * D; /* floats: one K pool */
     const float eps = (float)m->eps;
     float *panel = NULL;
-    pa_scratch sc = {NULL, 0, NULL};
+    pa_scratch sc = {NULL, 0, NULL, NULL};
     int ok = 1;
     if (d->panel_floats > 0) {
         panel = aligned_alloc(64, (size_t)d->panel_floats * sizeof(float));

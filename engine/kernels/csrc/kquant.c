@@ -133,6 +133,21 @@ static inline void kq_scales_mins(const uint8_t *s, uint8_t out[16]) {
     memcpy(out, w, 16);
 }
 
+#if defined(TR_KQ_VNNI) || defined(TR_KQ_AVX2)
+/* kq_scales_mins of the Q4_K / Q5_K super-block at b, in SIMD (no store-to-load round trip
+ * per super-block): u32 lanes [a, b, c, -] of the 12 bytes -> [a & six, (c & low4) |
+ * ((a >> 6) & two) << 4, b & six, ((c >> 4) & low4) | ((b >> 6) & two) << 4]. */
+static inline __m128i kq_scales_mins_simd(const uint8_t *b) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)(b + 4)); /* 16 bytes: inside the block */
+    const __m128i acbc = _mm_srlv_epi32(_mm_shuffle_epi32(v, 0x98), _mm_setr_epi32(0, 0, 0, 4));
+    const __m128i low = _mm_and_si128(acbc, _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f,
+                                                           0x0f0f0f0f));
+    const __m128i top = _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(v, 0x50), 2),
+                                      _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    return _mm_or_si128(low, top);
+}
+#endif
+
 /* 256 values v as int8: q[i] = round(v[i] / d) (to nearest even, as the AVX-512 conversion
  * does), d = max|v| / 127 (returned; 0 for a block of zeros). */
 static inline float kq_quantize_block(const float *v, int q[QK]) {
@@ -150,14 +165,20 @@ static inline float kq_quantize_block(const float *v, int q[QK]) {
 }
 
 /* Quantize rows [0, M) of x (K values each, rows xs floats apart) into xq (K / 256 blocks a
- * row): pair order and the sums of each 16. */
-static void kq_quantize_rows(const float *x, int64_t M, int64_t K, int64_t xs, xq_block *xq) {
+ * row). For the K-quants: pair order and the sums of each 16. For Q8_0 (u8): natural order
+ * as unsigned bytes q + 128 (vpdpbusd's unsigned side; the 128 comes off per block of W). */
+static void kq_quantize_rows(const float *x, int64_t M, int64_t K, int64_t xs, xq_block *xq,
+                             int u8) {
     const int64_t nb = K / QK;
     int q[QK];
     for (int64_t r = 0; r < M; r++)
         for (int64_t b = 0; b < nb; b++) {
             xq_block *o = xq + r * nb + b;
             o->d = kq_quantize_block(x + r * xs + b * QK, q);
+            if (u8) {
+                for (int i = 0; i < QK; i++) ((uint8_t *)o->q)[i] = (uint8_t)(q[i] + 128);
+                continue;
+            }
             for (int g = 0; g < 16; g++) {
                 int sum = 0;
                 for (int i = 16 * g; i < 16 * g + 16; i++) {
@@ -166,20 +187,6 @@ static void kq_quantize_rows(const float *x, int64_t M, int64_t K, int64_t xs, x
                 }
                 o->bs[g] = (int16_t)sum;
             }
-        }
-}
-
-/* For Q8_0: rows of x quantized per 256 values as for the K-quants, stored in natural order
- * as unsigned bytes q + 128 (vpdpbusd's unsigned side; the 128 comes off per block of W). */
-static void kq_quantize_rows_u8(const float *x, int64_t M, int64_t K, int64_t xs,
-                                xq_block *xq) {
-    const int64_t nb = K / QK;
-    int q[QK];
-    for (int64_t r = 0; r < M; r++)
-        for (int64_t b = 0; b < nb; b++) {
-            xq_block *o = xq + r * nb + b;
-            o->d = kq_quantize_block(x + r * xs + b * QK, q);
-            for (int i = 0; i < QK; i++) ((uint8_t *)o->q)[i] = (uint8_t)(q[i] + 128);
         }
 }
 
@@ -300,10 +307,7 @@ static void kq_part(const float *x, int64_t M, int64_t K, int64_t xs, const uint
 #endif
     for (int64_t m0 = 0; m0 < M; m0 += KQ_CHUNK) {
         const int64_t m1 = m0 + KQ_CHUNK < M ? m0 + KQ_CHUNK : M;
-        if (qt == KQ_Q8_0)
-            kq_quantize_rows_u8(x + m0 * xs, m1 - m0, K, xs, xq);
-        else
-            kq_quantize_rows(x + m0 * xs, m1 - m0, K, xs, xq);
+        kq_quantize_rows(x + m0 * xs, m1 - m0, K, xs, xq, qt == KQ_Q8_0);
         for (int64_t t = t0; t < t1; t++) {
             const int64_t n0 = t * KQ_C;
             const int64_t cols = N - n0 < KQ_C ? N - n0 : KQ_C;
@@ -311,7 +315,7 @@ static void kq_part(const float *x, int64_t M, int64_t K, int64_t xs, const uint
             for (int64_t r0 = m0; r0 < m1; r0 += KQ_R) {
                 const int R = (int)(m1 - r0 < KQ_R ? m1 - r0 : KQ_R);
                 kq_rows_by_tile(xq + (r0 - m0) * nb, nb, w + n0 * rb, rb, qt, &k,
-                                y + r0 * ys + n0, ys, R, cols);
+                                y + r0 * ys + n0, ys, R, (int)cols);
             }
 #else
             kq_block_portable(xq, nb, w, rb, qt, y + m0 * ys, ys, 0, m1 - m0, n0, n0 + cols);

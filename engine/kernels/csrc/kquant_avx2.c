@@ -66,14 +66,7 @@ static inline __attribute__((always_inline)) void kq2_load(const uint8_t *b, con
         o->dmin = 0.0f;
         return;
     }
-    /* kq_scales_mins without a store-to-load round trip (as kquant_avx512.c) */
-    const __m128i v = _mm_loadu_si128((const __m128i *)(b + 4));
-    const __m128i acbc = _mm_srlv_epi32(_mm_shuffle_epi32(v, 0x98), _mm_setr_epi32(0, 0, 0, 4));
-    const __m128i low = _mm_and_si128(acbc, _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f,
-                                                           0x0f0f0f0f));
-    const __m128i top = _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(v, 0x50), 2),
-                                      _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
-    const __m128i sm = _mm_or_si128(low, top); /* scales 0-7, mins 0-7 */
+    const __m128i sm = kq_scales_mins_simd(b); /* scales 0-7, mins 0-7 */
     const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
     const uint8_t *qs = b + (qt == Q5_K ? 48 : 16);
     const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
@@ -149,7 +142,7 @@ static inline __attribute__((always_inline)) void kq2_tile(const xq_block *xq, i
  * (kq_takes keeps it on quant_matmul.c's path without AVX512-VNNI). */
 static void kq_rows_by_tile(const xq_block *xq, int64_t nb, const uint8_t *w, int64_t rb,
                             int qt, const kq_consts *k, float *y, int64_t ys, int R,
-                            int64_t cols) {
+                            int cols) {
     for (int64_t c = 0; c < cols; c++) {
         const uint8_t *w0 = w + c * rb;
         float *y0 = y + c;

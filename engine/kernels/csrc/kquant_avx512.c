@@ -75,16 +75,7 @@ static inline __attribute__((always_inline)) void kq_load(const uint8_t *b, cons
         o->dd = _mm512_set1_ps(kq_half(b + 208));
         return;
     }
-    /* kq_scales_mins in SIMD (no store-to-load round trip): u32 lanes [a, b, c, -] of the 12
-     * bytes -> [a & six, (c & low4) | ((a >> 6) & two) << 4, b & six, ...] */
-    const __m128i v = _mm_loadu_si128((const __m128i *)(b + 4)); /* 16 bytes: inside the block */
-    const __m128i acbc = _mm_srlv_epi32(_mm_shuffle_epi32(v, 0x98), _mm_setr_epi32(0, 0, 0, 4));
-    const __m128i aabb = _mm_shuffle_epi32(v, 0x50);
-    const __m128i low = _mm_and_si128(acbc, _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f,
-                                                           0x0f0f0f0f));
-    const __m128i top = _mm_and_si128(_mm_srli_epi32(aabb, 2),
-                                      _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
-    const __m256i sm16 = _mm256_cvtepu8_epi16(_mm_or_si128(low, top));
+    const __m256i sm16 = _mm256_cvtepu8_epi16(kq_scales_mins_simd(b));
     const __m512i sm5 = _mm512_castsi256_si512(sm16);
     const uint8_t *qs = b + (qt == Q5_K ? 48 : 16);
     __m512i qh = _mm512_setzero_si512();
@@ -179,7 +170,7 @@ static inline __attribute__((always_inline)) void kq_tile4(const xq_block *xq, i
         for (int c = 0; c < 4; c++) y0[r * ys + c] = _mm512_reduce_add_ps(acc[r][c]);
 }
 
-/* Q8_0 against x quantized per 256 (kq_quantize_rows_u8): per quarter of 256 values, two
+/* Q8_0 against x quantized per 256 (kq_quantize_rows, u8): per quarter of 256 values, two
  * blocks of W (64 int8) dotted with x + 128 in fours (vpdpbusd, from -128 times the weights'
  * own sums in fours, which takes the 128 back off); the four quarters' sums folded to two
  * lanes per block (vpermt2d, exact in int32), converted once and scaled per block. */
@@ -249,9 +240,9 @@ static inline __attribute__((always_inline)) void kq8_tile(const xq_block *xq, i
         }                                                                                    \
     }
 
-/* R rows of x (1..8) by C rows of W (4 with R <= 2). */
-static void kq_run_tile(const xq_block *xq, int64_t nb, const uint8_t *w0, int64_t rb, int qt,
-                        const kq_consts *k, float *y0, int64_t ys, int R, int C) {
+/* R rows of x (1..KQ_R) by the C (<= KQ_C) rows of W from w0: kquant.c's entry point. */
+static void kq_rows_by_tile(const xq_block *xq, int64_t nb, const uint8_t *w0, int64_t rb,
+                            int qt, const kq_consts *k, float *y0, int64_t ys, int R, int C) {
     switch (qt) {
         case Q4_K: KQ_TILES(Q4_K) break;
         case Q5_K: KQ_TILES(Q5_K) break;
@@ -266,11 +257,4 @@ static void kq_run_tile(const xq_block *xq, int64_t nb, const uint8_t *w0, int64
 #undef KQ8_CASE
             }
     }
-}
-
-/* R rows of x from r0 (relative to xq) by the cols (<= KQ_C) rows of W from w0. */
-static void kq_rows_by_tile(const xq_block *xq, int64_t nb, const uint8_t *w0, int64_t rb,
-                            int qt, const kq_consts *k, float *y0, int64_t ys, int R,
-                            int64_t cols) {
-    kq_run_tile(xq, nb, w0, rb, qt, k, y0, ys, R, (int)cols);
 }

@@ -726,7 +726,7 @@ int tr_kq_quantized_x(const float *x, int64_t M, int64_t K, int64_t xs, float *o
     xq_block *xq = aligned_alloc(64, (size_t)(nb > 0 ? nb : 1) * sizeof(xq_block));
     if (xq == NULL) return -2;
     for (int64_t r = 0; r < M; r++) {
-        kq_quantize_rows(x + r * xs, 1, K, xs, xq);
+        kq_quantize_rows(x + r * xs, 1, K, xs, xq, 0);
         for (int64_t b = 0; b < nb; b++)
             for (int i = 0; i < QK; i++)
                 out[r * K + b * QK + i] = xq[b].d * (float)xq[b].q[kq_pair_pos(i)];
