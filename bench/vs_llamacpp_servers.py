@@ -28,7 +28,10 @@ from bench.common import ROOT, say
 
 OURS, PEER = "tokenrelay", "llama.cpp"
 BLOCK_SIZE = 16  # tokenrelay's KV block (the CPU backend's default), when the pool is matched
-KV_ELEM_BYTES = 4  # tokenrelay's KV on CPU is float32 (--dtype auto); llama.cpp's is f16
+# tokenrelay's KV element on CPU by --weights: float16 under the fused decoder (auto and
+# native for a GGUF; --kv-cache-dtype auto), the compute dtype's otherwise; llama.cpp's is f16
+KV_ELEM = {"fp32": ("float32", 4), "bf16": ("bfloat16", 2)}
+KV_ELEM_FUSED = ("float16", 2)
 
 
 @dataclass
@@ -40,13 +43,14 @@ class ServerConfig:
     ctx: int
     kv_tokens: int | None
     block_size: int = BLOCK_SIZE
+    kv_elem: tuple[str, int] = KV_ELEM_FUSED  # the pool's dtype and its bytes
 
     def kv_gib(self, shape: dict[str, int]) -> float:
         """--kv-cache-memory that holds exactly kv_tokens // block_size blocks."""
         assert self.kv_tokens is not None
         per_block = 2 * shape["layers"] * self.block_size * shape["kv_heads"] * shape["head_dim"]
         blocks = self.kv_tokens // self.block_size
-        return (blocks + 0.5) * per_block * KV_ELEM_BYTES / 2**30
+        return (blocks + 0.5) * per_block * self.kv_elem[1] / 2**30
 
     def describe_ours(self, shape: dict[str, int]) -> str:
         if self.kv_tokens is None:
@@ -54,7 +58,7 @@ class ServerConfig:
         blocks = self.kv_tokens // self.block_size
         return (
             f"KV pool {blocks} blocks x {self.block_size} = {blocks * self.block_size} tokens "
-            f"(--kv-cache-memory {self.kv_gib(shape):.4f} GiB at float32)"
+            f"(--kv-cache-memory {self.kv_gib(shape):.4f} GiB at {self.kv_elem[0]})"
         )
 
     def describe_peer(self) -> str:
@@ -68,13 +72,14 @@ def round_up(n: int, to: int) -> int:
 def level_config(args: argparse.Namespace) -> ServerConfig:
     per_slot = max(512, args.max_tokens + 256)
     ctx = per_slot * args.llama_parallel
-    return ServerConfig(args.llama_parallel, ctx, ctx if args.match_kv else None)
+    return ServerConfig(args.llama_parallel, ctx, ctx if args.match_kv else None,
+                        kv_elem=KV_ELEM.get(args.weights, KV_ELEM_FUSED))  # fmt: skip
 
 
 def long_config(args: argparse.Namespace) -> ServerConfig:
     """One slot whose context admits the longest prompt (with margin) and its output."""
     ctx = round_up(int(max(args.long_prompts) * 1.25) + args.long_max_tokens + 512, 1024)
-    return ServerConfig(1, ctx, ctx)
+    return ServerConfig(1, ctx, ctx, kv_elem=KV_ELEM.get(args.weights, KV_ELEM_FUSED))
 
 
 def free_port() -> int:

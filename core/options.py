@@ -130,6 +130,9 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     add(p, "--kv-cache-memory", default=None, type=float,
         help="GiB for the KV cache (default: share of free GPU memory; on CPU 16384 "
              "tokens of the model's KV, at most a quarter of available memory)")  # fmt: skip
+    add(p, "--kv-cache-dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16"),
+        help="KV cache elements (auto: float16 under the fused CPU decoder, else the "
+             "compute dtype)")  # fmt: skip
     add(p, "--max-num-seqs", default=64, type=int, help="most sequences in one batch")
     add(p, "--max-num-batched-tokens", default=None, type=int,
         help="token budget per step (default: 8192 on CUDA, 1024 on CPU)")  # fmt: skip

@@ -76,6 +76,7 @@ WORKER_FLAGS = (
     "enforce_eager",
     "tensor_parallel_size",
     "kv_cache_memory",
+    "kv_cache_dtype",
     "max_num_seqs",
     "max_num_batched_tokens",
     "worker_id",

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tokenrelay.core import runtime
-from tokenrelay.engine.attention.registry import BACKENDS, choose
+from tokenrelay.engine.attention.registry import BACKENDS, choose, kv_cache_dtype
 from tokenrelay.engine.models.config import ModelConfig
 from tokenrelay.engine.models.store import locate_model
 from tokenrelay.engine.parallel.layout import check_tensor_parallel
@@ -65,6 +65,9 @@ class EngineConfig:
     dtype: str | None = None  # None/"auto": fp32 on CPU, bf16 (or fp16) on CUDA
     block_size: int | None = None  # None: the attention backend's (16; flash-attn 256)
     kv_cache_memory: float | None = None  # GiB for the KV pool
+    # the pool's element type: "auto" (float16 under the fused C decoder, else the compute
+    # dtype), "float32", "float16" or "bfloat16" (engine/attention/registry.py)
+    kv_cache_dtype: str = "auto"
     num_blocks: int | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int | None = None  # per-step token budget
@@ -99,6 +102,12 @@ class EngineConfig:
                 f"attention_backend must be one of {', '.join(BACKENDS)}, "
                 f"got {self.attention_backend!r}"
             )
+        if not isinstance(self.kv_cache_dtype, str) or self.kv_cache_dtype.lower() not in DTYPES:
+            raise ValueError(
+                "kv_cache_dtype must be auto, float32, float16 or bfloat16, "
+                f"got {self.kv_cache_dtype!r}"
+            )
+        self.kv_cache_dtype = DTYPES[self.kv_cache_dtype.lower()] or "auto"
         if self.device == "cpu":  # no torch needed to know a backend cannot run there
             choose(self.attention_backend, "cpu", self.dtype or "float32")
         if not isinstance(self.enforce_eager, bool):
@@ -131,6 +140,11 @@ class EngineConfig:
             self.dtype = wanted
         if self.weights == "native" and self.dtype not in (None, "float32"):
             raise ValueError("weights=native computes in float32; leave dtype unset")
+        if self.device == "cpu":  # the pool's dtype against the backend, as the runner will
+            compute = self.dtype or "float32"
+            kv_cache_dtype(
+                self.kv_cache_dtype, choose(self.attention_backend, "cpu", compute), compute
+            )
         # Raises ModelNotFoundError (a ValueError starting with "model:") for unknown models.
         ready, gguf, _ = locate_model(self.model)
         if self.weights == "native" and gguf is None:

@@ -170,6 +170,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         enforce_eager=args.enforce_eager,
         tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
         kv_cache_memory=args.kv_cache_memory,
+        kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
     )

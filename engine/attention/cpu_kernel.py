@@ -2,7 +2,8 @@
 
 ``engine/kernels/csrc/paged_attention.c`` (:mod:`tokenrelay.engine.kernels.cpu_attention`) reads
 K and V out of the blocks where they are, for every decode row of the step in one
-call per layer; prefill chunks take the torch backend's SDPA path. fp32 only.
+call per layer; prefill chunks take the torch backend's SDPA path. It computes in
+fp32; the pool may be fp32 or fp16 (both paths read fp16 K/V back into fp32).
 Where the kernel did not build (no compiler, ``TOKENRELAY_CPU_KERNELS=0``) the
 backend is the torch one under this name, as the build logged. A runner serving
 GGUF blocks as they are bypasses this module: its fused decoder

@@ -196,8 +196,11 @@ def store_kv(
     v_cache: torch.Tensor,
     slots: torch.Tensor,
 ) -> None:
-    """Write this step's ``k``, ``v`` ``[T, Hkv, D]`` into the pool at ``slots`` ``[T]``."""
+    """Write this step's ``k``, ``v`` ``[T, Hkv, D]`` into the pool at ``slots`` ``[T]``
+    (rounded to the pool's dtype where it is narrower than theirs)."""
     num_kv_heads, head_dim = k.shape[1], k.shape[2]
+    if k_cache.dtype != k.dtype:
+        k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, k)
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, v)
 

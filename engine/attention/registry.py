@@ -14,6 +14,11 @@ name           where                                       block size
 (torch on a CPU computing in half precision). A backend that cannot run where it
 was asked for is a ``ValueError`` naming what is missing, before any weight loads.
 The names and checks are torch-free; :func:`create` imports the backend itself.
+
+The KV pool holds the compute dtype, or float16 under float32 compute where the
+reader converts (:func:`kv_cache_dtype`): the fused decoder and the ``cpu`` and
+``torch`` backends read float16 K/V back into float32; triton and flash-attn read
+the pool in the compute dtype only.
 """
 
 from __future__ import annotations
@@ -80,6 +85,38 @@ def choose(name: str, device_type: str, dtype: str) -> str:
         if dtype == "float32":
             raise ValueError("attention_backend=flash-attn computes in bfloat16 or float16")
     return name
+
+
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+# backends that read a float16 pool under float32 compute (the fused decoder runs with cpu)
+F16_KV_BACKENDS = ("cpu", "torch")
+
+
+def kv_cache_dtype(requested: str, backend: str, dtype: str, fused: bool = False) -> str:
+    """The KV pool's dtype for ``requested`` (one of :data:`KV_CACHE_DTYPES`).
+
+    ``backend`` is the resolved attention backend, ``dtype`` the compute dtype
+    (``float32``, ``bfloat16``, ``float16``), ``fused`` whether the fused C decoder runs
+    the layers. ``auto``: float16 with the fused decoder, else ``dtype``. An explicit
+    dtype is the compute dtype, or float16 under float32 compute with a backend of
+    :data:`F16_KV_BACKENDS`; anything else is a ``ValueError`` saying what is supported.
+    """
+    if requested not in KV_CACHE_DTYPES:
+        raise ValueError(
+            f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {requested!r}"
+        )
+    if requested == "auto":
+        return "float16" if fused else dtype
+    if requested == dtype:
+        return requested
+    if requested == "float16" and dtype == "float32" and backend in F16_KV_BACKENDS:
+        return requested
+    raise ValueError(
+        f"kv_cache_dtype={requested} does not run with attention backend {backend} computing "
+        f"in {dtype}: the KV pool holds the compute dtype, or float16 under float32 compute "
+        f"with the {' or '.join(F16_KV_BACKENDS)} backend (the fused decoder's); bfloat16 "
+        "only where the model computes in bfloat16"
+    )
 
 
 def block_size_for(backend: str, requested: int | None) -> int:

@@ -11,6 +11,11 @@ query axis (``[B, Hkv, G, D]``), so GQA never copies K/V per query head.
 Prefill chunks (``q_len > 1``) run one call each: ``is_causal`` without a cached
 prefix, else a causal mask offset by the prefix length.
 
+A pool in a narrower dtype than the queries (fp16 K/V under fp32 compute) is read
+back into the queries' dtype after each gather; a chunk without a cached prefix
+attends to its own K/V rounded the same way, so every row sees the values the pool
+holds, whichever path reads them.
+
 The plans are built on the host once per step (:meth:`TorchBackend.plan`); the
 gather buffers come from a grow-only :class:`AttentionScratch` kept across steps.
 """
@@ -166,11 +171,14 @@ class TorchBackend(AttentionBackend):
         for p in plan.prefills:
             if p.blocks is None:  # no cached prefix: this chunk's own K/V is the whole context
                 kp, vp = k[p.start : p.end], v[p.start : p.end]
+                if k_cache.dtype != q.dtype:  # as the pool holds them
+                    kp, vp = kp.to(k_cache.dtype), vp.to(v_cache.dtype)
             else:
                 assert p.mask is not None
                 ctx = p.mask.shape[1]
                 kp = k_cache.index_select(0, p.blocks).view(-1, num_kv_heads, head_dim)[:ctx]
                 vp = v_cache.index_select(0, p.blocks).view(-1, num_kv_heads, head_dim)[:ctx]
+            kp, vp = kp.to(q.dtype), vp.to(q.dtype)  # no copy where the dtypes agree
             o = F.scaled_dot_product_attention(
                 q[p.start : p.end].transpose(0, 1)[None],  # [1, H, n, D]
                 kp.transpose(0, 1)[None],  # [1, Hkv, ctx, D]
@@ -217,8 +225,8 @@ class TorchBackend(AttentionBackend):
         torch.index_select(v_cache, 0, plan.blocks, out=v_buf)
         length = plan.blocks_per_seq * block_size
         # [Bd, Hkv, L, D]; the G query heads of a KV head as rows of the query
-        kd = k_buf.view(num_seqs, length, num_kv_heads, head_dim).transpose(1, 2)
-        vd = v_buf.view(num_seqs, length, num_kv_heads, head_dim).transpose(1, 2)
+        kd = k_buf.view(num_seqs, length, num_kv_heads, head_dim).transpose(1, 2).to(q.dtype)
+        vd = v_buf.view(num_seqs, length, num_kv_heads, head_dim).transpose(1, 2).to(q.dtype)
         qd = q.view(num_seqs, num_kv_heads, groups, head_dim)
         o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=plan.mask, scale=scale)
         return o.reshape(num_seqs, num_heads, head_dim)

@@ -55,15 +55,20 @@ class DecodeBatch:
     max_row: int  # largest q/out row (-1: no rows)
 
 
+# what the pool may hold: the kernel reads either, its arithmetic is fp32
+CACHE_DTYPES = (torch.float32, torch.float16)
+
+
 class PagedDecode:
-    """Decode attention over the paged KV pool, one query token per sequence (fp32, CPU)."""
+    """Decode attention over the paged KV pool, one query token per sequence (fp32 q and
+    out, the pool fp32 or fp16; CPU)."""
 
     def __init__(self, library: Path) -> None:
         self.path = library
-        fn = ctypes.CDLL(str(library)).tr_paged_decode_f32
+        fn = ctypes.CDLL(str(library)).tr_paged_decode
         fn.restype = ctypes.c_int
         fn.argtypes = [_ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr]
-        fn.argtypes += [_i64] * 6 + [_f32]
+        fn.argtypes += [_i64] * 6 + [_f32, _i64]
         self._fn = fn
 
     @staticmethod
@@ -115,14 +120,23 @@ class PagedDecode:
         """Write ``out[rows]`` ``[n, H, D]`` = attention of ``q[rows]`` over each sequence.
 
         ``q`` ``[T, H, D]`` (rows may be strided; heads and dims contiguous), ``out``
-        ``[T, H, D]`` contiguous, caches ``[num_blocks, block_size, Hkv, D]``; ``batch``
-        from :meth:`plan`.
+        ``[T, H, D]`` contiguous, both fp32; caches ``[num_blocks, block_size, Hkv, D]``,
+        both fp32 or both fp16; ``batch`` from :meth:`plan`.
         """
         _, num_heads, head_dim = q.shape
         num_blocks, block_size, num_kv_heads, _ = k_cache.shape
         tensors = (q, out, k_cache, v_cache)
-        if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
-            raise ValueError("paged decode kernel: q, out and the caches must be fp32 on a CPU")
+        if any(t.device.type != "cpu" for t in tensors) or not (
+            q.dtype == out.dtype == torch.float32
+            and k_cache.dtype == v_cache.dtype
+            and k_cache.dtype in CACHE_DTYPES
+        ):
+            raise ValueError(
+                "paged decode kernel: q and out must be fp32 and the caches both fp32 or both "
+                "fp16, on a CPU"
+            )
+        if k_cache.shape != v_cache.shape:
+            raise ValueError("paged decode kernel: the K and V caches differ in shape")
         if q.stride(2) != 1 or q.stride(1) != head_dim:
             raise ValueError("paged decode kernel: q's heads and dims must be contiguous")
         if not (out.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()):
@@ -156,6 +170,7 @@ class PagedDecode:
             block_size,
             num_kv_heads if whole else 1,
             scale,
+            int(k_cache.dtype == torch.float16),
         )
         if rc != 0:
             raise MemoryError("paged decode kernel: out of memory for its score buffers")

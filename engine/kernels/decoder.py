@@ -8,7 +8,8 @@ per-op overhead was as large as the matrix products (docs/benchmarks.md, "Engine
 
 :class:`FusedDecoder` is bound once to the weights (:class:`LayerWeights` per layer, all
 of them CPU fp32 tensors or :class:`~engine.kernels.quant.QuantWeight`, kept referenced
-here so their memory outlives every call) and to the KV pool, then
+here so their memory outlives every call) and to the KV pool (fp16 or fp32: K and V are
+rounded to it as they are written, attention reads them back into fp32), then
 :meth:`FusedDecoder.forward` runs a step. The C side checks nothing: every shape and
 index is checked here, in the model runner (ids, block ids, lengths) and in
 :func:`engine.attention.metadata.build_metadata`.
@@ -34,6 +35,7 @@ FUSED_SWITCH = "TOKENRELAY_FUSED_DECODER"  # 0: the PyTorch decoder, kernel by k
 # Fewer rows than this many per thread: split each row's KV heads over attention tasks too
 # (as engine/kernels/cpu_attention.py).
 ROWS_PER_THREAD_FOR_WHOLE_HEADS = 4
+KV_DTYPES = (torch.float16, torch.float32)  # what bind_cache() takes
 
 _p, _i64 = ctypes.c_void_p, ctypes.c_int64
 
@@ -80,6 +82,7 @@ class _Model(ctypes.Structure):
         ("num_blocks", _i64),
         ("block_size", _i64),
         ("head", _QMat),
+        ("kv_f16", _i64),
     ]
 
 
@@ -207,11 +210,15 @@ class FusedDecoder:
         self.kv: torch.Tensor | None = None  # the pool bound by bind_cache()
 
     def bind_cache(self, kv: torch.Tensor) -> None:
-        """Use ``kv`` ``[layers, 2, num_blocks, block_size, Hkv, D]`` (fp32, contiguous)."""
+        """Use ``kv`` ``[layers, 2, num_blocks, block_size, Hkv, D]`` (contiguous, fp16 or
+        fp32: the step writes K and V rounded to it, and attends in fp32 either way)."""
         s = self.shape
+        if kv.dtype not in KV_DTYPES:
+            raise ValueError(
+                f"fused decoder: the KV pool must be float16 or float32, not {kv.dtype}"
+            )
         if (
-            kv.dtype != torch.float32
-            or kv.device.type != "cpu"
+            kv.device.type != "cpu"
             or not kv.is_contiguous()
             or kv.dim() != 6
             or kv.shape[0] != self._model.num_layers
@@ -221,6 +228,7 @@ class FusedDecoder:
             raise ValueError(f"fused decoder: the KV pool has shape {tuple(kv.shape)}")
         self.kv = kv
         self._model.kv = kv.data_ptr()
+        self._model.kv_f16 = int(kv.dtype == torch.float16)
         self._model.num_blocks, self._model.block_size = kv.shape[2], kv.shape[3]
 
     def forward(

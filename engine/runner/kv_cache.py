@@ -1,8 +1,10 @@
 """The KV block pool: allocated once from a memory budget, never per request.
 
 Per layer, keys and values are ``[num_blocks, block_size, num_kv_heads, head_dim]``
-(flash-attn's paged layout). Which block belongs to which sequence is the block
-manager's business; this module only owns the memory.
+(flash-attn's paged layout), in the dtype the runner picks (``kv_cache_dtype``: float16
+under the fused CPU decoder, else the compute dtype; engine/attention/registry.py), which
+also sets how many blocks a byte budget holds. Which block belongs to which sequence is
+the block manager's business; this module only owns the memory.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from tokenrelay.engine.models.config import ModelConfig
 log = logging.getLogger("tokenrelay.engine")
 
 GIB = 1024**3
-# The default pool on CPU is sized in tokens, like llama.cpp's -c, so it follows the model:
-# room for several full conversations at once, at most a share of the memory available at
-# start. Its pages are touched only as blocks are first used (KVCache).
+# The default pool on CPU is sized in tokens, like llama.cpp's -c, so it follows the model
+# and the pool's dtype (float16 takes half float32's bytes): room for several full
+# conversations at once, at most a share of the memory available at start. Its pages are
+# touched only as blocks are first used (KVCache).
 CPU_DEFAULT_TOKENS = 16384
 CPU_MEMORY_SHARE = 0.25
 # TOKENRELAY_KV_LAZY=0: write the whole CPU pool at start (resident from the first step, as
@@ -72,8 +75,9 @@ def plan_num_blocks(
         log.info(
             "KV pool sized",
             extra={"tokens": int(budget // per_block) * block_size, "default_tokens":
-                   CPU_DEFAULT_TOKENS, "available_gib": None if avail is None else
-                   round(avail / GIB, 2)},
+                   CPU_DEFAULT_TOKENS, "dtype": str(dtype).replace("torch.", ""),
+                   "gib": round(budget / GIB, 3), "available_gib": None if avail is None
+                   else round(avail / GIB, 2)},
         )  # fmt: skip
     blocks = int(budget // per_block)
     if blocks <= 0:
@@ -125,6 +129,7 @@ class KVCache:
             extra={
                 "num_blocks": num_blocks,
                 "block_size": block_size,
+                "dtype": str(dtype).replace("torch.", ""),
                 "gib": round(self.data.numel() * self.data.element_size() / GIB, 3),
             },
         )

@@ -85,6 +85,19 @@ def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torc
     raise ValueError(f"dtype: {dtype!r} is not supported (float32, bfloat16, float16 or auto)")
 
 
+def kv_dtype_name(kv_cache_dtype: torch.dtype | str | None) -> str:
+    """``None``/``"auto"`` -> ``"auto"``; a dtype or its name (``"fp16"``...) -> its full name."""
+    if kv_cache_dtype is None or kv_cache_dtype == "auto":
+        return "auto"
+    try:
+        return str(resolve_dtype(kv_cache_dtype, torch.device("cpu"))).replace("torch.", "")
+    except ValueError:
+        raise ValueError(
+            f"kv_cache_dtype: {kv_cache_dtype!r} is not supported (auto, float32, float16 or "
+            "bfloat16)"
+        ) from None
+
+
 def configure_threads(num_threads: int | None = None) -> int:
     """Use ``num_threads``, else honour ``OMP_NUM_THREADS``/torch's default, capped at our CPUs."""
     if num_threads is not None:
@@ -110,6 +123,7 @@ class ModelRunner:
         dtype: torch.dtype | str | None = None,
         block_size: int | None = None,
         kv_cache_memory_gib: float | None = None,
+        kv_cache_dtype: torch.dtype | str | None = "auto",
         num_blocks: int | None = None,
         num_threads: int | None = None,
         seed: int | None = None,
@@ -134,6 +148,8 @@ class ModelRunner:
         self.dtype = resolve_dtype(dtype, self.device)
         dtype_name = str(self.dtype).replace("torch.", "")
         self.attention_backend = registry.choose(attention_backend, self.device.type, dtype_name)
+        kv_name = kv_dtype_name(kv_cache_dtype)  # a pool the backend cannot read fails here:
+        registry.kv_cache_dtype(kv_name, self.attention_backend, dtype_name)  # before loading
         self.block_size = block_size = registry.block_size_for(self.attention_backend, block_size)
         fuse = gguf is not None and self.attention_backend == "cpu"
         self.group = group
@@ -164,10 +180,14 @@ class ModelRunner:
         self.eos_token_ids: set[int] = set(self.model_config.eos_token_ids)
         size = 1 if group is None else group.size
         shard = local_config(self.model_config, size)  # this rank's KV heads
+        # the pool's dtype: auto is float16 under the fused decoder, else the compute dtype
+        fused = self.model.fused is not None
+        kv_name = registry.kv_cache_dtype(kv_name, self.attention_backend, dtype_name, fused)
+        self.kv_dtype = _DTYPES[kv_name]
         self.num_blocks = plan_num_blocks(
             shard,
             block_size=block_size,
-            dtype=self.dtype,
+            dtype=self.kv_dtype,
             device=self.device,
             kv_cache_memory_gib=kv_cache_memory_gib,
             num_blocks=num_blocks,
@@ -176,7 +196,7 @@ class ModelRunner:
             self.num_blocks = group.min_int(self.num_blocks)
         # one spare block past the pool, owned by no sequence: the pad rows of graph buckets
         self.pad_block = self.num_blocks
-        self.kv_cache = KVCache(shard, self.num_blocks + 1, block_size, self.dtype, self.device)
+        self.kv_cache = KVCache(shard, self.num_blocks + 1, block_size, self.kv_dtype, self.device)
         self.attention = registry.create(self.attention_backend, self.device, self.dtype)
         self.sampler = Sampler(seed)
         # per item of the latest execute(): its sampled token's logprobs, if its params ask
@@ -193,6 +213,7 @@ class ModelRunner:
                 "model": str(self.path),
                 "device": str(self.device),
                 "dtype": str(self.dtype),
+                "kv_cache_dtype": kv_name,
                 "weights": self.weights,
                 "load_s": round(self.load_seconds, 3),
                 "num_blocks": self.num_blocks,

@@ -18,7 +18,13 @@ import pytest
 from bench import model_1b
 from bench.long_prompts import long_text
 from bench.vs_llamacpp import default_gguf
-from bench.vs_llamacpp_servers import ServerConfig, process_tree, tree_rss
+from bench.vs_llamacpp_servers import (
+    KV_ELEM,
+    KV_ELEM_FUSED,
+    ServerConfig,
+    process_tree,
+    tree_rss,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -58,12 +64,17 @@ def test_shortcuts_and_names() -> None:
         2048, 16, 32, 8, 64, 8192)  # fmt: skip
 
 
-def test_matched_kv_pool_holds_the_same_tokens() -> None:
+@pytest.mark.parametrize(("kv_elem", "weights"), [(("float16", 2), "auto"),
+                                                 (("float32", 4), "fp32")])  # fmt: skip
+def test_matched_kv_pool_holds_the_same_tokens(kv_elem: tuple[str, int], weights: str) -> None:
     shape = {"layers": 16, "kv_heads": 8, "head_dim": 64}
-    cfg = ServerConfig(slots=16, ctx=8192, kv_tokens=8192)
-    per_block = 2 * 16 * 16 * 8 * 64 * 4  # float32 K and V of 16 tokens, all layers
+    cfg = ServerConfig(slots=16, ctx=8192, kv_tokens=8192,
+                       kv_elem=KV_ELEM.get(weights, KV_ELEM_FUSED))  # fmt: skip
+    assert cfg.kv_elem == kv_elem
+    per_block = 2 * 16 * 16 * 8 * 64 * kv_elem[1]  # K and V of 16 tokens, all layers
     assert int(cfg.kv_gib(shape) * 2**30 // per_block) == 8192 // 16
-    assert "512 blocks x 16 = 8192 tokens" in cfg.describe_ours(shape)
+    assert "512 blocks x 16 = 8192 tokens (--kv-cache-memory " in cfg.describe_ours(shape)
+    assert cfg.describe_ours(shape).endswith(f"GiB at {kv_elem[0]})")
     assert cfg.describe_peer() == "-np 16 -c 8192 (512 tokens per slot)"
 
 

@@ -19,7 +19,9 @@
  * prefill rows to their causal prefix; every row's K/V is written before any row attends).
  *
  * Layouts: x [T, hidden] fp32, rewritten in place; cos/sin [T, D/2]; the KV pool
- * [layers, 2, num_blocks, block_size, Hkv, D]; tables [B, bt_stride] int32; seqs [T]
+ * [layers, 2, num_blocks, block_size, Hkv, D], fp32 or IEEE fp16 (kv_f16: K and V rounded
+ * to nearest even as they are written, read back as fp32 by the attention); tables
+ * [B, bt_stride] int32; seqs [T]
  * (each token's row in tables), slots [T], rows [T] = 0..T-1, lens [T] int32.
  * Threads: the whole step is one OpenMP parallel region. Each phase (a matrix product, the
  * rows' norms, rotary and KV writes, attention, SwiGLU) is split over the threads and ends
@@ -83,9 +85,10 @@ typedef struct {
     double eps, scale;
     const tr_layer *layers;
     const float *final_norm;
-    float *kv; /* [layers, 2, num_blocks, block_size, Hkv, D] */
+    void *kv; /* [layers, 2, num_blocks, block_size, Hkv, D] */
     int64_t num_blocks, block_size;
     tr_qmat head; /* the LM head [vocab, hidden]; parts 0: none */
+    int64_t kv_f16; /* 1: the pool holds IEEE fp16 elements; 0: fp32 */
 } tr_model;
 
 typedef struct {
@@ -192,9 +195,10 @@ static void dec_rope(float *v, int64_t heads, int64_t D, const float *c, const f
     }
 }
 
-/* Rows t0..t1 - 1 of qkv: bias, q/k norms, rotary, then k and v into the pool's slots. */
+/* Rows t0..t1 - 1 of qkv: bias, q/k norms, rotary, then k and v into the pool's slots
+ * (kc, vc: this layer's K and V pools, of the pool's element type). */
 static void dec_qkv_rows(const tr_model *m, const tr_layer *L, const tr_step *s, float *qkv,
-                         float *kc, float *vc, int64_t t0, int64_t t1) {
+                         void *kc, void *vc, int64_t t0, int64_t t1) {
     const int64_t H = m->num_heads, Hkv = m->num_kv_heads, D = m->head_dim;
     const int64_t width = (H + 2 * Hkv) * D, half = D / 2;
     const float eps = (float)m->eps;
@@ -210,8 +214,13 @@ static void dec_qkv_rows(const tr_model *m, const tr_layer *L, const tr_step *s,
         }
         dec_rope(row, H + Hkv, D, s->cos + t * half, s->sin + t * half);
         const int64_t slot = s->slots[t] * Hkv * D;
-        memcpy(kc + slot, row + H * D, sizeof(float) * Hkv * D);
-        memcpy(vc + slot, row + (H + Hkv) * D, sizeof(float) * Hkv * D);
+        if (m->kv_f16) {
+            tr_f32_to_f16((uint16_t *)kc + slot, row + H * D, Hkv * D);
+            tr_f32_to_f16((uint16_t *)vc + slot, row + (H + Hkv) * D, Hkv * D);
+        } else {
+            memcpy((float *)kc + slot, row + H * D, sizeof(float) * Hkv * D);
+            memcpy((float *)vc + slot, row + (H + Hkv) * D, sizeof(float) * Hkv * D);
+        }
     }
 }
 
@@ -298,10 +307,11 @@ static void dec_thread(dec_shared *d, int tid, int nth) {
     const tr_step *s = d->s;
     const int64_t T = s->T, E = m->hidden, H = m->num_heads, Hkv = m->num_kv_heads;
     const int64_t D = m->head_dim, I = m->inter;
-    const int64_t pool = m->num_blocks * m->block_size * Hkv * D; /* floats: one K pool */
+    const int64_t pool = m->num_blocks * m->block_size * Hkv * D; /* elements: one K pool */
+    const int64_t es = m->kv_f16 ? 2 : 4;                         /* bytes per element */
     const float eps = (float)m->eps;
     float *panel = NULL;
-    pa_scratch sc = {NULL, 0, NULL, NULL};
+    pa_scratch sc = {NULL, 0, NULL, NULL, NULL};
     int ok = 1;
     if (d->panel_floats > 0) {
         panel = aligned_alloc(64, (size_t)d->panel_floats * sizeof(float));
@@ -309,7 +319,7 @@ static void dec_thread(dec_shared *d, int tid, int nth) {
     }
     pa_args att = {NULL, (H + 2 * Hkv) * D, d->att, NULL, NULL, s->tables, s->bt_stride, NULL,
                    s->rows, s->seqs, s->lens, T, H, Hkv, D, m->block_size, s->heads_per_task,
-                   (float)m->scale, d->group_starts, d->groups};
+                   (float)m->scale, d->group_starts, d->groups, m->kv_f16};
     ok = ok && pa_scratch_init(&sc, &att) == 0;
     if (!ok) __atomic_store_n(&d->failed, 1, __ATOMIC_RELAXED);
     dec_wait(&d->bar, nth);
@@ -325,7 +335,7 @@ static void dec_thread(dec_shared *d, int tid, int nth) {
     for (int64_t l = 0; l < m->num_layers; l++) {
         const tr_layer *L = &m->layers[l];
         const tr_layer *prev = l > 0 ? &m->layers[l - 1] : NULL;
-        float *kc = m->kv + l * 2 * pool, *vc = kc + pool;
+        char *kc = (char *)m->kv + l * 2 * pool * es, *vc = kc + pool * es;
         /* the previous layer's down projection joins the residual; the input norm */
         dec_residual_norm(x, prev ? d->y : NULL, prev ? prev->down_bias : NULL, d->h, r0, r1,
                           E, L->input_norm, eps);
@@ -390,7 +400,7 @@ int tr_decoder_forward(const tr_model *m, const tr_step *s, float *x) {
     dec_shared d = {m, s, x, buf, NULL, NULL, NULL, NULL, 0, next, NULL, 0, {0, 0, 0}, 0};
     if (H / Hkv <= 16) { /* prefill chunks' rows in tiles (the tile keeps 16 G query rows) */
         pa_args rows = {NULL, 0, NULL, NULL, NULL, s->tables, s->bt_stride, NULL, s->rows,
-                        s->seqs, s->lens, T, H, Hkv, D, m->block_size, 1, 0.0f, NULL, 0};
+                        s->seqs, s->lens, T, H, Hkv, D, m->block_size, 1, 0.0f, NULL, 0, 0};
         d.groups = pa_make_groups(&rows, starts);
         d.group_starts = starts;
     }

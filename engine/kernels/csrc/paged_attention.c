@@ -1,4 +1,4 @@
-/* Paged decode attention for CPUs, fp32: one query token per sequence, K and V read
+/* Paged decode attention for CPUs, fp32 math: one query token per sequence, K and V read
  * straight out of the block pool (no gather), each KV head's rows read once from memory
  * for all the query heads that share it (GQA).
  *
@@ -6,7 +6,9 @@
  *   q               [T, H, D] with rows `q_row_stride` floats apart (a view of the fused
  *                   q/k/v projection); only the rows listed in `rows` are read
  *   out             [T, H, D] contiguous; only the rows listed in `rows` are written
- *   k_cache/v_cache [num_blocks, block_size, Hkv, D]
+ *   k_cache/v_cache [num_blocks, block_size, Hkv, D], fp32 or IEEE fp16 (kv_f16); fp16
+ *                   elements are converted to fp32 as they are read, and all arithmetic
+ *                   is fp32 either way
  *   block_tables    [B, bt_stride] int32 block ids of each sequence, in order
  *   rows[i]         the q/out row of decode sequence i; seqs[i] its row in block_tables
  *   ctx_lens[s]     tokens of sequence s in the cache, this step's included
@@ -24,20 +26,137 @@
  * inner loops are written with intrinsics (scores for D a multiple of 8, values for D a
  * multiple of 64); other shapes take the portable loops. Both give the same result up to
  * float rounding order.
+ *
+ * fp16 K/V: the decode path reads them in its loops (F16C's vcvtph2ps beside each load),
+ * one copy of those loops per element type (PA_INLINE with a constant f16 argument); the
+ * prefill tiles convert each key/value sub-tile once into their scratch, then run their
+ * fp32 loops on it. Without F16C or AVX-512 a portable scalar conversion does it.
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
 #define TR_AVX2 1
+#endif
+
+/* Inlined into each caller: a caller that passes a constant f16 gets a copy of the loops
+ * for that element type, with no branch on the type inside them. */
+#define PA_INLINE static inline __attribute__((always_inline))
+
+/* IEEE binary16 -> float, exactly. */
+static inline float tr_h2f(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, em = h & 0x7fffu;
+    uint32_t bits;
+    if (em >= 0x7c00u) { /* inf, nan */
+        bits = sign | 0x7f800000u | ((em & 0x3ffu) << 13);
+    } else if (em >= 0x0400u) { /* normal: rebias the exponent (127 - 15) */
+        bits = sign | ((em << 13) + 0x38000000u);
+    } else { /* zero or subnormal: em * 2^-24, exact in a float */
+        const float f = (float)em * 5.9604644775390625e-8f;
+        memcpy(&bits, &f, sizeof bits);
+        bits |= sign;
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+#endif
+}
+
+/* float -> IEEE binary16, rounded to nearest even (overflow to inf, nan stays nan). */
+static inline uint16_t tr_f2h(float f) {
+#if defined(__F16C__)
+    return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    x &= 0x7fffffffu;
+    uint16_t o;
+    if (x >= 0x47800000u) { /* 2^16 and up: inf; nan stays a (quiet) nan */
+        o = x > 0x7f800000u ? 0x7e00u : 0x7c00u;
+    } else if (x < 0x38800000u) { /* below 2^-14: a subnormal half or zero */
+        /* adding 0.5 puts the 10 bits that remain at the bottom of the mantissa, rounded
+         * to nearest even by the addition itself */
+        float g;
+        memcpy(&g, &x, sizeof g);
+        g += 0.5f;
+        uint32_t y;
+        memcpy(&y, &g, sizeof y);
+        o = (uint16_t)(y - 0x3f000000u);
+    } else { /* normal: rebias, round half to even on the 13 bits dropped */
+        const uint32_t odd = (x >> 13) & 1u;
+        x += 0xc8000fffu + odd; /* (15 - 127) << 23, mod 2^32, + 0xfff */
+        o = (uint16_t)(x >> 13);
+    }
+    return sign | o;
+#endif
+}
+
+/* dst[i] = fp16(src[i]), rounded to nearest even. */
+static inline void tr_f32_to_f16(uint16_t *dst, const float *src, int64_t n) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(dst + i),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+#if defined(__F16C__)
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    for (; i < n; i++) dst[i] = tr_f2h(src[i]);
+}
+
+/* dst[i] = src[i] as floats. */
+static inline void tr_f16_to_f32(float *dst, const uint16_t *src, int64_t n) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
+#endif
+#if defined(__F16C__)
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+#endif
+    for (; i < n; i++) dst[i] = tr_h2f(src[i]);
+}
+
+/* Element i of a K/V pool of fp16 (f16) or fp32 elements, as a float. */
+PA_INLINE float kv_load1(const void *p, int64_t i, int f16) {
+    return f16 ? tr_h2f(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+/* The address of element i of a pool of fp16 (f16) or fp32 elements. */
+PA_INLINE const void *kv_at(const void *p, int64_t i, int f16) {
+    return (const char *)p + i * (f16 ? 2 : 4);
+}
+
+#ifdef TR_AVX2
+/* Elements i..i+7 as floats. */
+PA_INLINE __m256 kv_load8(const void *p, int64_t i, int f16) {
+    if (!f16) return _mm256_loadu_ps((const float *)p + i);
+#if defined(__F16C__)
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+#else
+    const uint16_t *h = (const uint16_t *)p + i;
+    return _mm256_setr_ps(tr_h2f(h[0]), tr_h2f(h[1]), tr_h2f(h[2]), tr_h2f(h[3]),
+                          tr_h2f(h[4]), tr_h2f(h[5]), tr_h2f(h[6]), tr_h2f(h[7]));
+#endif
+}
 #endif
 
 /* Ask for one token's rows of the next block while this block is read: a sequence's
  * blocks are scattered over the pool, so the hardware prefetchers cannot guess them. */
-static inline void prefetch_row(const float *p, int64_t floats) {
-    for (int64_t f = 0; f < floats; f += 16) __builtin_prefetch(p + f, 0, 3);
+static inline void prefetch_bytes(const void *p, int64_t bytes) {
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)p + b, 0, 3);
 }
 
 #ifdef TR_AVX2
@@ -94,12 +213,13 @@ typedef struct {
     float scale;
 } task_shape;
 
-/* scores[r, t0 + o] = scale * q_r . k_o for the `end` tokens of one block. */
-static void block_scores(const task_shape *s, const float *qh, const float *kb, int64_t end,
-                         int64_t t0, float *scores) {
+/* scores[r, t0 + o] = scale * q_r . k_o for the `end` tokens of one block (kb: its first
+ * element, fp16 or fp32 as f16 says). */
+PA_INLINE void block_scores(const task_shape *s, const float *qh, const void *kb, int64_t end,
+                            int64_t t0, float *scores, int f16) {
     const int64_t D = s->D, G = s->G;
     for (int64_t h = 0; h < s->hp; h++) {
-        const float *kh = kb + (s->h0 + h) * D;
+        const void *kh = kv_at(kb, (s->h0 + h) * D, f16);
         for (int64_t g = 0; g < G; g++) {
             const int64_t r = h * G + g;
             const float *qr = qh + r * D;
@@ -114,7 +234,7 @@ static void block_scores(const task_shape *s, const float *qh, const float *kb, 
                         const __m256 qc = _mm256_loadu_ps(qr + c);
                         for (int j = 0; j < 8; j++)
                             a[j] = _mm256_fmadd_ps(
-                                qc, _mm256_loadu_ps(kh + (o + j) * s->tok_stride + c), a[j]);
+                                qc, kv_load8(kh, (o + j) * s->tok_stride + c, f16), a[j]);
                     }
                     const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]),
                                                      _mm256_hadd_ps(a[2], a[3]));
@@ -127,22 +247,22 @@ static void block_scores(const task_shape *s, const float *qh, const float *kb, 
             }
 #endif
             for (; o < end; o++) {
-                const float *kt = kh + o * s->tok_stride;
+                const void *kt = kv_at(kh, o * s->tok_stride, f16);
                 float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
-                for (int64_t d = 0; d < D; d++) acc += qr[d] * kt[d];
+                for (int64_t d = 0; d < D; d++) acc += qr[d] * kv_load1(kt, d, f16);
                 out[o] = acc * s->scale;
             }
         }
     }
 }
 
-/* acc[r] += sum_o p[r, t0 + o] * v_o for the `end` tokens of one block. */
-static void block_values(const task_shape *s, const float *vb, int64_t end, int64_t t0,
-                         const float *probs, float *acc) {
+/* acc[r] += sum_o p[r, t0 + o] * v_o for the `end` tokens of one block (vb as kb above). */
+PA_INLINE void block_values(const task_shape *s, const void *vb, int64_t end, int64_t t0,
+                            const float *probs, float *acc, int f16) {
     const int64_t D = s->D, G = s->G;
     for (int64_t h = 0; h < s->hp; h++) {
-        const float *vh = vb + (s->h0 + h) * D;
+        const void *vh = kv_at(vb, (s->h0 + h) * D, f16);
         for (int64_t g = 0; g < G; g++) {
             const int64_t r = h * G + g;
             const float *p = probs + r * s->L + t0;
@@ -154,9 +274,9 @@ static void block_values(const task_shape *s, const float *vb, int64_t end, int6
                     for (int k = 0; k < 8; k++) a[k] = _mm256_loadu_ps(ar + c + 8 * k);
                     for (int64_t o = 0; o < end; o++) {
                         const __m256 po = _mm256_broadcast_ss(p + o);
-                        const float *vt = vh + o * s->tok_stride + c;
+                        const int64_t vt = o * s->tok_stride + c;
                         for (int k = 0; k < 8; k++)
-                            a[k] = _mm256_fmadd_ps(po, _mm256_loadu_ps(vt + 8 * k), a[k]);
+                            a[k] = _mm256_fmadd_ps(po, kv_load8(vh, vt + 8 * k, f16), a[k]);
                     }
                     for (int k = 0; k < 8; k++) _mm256_storeu_ps(ar + c + 8 * k, a[k]);
                 }
@@ -164,10 +284,10 @@ static void block_values(const task_shape *s, const float *vb, int64_t end, int6
             }
 #endif
             for (int64_t o = 0; o < end; o++) {
-                const float *vt = vh + o * s->tok_stride;
+                const void *vt = kv_at(vh, o * s->tok_stride, f16);
                 const float po = p[o];
 #pragma omp simd
-                for (int64_t d = 0; d < D; d++) ar[d] += po * vt[d];
+                for (int64_t d = 0; d < D; d++) ar[d] += po * kv_load1(vt, d, f16);
             }
         }
     }
@@ -178,7 +298,7 @@ typedef struct {
     const float *q;
     int64_t q_row_stride;
     float *out;
-    const float *k_cache, *v_cache;
+    const void *k_cache, *v_cache; /* fp32, or fp16 where kv_f16 */
     const int32_t *block_tables;
     int64_t bt_stride;
     const int32_t *ctx_lens;
@@ -190,6 +310,7 @@ typedef struct {
      * starts[g + 1]); NULL: every row alone */
     const int64_t *group_starts;
     int64_t groups;
+    int64_t kv_f16; /* 1: the caches hold IEEE fp16 elements; 0: fp32 */
 } pa_args;
 
 /* One thread's scratch: scores [R, cap] (grown on demand), acc [R, D] then inv_sum [R]. */
@@ -198,6 +319,7 @@ typedef struct {
     int64_t cap;
     float *acc;
     float *tile; /* the tiled path's: acc [QT G, D], m, l [QT G], kt [D, TT], s [QT G, TT] */
+    float *stage; /* the tiled path's fp16 sub-tiles as floats: K [TT, D], then V [TT, D] */
 } pa_scratch;
 
 static int64_t pa_tasks(const pa_args *a) {
@@ -230,11 +352,16 @@ static int pa_scratch_init(pa_scratch *s, const pa_args *a) {
     s->cap = 0;
     s->acc = (float *)malloc(sizeof(float) * R * (a->head_dim + 1));
     s->tile = NULL;
+    s->stage = NULL;
     if (a->group_starts != NULL) {
         const int64_t RGp = (RG + 15) / 16 * 16; /* the AVX-512 path's rows, lane-padded */
         const size_t floats = (size_t)(2 * RGp * D + 4 * RGp + 2 * PA_TT * RGp + D * PA_TT);
         s->tile = (float *)aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
         if (s->tile == NULL) return -1;
+        if (a->kv_f16) {
+            s->stage = (float *)aligned_alloc(64, (2 * PA_TT * D * sizeof(float) + 63) / 64 * 64);
+            if (s->stage == NULL) return -1;
+        }
     }
     return s->acc == NULL ? -1 : 0;
 }
@@ -243,10 +370,12 @@ static void pa_scratch_free(pa_scratch *s) {
     free(s->scores);
     free(s->acc);
     free(s->tile);
+    free(s->stage);
 }
 
-/* One task: decode row i's run of heads_per_task KV heads. Returns -1 without memory. */
-static int pa_task(const pa_args *a, pa_scratch *sc, int64_t task) {
+/* One task: decode row i's run of heads_per_task KV heads, the caches' elements fp16 (f16)
+ * or fp32. Returns -1 without memory. */
+PA_INLINE int pa_task_kv(const pa_args *a, pa_scratch *sc, int64_t task, int f16) {
     const int64_t G = a->num_heads / a->num_kv_heads; /* query heads per KV head */
     const int64_t D = a->head_dim, hp = a->heads_per_task, bs = a->block_size;
     const int64_t row_stride = a->num_heads * D;    /* out */
@@ -254,13 +383,14 @@ static int pa_task(const pa_args *a, pa_scratch *sc, int64_t task) {
     const int64_t block_stride = bs * tok_stride;
     const int64_t parts = a->num_kv_heads / hp;
     const int64_t R = hp * G; /* query rows per task */
+    const int64_t es = f16 ? 2 : 4; /* bytes per element of the caches */
     const int64_t i = task / parts, h0 = (task % parts) * hp;
     const int64_t seq = a->seqs[i];
     const int64_t L = a->row_lens != NULL ? a->row_lens[i] : a->ctx_lens[seq];
     const int32_t *bt = a->block_tables + seq * a->bt_stride;
     const int64_t nb = (L + bs - 1) / bs;
     const float *qh = a->q + a->rows[i] * a->q_row_stride + h0 * G * D; /* [R, D] */
-    const float *kc = a->k_cache, *vc = a->v_cache;
+    const char *kc = a->k_cache, *vc = a->v_cache;
     const task_shape s = {D, G, hp, h0, tok_stride, L, a->scale};
     float *o = a->out + a->rows[i] * row_stride + h0 * G * D;
     if (L <= 0) { /* nothing to attend to (the caller never asks): zeros, not NaN */
@@ -277,10 +407,11 @@ static int pa_task(const pa_args *a, pa_scratch *sc, int64_t task) {
     for (int64_t b = 0; b < nb; b++) {
         const int64_t t0 = b * bs;
         const int64_t end = L - t0 < bs ? L - t0 : bs;
-        const float *next = b + 1 < nb ? kc + (int64_t)bt[b + 1] * block_stride
-                                       : vc + (int64_t)bt[0] * block_stride;
-        for (int64_t t = 0; t < bs; t++) prefetch_row(next + t * tok_stride + h0 * D, hp * D);
-        block_scores(&s, qh, kc + (int64_t)bt[b] * block_stride, end, t0, scores);
+        const char *next = b + 1 < nb ? kc + (int64_t)bt[b + 1] * block_stride * es
+                                      : vc + (int64_t)bt[0] * block_stride * es;
+        for (int64_t t = 0; t < bs; t++)
+            prefetch_bytes(next + (t * tok_stride + h0 * D) * es, hp * D * es);
+        block_scores(&s, qh, kc + (int64_t)bt[b] * block_stride * es, end, t0, scores, f16);
     }
     for (int64_t r = 0; r < R; r++) /* softmax over t, per query row */
         inv_sum[r] = 1.0f / exp_shifted(scores + r * L, L);
@@ -290,13 +421,42 @@ static int pa_task(const pa_args *a, pa_scratch *sc, int64_t task) {
         const int64_t end = L - t0 < bs ? L - t0 : bs;
         if (b + 1 < nb)
             for (int64_t t = 0; t < bs; t++)
-                prefetch_row(vc + (int64_t)bt[b + 1] * block_stride + t * tok_stride + h0 * D,
-                             hp * D);
-        block_values(&s, vc + (int64_t)bt[b] * block_stride, end, t0, scores, acc);
+                prefetch_bytes(
+                    vc + ((int64_t)bt[b + 1] * block_stride + t * tok_stride + h0 * D) * es,
+                    hp * D * es);
+        block_values(&s, vc + (int64_t)bt[b] * block_stride * es, end, t0, scores, acc, f16);
     }
     for (int64_t r = 0; r < R; r++)
         for (int64_t d = 0; d < D; d++) o[r * D + d] = acc[r * D + d] * inv_sum[r];
     return 0;
+}
+
+/* pa_task_kv for the caches' element type: a copy of its loops for each. */
+static int pa_task(const pa_args *a, pa_scratch *sc, int64_t task) {
+    return a->kv_f16 ? pa_task_kv(a, sc, task, 1) : pa_task_kv(a, sc, task, 0);
+}
+
+/* The key and value sub-tile of tt tokens (at most PA_TT) that starts at element `at` of the
+ * caches, head h0's D elements of each token, as floats: fp32 caches are read in place
+ * (*stride = tok_stride), fp16 ones converted into sc->stage first (*stride = D). */
+static void pa_subtile(const pa_args *a, pa_scratch *sc, int64_t at, int64_t tt,
+                       int64_t tok_stride, const float **kb, const float **vb, int64_t *stride) {
+    const int64_t D = a->head_dim;
+    if (!a->kv_f16) {
+        *kb = (const float *)a->k_cache + at;
+        *vb = (const float *)a->v_cache + at;
+        *stride = tok_stride;
+        return;
+    }
+    const uint16_t *k = (const uint16_t *)a->k_cache + at, *v = (const uint16_t *)a->v_cache + at;
+    float *ks = sc->stage, *vs = sc->stage + PA_TT * D;
+    for (int64_t j = 0; j < tt; j++) {
+        tr_f16_to_f32(ks + j * D, k + j * tok_stride, D);
+        tr_f16_to_f32(vs + j * D, v + j * tok_stride, D);
+    }
+    *kb = ks;
+    *vb = vs;
+    *stride = D;
 }
 
 #if defined(__AVX512F__)
@@ -423,13 +583,13 @@ static void pa_tile_task(const pa_args *a, pa_scratch *sc, int64_t i0, int64_t n
             const int64_t off = t0 % bs, left = most - t0;
             int64_t tt = bs - off < PA_TT ? bs - off : PA_TT;
             tt = left < tt ? left : tt;
-            const float *kb = a->k_cache + (int64_t)bt[t0 / bs] * block_stride + off * tok_stride +
-                              h * D;
-            const float *vb = a->v_cache + (int64_t)bt[t0 / bs] * block_stride + off * tok_stride +
-                              h * D;
+            const float *kb, *vb;
+            int64_t ts; /* floats from one token's row to the next in kb, vb */
+            pa_subtile(a, sc, (int64_t)bt[t0 / bs] * block_stride + off * tok_stride + h * D, tt,
+                       tok_stride, &kb, &vb, &ts);
             for (int64_t d = 0; d < D; d++) /* K^T of the sub-tile, zero-padded */
                 for (int64_t j = 0; j < PA_TT; j++)
-                    kt[d * PA_TT + j] = j < tt ? kb[j * tok_stride + d] : 0.0f;
+                    kt[d * PA_TT + j] = j < tt ? kb[j * ts + d] : 0.0f;
             pa_tile_scores(q, RG, D, kt, a->scale, s);
             for (int64_t rg = 0; rg < RG; rg++) {
                 const int64_t valid = len[rg] - t0 < tt ? len[rg] - t0 : tt;
@@ -460,7 +620,7 @@ static void pa_tile_task(const pa_args *a, pa_scratch *sc, int64_t i0, int64_t n
                     for (int64_t d = 0; d < D; d++) ar[d] *= c;
                 l[rg] = l[rg] * c + sum;
                 m[rg] = mx;
-                pa_tile_values(ar, sr, vb, valid, tok_stride, D);
+                pa_tile_values(ar, sr, vb, valid, ts, D);
             }
             t0 += tt;
         }
@@ -505,10 +665,10 @@ static void pa_tile_task512(const pa_args *a, pa_scratch *sc, int64_t i0, int64_
             const int64_t off = t0 % bs, left = most - t0;
             int64_t tt = bs - off < PA_TT ? bs - off : PA_TT;
             tt = left < tt ? left : tt;
-            const float *kb = a->k_cache + (int64_t)bt[t0 / bs] * block_stride + off * tok_stride +
-                              h * D;
-            const float *vb = a->v_cache + (int64_t)bt[t0 / bs] * block_stride + off * tok_stride +
-                              h * D;
+            const float *kb, *vb;
+            int64_t ts; /* floats from one token's row to the next in kb, vb */
+            pa_subtile(a, sc, (int64_t)bt[t0 / bs] * block_stride + off * tok_stride + h * D, tt,
+                       tok_stride, &kb, &vb, &ts);
             /* scores, masked: 8 tokens x 2 vectors of rows at a time */
             for (int64_t v = 0; v < nv; v += 2) {
                 const int two = v + 1 < nv;
@@ -521,7 +681,7 @@ static void pa_tile_task512(const pa_args *a, pa_scratch *sc, int64_t i0, int64_
                         const __m512 q1 = two ? _mm512_load_ps(qt + d * RGp + 16 * v + 16) : q0;
                         for (int j = 0; j < 8; j++) {
                             if (j >= jn) break;
-                            const __m512 k = _mm512_set1_ps(kb[(j0 + j) * tok_stride + d]);
+                            const __m512 k = _mm512_set1_ps(kb[(j0 + j) * ts + d]);
                             s0[j] = _mm512_fmadd_ps(q0, k, s0[j]);
                             s1[j] = _mm512_fmadd_ps(q1, k, s1[j]);
                         }
@@ -569,7 +729,7 @@ static void pa_tile_task512(const pa_args *a, pa_scratch *sc, int64_t i0, int64_
                     __m512 x1 = two ? _mm512_mul_ps(_mm512_loadu_ps(a1), _mm512_set1_ps(c[rg + 1]))
                                     : x0;
                     for (int64_t j = 0; j < tt; j++) {
-                        const __m512 vj = _mm512_loadu_ps(vb + j * tok_stride + d0);
+                        const __m512 vj = _mm512_loadu_ps(vb + j * ts + d0);
                         x0 = _mm512_fmadd_ps(_mm512_set1_ps(sp[j * RGp + rg]), vj, x0);
                         if (two) x1 = _mm512_fmadd_ps(_mm512_set1_ps(sp[j * RGp + rg + 1]), vj, x1);
                     }
@@ -620,16 +780,17 @@ static void pa_part(const pa_args *a, pa_scratch *sc, int64_t *next, int *failed
     }
 }
 
-int tr_paged_decode_f32(const float *q, int64_t q_row_stride, float *out, const float *k_cache,
-                        const float *v_cache, const int32_t *block_tables,
-                        int64_t bt_stride, const int32_t *ctx_lens, const int64_t *rows,
-                        const int64_t *seqs, const int32_t *row_lens, int64_t n,
-                        int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                        int64_t block_size, int64_t heads_per_task, float scale) {
+/* q and out fp32; the caches fp32, or IEEE fp16 where kv_f16 is 1. */
+int tr_paged_decode(const float *q, int64_t q_row_stride, float *out, const void *k_cache,
+                    const void *v_cache, const int32_t *block_tables, int64_t bt_stride,
+                    const int32_t *ctx_lens, const int64_t *rows, const int64_t *seqs,
+                    const int32_t *row_lens, int64_t n, int64_t num_heads, int64_t num_kv_heads,
+                    int64_t head_dim, int64_t block_size, int64_t heads_per_task, float scale,
+                    int64_t kv_f16) {
     pa_args a = {q,      q_row_stride, out,       k_cache,      v_cache,
                  block_tables, bt_stride, ctx_lens, rows,       seqs,
                  row_lens, n,         num_heads, num_kv_heads, head_dim,
-                 block_size, heads_per_task, scale, NULL, 0};
+                 block_size, heads_per_task, scale, NULL, 0, kv_f16};
     int64_t *starts = NULL;
     if (row_lens != NULL && num_heads / num_kv_heads <= 16) {
         starts = (int64_t *)malloc(sizeof(int64_t) * (size_t)(n + 1));

@@ -67,8 +67,12 @@ def run_case(
     dtype: torch.dtype = torch.float32,
     block_size: int = BLOCK,
     backend: AttentionBackend = TORCH,
+    kv_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``seqs`` = [(cached prefix length, new tokens)]; returns (paged output, reference)."""
+    """``seqs`` = [(cached prefix length, new tokens)]; returns (paged output, reference).
+
+    ``kv_dtype``: the pool's, if not ``dtype`` (the reference then attends to K/V rounded
+    to it)."""
     gen = torch.Generator().manual_seed(seed)
     rnd = random.Random(seed)
     need = [-(-(start + n) // block_size) for start, n in seqs]
@@ -80,8 +84,8 @@ def run_case(
         tables.append(ids[at : at + k])
         at += k
     shape = (num_blocks, block_size, kv_heads, head_dim)
-    k_cache = torch.zeros(shape, dtype=dtype, device=device)
-    v_cache = torch.zeros(shape, dtype=dtype, device=device)
+    k_cache = torch.zeros(shape, dtype=kv_dtype or dtype, device=device)
+    v_cache = torch.zeros(shape, dtype=kv_dtype or dtype, device=device)
     # full K/V history per sequence; write the cached prefixes first
     hist = [
         (
@@ -119,6 +123,8 @@ def run_case(
     out = paged_attention(
         q, k_new.to(device, dtype), v_new.to(device, dtype), k_cache, v_cache, meta, scale
     )
+    if kv_dtype is not None:  # what the pool holds
+        hist = [(k.to(kv_dtype).float(), v.to(kv_dtype).float()) for k, v in hist]
     ref = torch.cat(
         [
             dense_reference(qi, h[0], h[1], start, scale)
@@ -249,6 +255,31 @@ def test_slot_mapping_follows_block_table() -> None:
     assert meta.context_lens.tolist() == [5, 6]
     assert meta.cu_seqlens_q.tolist() == [0, 3, 4]
     assert not meta.all_decode
+
+
+@pytest.mark.parametrize(
+    "seqs",
+    [
+        [(0, 9)],
+        [(5, 1), (17, 1), (3, 1), (40, 1)],
+        [(12, 1), (0, 5), (9, 1), (4, 6), (30, 1)],
+        [(30, 40), (0, 37), (3, 1)],
+    ],
+)
+def test_a_float16_pool_under_float32_compute(
+    seqs: list[tuple[int, int]], backend: AttentionBackend
+) -> None:
+    """The cpu and torch backends read fp16 K/V into fp32: the float64 answer over the
+    values the pool holds, whichever path (decode kernel, gather, chunk) read them. Triton
+    reads the pool in the compute dtype only, and says so."""
+    if backend.name == "triton":
+        with pytest.raises(ValueError, match="dtype"):
+            run_case(seqs, 8, 2, 16, seed=3, backend=backend, kv_dtype=torch.float16)
+        return
+    for b in (backend, CpuBackend(CPU, torch.float32, None)):
+        out, ref = run_case(seqs, 8, 2, head_dim=32, seed=len(seqs), block_size=16, backend=b,
+                            kv_dtype=torch.float16)  # fmt: skip
+        assert (out - ref).abs().max().item() < 1e-5
 
 
 def test_the_cpu_backend_without_its_kernel_is_the_torch_path() -> None:

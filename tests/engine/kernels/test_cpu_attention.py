@@ -5,6 +5,7 @@ tests/engine/attention/test_backends.py runs every paged-attention case through 
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from pathlib import Path
 
@@ -203,3 +204,193 @@ def test_the_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
         assert paged_decode() is None
     finally:
         paged_decode.cache_clear()
+
+
+# --- float16 K/V: every read path of paged_attention.c, in each build of it ---------------
+
+# the builds a CPU may get: AVX-512 (with F16C), AVX2 + F16C, AVX-512 without F16C's scalar
+# conversions, and no vector extensions at all (the portable conversions and loops)
+BUILDS = [(), ("-mno-avx512f",), ("-mno-f16c",),
+          ("-mno-avx512f", "-mno-avx2", "-mno-fma", "-mno-f16c")]  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=BUILDS, ids=lambda f: " ".join(f) or "native")
+def any_build(request: pytest.FixtureRequest, kernel: PagedDecode) -> PagedDecode:
+    flags = tuple(request.param)
+    return kernel if not flags else PagedDecode(build(cpu_attention.SOURCE, extra_flags=flags))
+
+
+def scattered_pool(
+    lens: list[int], block: int, kv_heads: int, dim: int, dtype: torch.dtype, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[list[int]]]:
+    """Random K/V caches in ``dtype`` with each sequence's blocks scattered over the pool;
+    returns (k_cache, v_cache, padded int32 tables, tables)."""
+    gen = torch.Generator().manual_seed(seed)
+    need = [-(-n // block) for n in lens]
+    perm = torch.randperm(sum(need) + 3, generator=gen).tolist()
+    tables, at = [], 0
+    for k in need:
+        tables.append(perm[at : at + k])
+        at += k
+    shape = (len(perm), block, kv_heads, dim)
+    k_cache = torch.randn(shape, generator=gen).to(dtype)
+    v_cache = torch.randn(shape, generator=gen).to(dtype)
+    width = max(need)
+    bt = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+    return k_cache, v_cache, bt, tables
+
+
+def history(cache: torch.Tensor, table: list[int], n: int) -> torch.Tensor:
+    """The first ``n`` tokens of a sequence, ``[n, Hkv, D]`` (the cache's own dtype)."""
+    return cache[torch.tensor(table)].reshape(-1, *cache.shape[2:])[:n]
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(8, 2, 64), (9, 3, 40), (4, 4, 36)])
+@pytest.mark.parametrize("block", [16, 8])
+def test_float16_caches_decode(
+    any_build: PagedDecode, heads: int, kv_heads: int, dim: int, block: int
+) -> None:
+    """Decode rows over fp16 K/V: the float64 answer from the same fp16 values, at lengths
+    on and across block boundaries, whole-head tasks and split ones."""
+    lens = [1, block - 1, block, block + 1, 3 * block + 5, 200]
+    k_cache, v_cache, bt, tables = scattered_pool(lens, block, kv_heads, dim, torch.float16, 3)
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(len(lens), heads, dim, generator=gen)
+    rows = torch.arange(len(lens), dtype=torch.int64)
+    for threads in (1, 2):  # one sequence per thread or fewer: split heads, else whole ones
+        out = torch.full_like(q, float("nan"))
+        before = torch.get_num_threads()
+        try:
+            torch.set_num_threads(threads)
+            attend(any_build, q, out, k_cache, v_cache, bt,
+                   torch.tensor(lens, dtype=torch.int32), rows, rows, dim**-0.5)  # fmt: skip
+        finally:
+            torch.set_num_threads(before)
+        for i, n in enumerate(lens):
+            k = history(k_cache, tables[i], n).double()
+            v = history(v_cache, tables[i], n).double()
+            want = reference(q[i], k, v, dim**-0.5)
+            torch.testing.assert_close(out[i], want, rtol=1e-5, atol=1e-5)
+
+
+def causal_rows(
+    kernel: PagedDecode,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    tables: torch.Tensor,
+    seqs: list[int],
+    lens: list[int],
+    heads_per_task: int,
+) -> torch.Tensor:
+    """Row i attends to the first lens[i] tokens of sequence seqs[i], as the fused decoder's
+    rows do (consecutive rows of a prefill chunk go to the tile paths); returns out."""
+    n, heads, dim = q.shape
+    out = torch.full_like(q, float("nan"))
+    rows = torch.arange(n, dtype=torch.int64)
+    seq_t = torch.tensor(seqs, dtype=torch.int64)
+    lens_t = torch.tensor(lens, dtype=torch.int32)
+    ctx = torch.zeros(tables.shape[0], dtype=torch.int32)  # unread: each row has its own length
+    rc = kernel._fn(
+        q.data_ptr(), q.stride(0), out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+        tables.data_ptr(), tables.shape[1], ctx.data_ptr(), rows.data_ptr(), seq_t.data_ptr(),
+        lens_t.data_ptr(), n, heads, k_cache.shape[2], dim, k_cache.shape[1], heads_per_task,
+        dim**-0.5, int(k_cache.dtype == torch.float16),
+    )  # fmt: skip
+    assert rc == 0
+    return out
+
+
+# (sequence, first position, rows): chunks longer than a tile of 16 rows, a chunk of one
+# (the decode path), a chunk that starts inside a block, decode rows between them
+CHUNKS = [(0, 0, 40), (1, 21, 5), (2, 0, 1), (3, 47, 17), (1, 26, 1), (4, 3, 2)]
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(8, 2, 64), (9, 3, 40), (16, 1, 32)])
+@pytest.mark.parametrize("block", [16, 8, 32])
+def test_float16_caches_prefill_tiles(
+    any_build: PagedDecode, heads: int, kv_heads: int, dim: int, block: int
+) -> None:
+    """Prefill chunks' causal rows over fp16 K/V (the tiled paths: AVX-512 with D a multiple
+    of 16, the portable one else): the float64 answer from the same fp16 values, and each
+    sequence's rows the same bits alone as in the batch."""
+    seq_lens = [max(s + n for q, s, n in CHUNKS if q == i) for i in range(5)]
+    k_cache, v_cache, bt, tables = scattered_pool(seq_lens, block, kv_heads, dim,
+                                                  torch.float16, 5)  # fmt: skip
+    seqs = [q for q, s, n in CHUNKS for _ in range(n)]
+    lens = [s + j + 1 for q, s, n in CHUNKS for j in range(n)]
+    gen = torch.Generator().manual_seed(6)
+    q = torch.randn(len(lens), heads, dim, generator=gen)
+    for hp in (1, kv_heads):
+        out = causal_rows(any_build, q, k_cache, v_cache, bt, seqs, lens, hp)
+        for i, (seq, n) in enumerate(zip(seqs, lens, strict=True)):
+            k = history(k_cache, tables[seq], n).double()
+            v = history(v_cache, tables[seq], n).double()
+            torch.testing.assert_close(out[i], reference(q[i], k, v, dim**-0.5),
+                                       rtol=1e-5, atol=1e-5)  # fmt: skip
+        at = 0
+        for _, _, n in CHUNKS:  # a chunk alone: the same tiles, the same bits
+            alone = causal_rows(any_build, q[at : at + n].contiguous(), k_cache, v_cache, bt,
+                                seqs[at : at + n], lens[at : at + n], hp)  # fmt: skip
+            assert torch.equal(alone, out[at : at + n])
+            at += n
+
+
+def test_float16_and_float32_caches_give_the_same_answer(kernel: PagedDecode) -> None:
+    """The fp16 pool's values held in fp32 give what the fp16 pool gives (to rounding order)."""
+    lens = [7, 33, 64, 130]
+    k16, v16, bt, _ = scattered_pool(lens, 16, 2, 64, torch.float16, 8)
+    seqs = [i for i, n in enumerate(lens) for _ in range(n)]
+    rows_lens = [j + 1 for n in lens for j in range(n)]
+    q = torch.randn(len(seqs), 8, 64, generator=torch.Generator().manual_seed(9))
+    half = causal_rows(kernel, q, k16, v16, bt, seqs, rows_lens, 2)
+    full = causal_rows(kernel, q, k16.float(), v16.float(), bt, seqs, rows_lens, 2)
+    torch.testing.assert_close(half, full, rtol=1e-6, atol=1e-6)
+
+
+def test_cache_dtypes_other_than_fp32_and_fp16_are_refused(kernel: PagedDecode) -> None:
+    tables, lens = torch.zeros(1, 1, dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
+    rows, q, out = torch.tensor([0]), torch.zeros(1, 2, 8), torch.zeros(1, 2, 8)
+    cache = torch.zeros(4, 16, 1, 8)
+    for k, v in ((cache.bfloat16(), cache.bfloat16()), (cache.half(), cache)):
+        with pytest.raises(ValueError, match="both fp32 or both fp16"):
+            attend(kernel, q, out, k, v, tables, lens, rows, rows, 1.0)
+    attend(kernel, q, out, cache.half(), cache.half(), tables, lens, rows, rows, 1.0)
+    assert torch.equal(out, torch.zeros_like(out))  # zero K/V: the mean of zero values
+
+
+@pytest.mark.parametrize("flags", BUILDS, ids=lambda f: " ".join(f) or "native")
+def test_the_fp16_conversions_round_as_ieee_does(tmp_path: Path, flags: tuple[str, ...]) -> None:
+    """paged_attention.c's conversions, in each build, against torch's: every fp16 value to
+    float, and floats to fp16 rounded to nearest even: ties, subnormals, overflow, inf, nan."""
+    source = tmp_path / "conv.c"
+    source.write_text(
+        f'#include "{cpu_attention.SOURCE}"\n'
+        "void t_f2h(const float *x, uint16_t *y, int64_t n) { tr_f32_to_f16(y, x, n); }\n"
+        "void t_h2f(const uint16_t *x, float *y, int64_t n) { tr_f16_to_f32(y, x, n); }\n"
+    )
+    lib = ctypes.CDLL(str(build(source, tmp_path / "cache", extra_flags=flags)))
+    every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.float16)
+    got = torch.empty(every.shape, dtype=torch.float32)
+    lib.t_h2f(ctypes.c_void_p(every.data_ptr()), ctypes.c_void_p(got.data_ptr()),
+              ctypes.c_int64(every.numel()))  # fmt: skip
+    want = every.float()
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got[~want.isnan()].view(torch.int32), want[~want.isnan()].view(torch.int32))
+    finite = every[every.isfinite()].double().unique()
+    ties = (finite[1:] + finite[:-1]) / 2  # halfway between neighbours: exact in a float
+    gen = torch.Generator().manual_seed(1)
+    floats = torch.cat([
+        ties.float(), ties.float().nextafter(torch.tensor(0.0)), finite.float(),
+        torch.randn(5001, generator=gen) * 10.0 ** torch.randint(-9, 6, (5001,), generator=gen),
+        torch.tensor([65504.0, 65519.99, 65520.0, 1e6, float("inf"), -float("inf"), 0.0, -0.0,
+                      2.0**-24, 2.0**-25, 2.0**-25 * 1.0001, 2.0**-26, 1e-30, -(2.0**-14)]),
+    ])  # fmt: skip
+    half = torch.empty(floats.shape, dtype=torch.float16)
+    lib.t_f2h(ctypes.c_void_p(floats.data_ptr()), ctypes.c_void_p(half.data_ptr()),
+              ctypes.c_int64(floats.numel()))  # fmt: skip
+    assert torch.equal(half.view(torch.int16), floats.half().view(torch.int16))
+    nan = torch.full((3,), float("nan"))
+    lib.t_f2h(ctypes.c_void_p(nan.data_ptr()), ctypes.c_void_p(half.data_ptr()),
+              ctypes.c_int64(3))  # fmt: skip
+    assert half[:3].isnan().all()

@@ -20,9 +20,10 @@ from tests.engine.kernels.test_quant import random_blocks
 from tokenrelay.engine.attention.cpu_kernel import CpuBackend
 from tokenrelay.engine.attention.metadata import build_metadata
 from tokenrelay.engine.kernels import decoder
-from tokenrelay.engine.kernels.build import ENV_SWITCH
+from tokenrelay.engine.kernels.build import ENV_SWITCH, load
 from tokenrelay.engine.kernels.cpu_attention import paged_decode
 from tokenrelay.engine.kernels.quant import KQTYPES, QuantStack, QuantWeight
+from tokenrelay.engine.models import llama
 from tokenrelay.engine.models.config import ModelConfig, RopeConfig
 from tokenrelay.engine.models.llama import CausalLM, DecoderLayer
 from tokenrelay.engine.runner.kv_cache import KVCache
@@ -93,13 +94,19 @@ def tiny_model(*, head_dim: int, qwen3: bool, qtype: str, seed: int = 0) -> Caus
     return model.eval()
 
 
-def run_steps(model: CausalLM, fused: bool, steps: list[list[tuple[int, int, list[int]]]]) -> Any:
-    """Run ``steps`` (each a list of (q_len, start, block table)) -> hidden states, KV pool."""
+def run_steps(
+    model: CausalLM,
+    fused: bool,
+    steps: list[list[tuple[int, int, list[int]]]],
+    kv_dtype: torch.dtype = torch.float32,
+) -> Any:
+    """Run ``steps`` (each a list of (q_len, start, block table)) -> hidden states, KV pool
+    (of ``kv_dtype``)."""
     cfg = model.cfg
     saved = model.fused
     if not fused:
         model.fused = None
-    cache = KVCache(cfg, num_blocks=12, block_size=BLOCK, dtype=torch.float32, device=CPU)
+    cache = KVCache(cfg, num_blocks=12, block_size=BLOCK, dtype=kv_dtype, device=CPU)
     gen = torch.Generator().manual_seed(7)
     outs = []
     try:
@@ -218,6 +225,8 @@ def test_bad_step_inputs_are_refused() -> None:
         fused.forward(x, cs, cs, slots, tables, seqs, lens)
     with pytest.raises(ValueError, match="KV pool"):
         fused.bind_cache(cache.data[:1])
+    with pytest.raises(ValueError, match="float16 or float32"):
+        fused.bind_cache(cache.data.bfloat16())
     fused.bind_cache(cache.data)
     bad = {
         "slot outside": (x, slots + 100, tables, seqs, lens),
@@ -244,3 +253,67 @@ def test_the_switches_turn_it_off(switch: str, monkeypatch: pytest.MonkeyPatch) 
     finally:
         monkeypatch.delenv(switch)
         decoder.decoder_library.cache_clear()
+
+
+# --- a float16 KV pool --------------------------------------------------------------------
+
+# Largest difference, over the largest magnitude of the fp32 run, of the random tiny models'
+# hidden states and pools: fp16 K/V (11-bit significands) against fp32 ones; the fused step
+# against the op-by-op one over fp16 pools (each rounds its own fp32 K/V, which differ in
+# their last bits, so now and then one lands on the other side of a rounding tie).
+F16_VS_F32 = 2e-2
+F16_FUSED_VS_OPS = 1e-2
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor) -> float:
+    return (a.float() - b.float()).abs().max().item() / scale.abs().max().item()
+
+
+@pytest.mark.parametrize(("head_dim", "qwen3", "qtype"),
+                         [(32, False, "Q4_1"), (64, True, "Q8_0"), (64, False, K_MIX)])  # fmt: skip
+def test_a_float16_pool(head_dim: int, qwen3: bool, qtype: str) -> None:
+    """The fused step writes K and V rounded to nearest even (the first layer's of the first
+    step: exactly the fp32 pool's values as torch rounds them), attends to them as the op-by-op
+    decoder does over the same fp16 pool, and stays near the fp32 pool's results."""
+    model = tiny_model(head_dim=head_dim, qwen3=qwen3, qtype=qtype)
+    assert model.fuse() and model.fused is not None
+    f32, f32_kv = run_steps(model, True, STEPS)
+    f16, f16_kv = run_steps(model, True, STEPS, torch.float16)
+    assert f16_kv.dtype == torch.float16
+    _, first32 = run_steps(model, True, STEPS[:1])
+    _, first16 = run_steps(model, True, STEPS[:1], torch.float16)
+    assert torch.equal(first16[0], first32[0].half())  # layer 0: the same fp32 values, rounded
+    assert first16.abs().sum() > 0
+    ops, ops_kv = run_steps(model, False, STEPS, torch.float16)  # the torch path, same pool
+    for got, want, ref in zip(f16, ops, f32, strict=True):
+        assert torch.isfinite(got).all()
+        assert _rel(got, want, ref) < F16_FUSED_VS_OPS
+    assert _rel(f16_kv, ops_kv, f32_kv) < F16_FUSED_VS_OPS
+    if qtype == K_MIX:  # K-quant products round their activations to int8 per 256 values, so
+        return  # a K/V change of 1e-3 moves them by whole steps (test_kquant_model.py)
+    for got, ref in zip(f16, f32, strict=True):
+        assert _rel(got, ref, ref) < F16_VS_F32
+    assert _rel(f16_kv, f32_kv, f32_kv) < F16_VS_F32
+
+
+@pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-mno-f16c",),
+                                   ("-mno-avx512f", "-mno-avx2", "-mno-fma", "-mno-f16c")],
+                         ids=" ".join)  # fmt: skip
+def test_every_build_writes_and_reads_the_float16_pool_alike(
+    flags: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The F16C, AVX-512 and portable conversions round alike (nearest even, bit for bit),
+    and every build's step over an fp16 pool gives the native build's numbers."""
+    model = tiny_model(head_dim=64, qwen3=True, qtype="Q4_0")
+    assert model.fuse()
+    want, want_kv = run_steps(model, True, STEPS, torch.float16)
+    narrow = load(decoder.SOURCE, extra_flags=flags)
+    monkeypatch.setattr(llama, "decoder_library", lambda: narrow)
+    assert model.fuse()
+    got, got_kv = run_steps(model, True, STEPS[:1], torch.float16)
+    _, first32 = run_steps(model, True, STEPS[:1])
+    assert torch.equal(got_kv[0], first32[0].half())
+    got, got_kv = run_steps(model, True, STEPS, torch.float16)
+    for w, g in zip(want, got, strict=True):
+        assert _rel(g, w, w) < F16_FUSED_VS_OPS
+    assert _rel(got_kv, want_kv, want_kv) < F16_FUSED_VS_OPS

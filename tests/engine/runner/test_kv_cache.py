@@ -4,6 +4,7 @@ capped by the memory available, and resident only as blocks are used."""
 from __future__ import annotations
 
 import ctypes
+import logging
 import mmap
 import sys
 
@@ -26,13 +27,34 @@ def config(layers: int = 16, kv_heads: int = 8, head_dim: int = 64) -> ModelConf
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_the_cpu_default_holds_the_default_tokens_whatever_the_model(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
 ) -> None:
     monkeypatch.setattr(kv_cache, "available_memory", lambda: 64 * 2**30)
     for cfg in (config(), config(layers=30, kv_heads=3), config(layers=2, kv_heads=1)):
-        blocks = plan_num_blocks(cfg, block_size=16, dtype=torch.float32, device=CPU)
+        blocks = plan_num_blocks(cfg, block_size=16, dtype=dtype, device=CPU)
         assert blocks * 16 == kv_cache.CPU_DEFAULT_TOKENS
+
+
+def test_a_float16_pool_takes_half_the_bytes(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same tokens in half the memory; the same memory share holds twice the tokens."""
+    cfg = config()
+    assert block_bytes(cfg, 16, torch.float16) * 2 == block_bytes(cfg, 16, torch.float32)
+    monkeypatch.setattr(kv_cache, "available_memory", lambda: 64 * 2**30)
+    with caplog.at_level(logging.INFO, logger="tokenrelay.engine"):
+        plan_num_blocks(cfg, block_size=16, dtype=torch.float16, device=CPU)
+    sized = next(r for r in caplog.records if r.getMessage() == "KV pool sized")
+    assert sized.__dict__["dtype"] == "float16" and sized.__dict__["gib"] == 0.5  # fp32: 1 GiB
+    per_block = block_bytes(cfg, 16, torch.float32)
+    monkeypatch.setattr(kv_cache, "available_memory", lambda: 100 * per_block)
+    capped = {d: plan_num_blocks(cfg, block_size=16, dtype=d, device=CPU)
+              for d in (torch.float32, torch.float16)}  # fmt: skip
+    assert capped[torch.float16] == 2 * capped[torch.float32]
+    cache = KVCache(cfg, num_blocks=4, block_size=16, dtype=torch.float16, device=CPU)
+    assert cache.data.dtype == torch.float16 and cache.data.nbytes == 4 * per_block // 2
 
 
 def test_the_cpu_default_takes_at_most_a_share_of_available_memory(
