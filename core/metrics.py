@@ -46,6 +46,7 @@ WORKER_COUNTERS = {
     ),
     "requests_started": ("Requests taken by the worker.", "requests"),
     "requests_rejected": ("Requests the worker refused (bad input).", "rejected"),
+    "streams_continued": ("Streams taken over from a dead worker and continued.", "continued"),
     "detach_expiries": (
         "Streams aborted after no client was attached for the detach timeout.",
         "expired",

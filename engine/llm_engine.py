@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -145,8 +146,14 @@ class LLMEngine:
         request_id: str,
         prompt: str | list[int],
         params: SamplingParams | None = None,
+        *,
+        generated: Iterable[int] = (),
     ) -> int:
         """Queue a request; returns its prompt token count.
+
+        ``generated``: tokens it already produced elsewhere (its worker died), prefilled
+        after the prompt and counted as output (max_tokens, seeded draws, penalties, stop
+        strings and the grammar go on from them).
 
         Raises ``ValueError`` naming the field for an empty or too long prompt,
         token ids outside the vocabulary, a duplicate ``request_id`` or bad
@@ -160,10 +167,8 @@ class LLMEngine:
             params = SamplingParams()
         elif not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
-        for name, ids in (
-            ("logit_bias", params.logit_bias),
-            ("stop_token_ids", params.stop_token_ids),
-        ):
+        for name, ids in (("logit_bias", params.logit_bias),
+                          ("stop_token_ids", params.stop_token_ids)):  # fmt: skip
             if any(t >= self.vocab_size for t in ids):
                 raise ValueError(f"{name}: token ids must be in [0, {self.vocab_size})")
         token_ids = self._prompt_ids(prompt)
@@ -172,9 +177,20 @@ class LLMEngine:
                 f"prompt: {len(token_ids)} tokens leave no room to generate within the "
                 f"context of {self.max_model_len} tokens"
             )
+        output = list(generated)
+        if not all(type(t) is int and 0 <= t < self.vocab_size for t in output):
+            raise ValueError(f"generated: token ids must be in [0, {self.vocab_size})")
+        if output and (len(output) >= params.max_tokens or
+                       len(token_ids) + len(output) >= self.max_model_len):  # fmt: skip
+            raise ValueError(f"generated: {len(output)} tokens leave no room to generate")
         matcher = self._matcher(params)
         detok = self._detokenizer_cls(self.tokenizer, list(params.stop))
+        for token in output:  # the state they left: held-back text, the grammar's position
+            detok.add(token)
+            if matcher is not None and not matcher.accept(token):
+                raise ValueError(f"generated: token {token} does not fit the response_format")
         seq = Sequence(request_id, token_ids, params, self._arrivals)
+        seq.token_ids.extend(output)
         self._arrivals += 1
         self.scheduler.add(seq)
         self._detok[request_id] = detok

@@ -16,7 +16,7 @@ from typing import Any
 from tokenrelay.core import options
 from tokenrelay.core.runtime import version
 from tokenrelay.core.tracing import GATEWAY_SERVICE, check_endpoint, start_tracing
-from tokenrelay.core.wire.keys import DEFAULT_PREFIX
+from tokenrelay.core.wire.keys import DEFAULT_PREFIX, worker_dead_after
 from tokenrelay.gateway.access.auth import SecuritySettings
 from tokenrelay.gateway.access.guard import Guard
 from tokenrelay.gateway.drain import ClientSocket
@@ -57,6 +57,7 @@ class Settings:
         """The settings the parsed flags of ``gateway`` or ``serve`` give (core/options.py)."""
         if not args.redis_url:
             raise ValueError("--redis-url is required (or TOKENRELAY_REDIS_URL)")
+        worker_dead_after()  # the shared setting: a bad value stops every process at start
         given = {
             f.name: getattr(args, f.name)
             for f in fields(cls)

@@ -65,9 +65,20 @@ class EngineClient(Protocol):
         ...
 
     def add_request(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        *,
+        generated: Sequence[int] = (),
     ) -> int:
-        """Queue a request; its prompt token count. ``ValueError`` for a bad one."""
+        """Queue a request; its prompt token count. ``ValueError`` for a bad one.
+
+        ``generated``: tokens the request already produced (a stream continued from
+        another worker's log): they are prefilled after the prompt, count as output
+        (``max_tokens``, seeded sampling, penalties, stop strings, the grammar) and are
+        not produced again.
+        """
         ...
 
     def abort(self, request_id: str) -> bool:

@@ -4,8 +4,9 @@
 consumer group it decides what the stream log says first:
 
 - expired or already ended: acknowledged, nothing written;
-- taken over from a dead worker mid-stream: ended with ``error`` (its tokens
-  came from an engine that is gone; the client's text so far stays readable);
+- running under a worker that died: taken over and continued from the log
+  (worker/continuation.py), or ended with ``error`` saying why not (a relay, a log
+  without token ids, too many takeovers); ``cancelled`` when a cancel was asked;
 - cancelled before it ran: ``rejected cancelled`` then ``done cancelled``;
 - bad parameters, or more characters than the engine's context can hold
   (:meth:`core.wire.requests.Limits.for_context`, the bound gateways apply
@@ -32,6 +33,8 @@ from tokenrelay.core.wire.params import SamplingParams
 from tokenrelay.core.wire.records import MetaField as M
 from tokenrelay.core.wire.requests import Limits
 from tokenrelay.core.wire.vocabulary import ErrorCode, FinishReason, StreamStatus
+from tokenrelay.worker import continuation
+from tokenrelay.worker.continuation import Continuation
 from tokenrelay.worker.engine_client import EngineClient, Starter, TakesBody
 from tokenrelay.worker.errors import EngineRefused
 from tokenrelay.worker.outbox import Active
@@ -88,13 +91,16 @@ class Intake:
         if meta is None or meta.get(M.STATUS) == StreamStatus.DONE:
             self.store.ack([req.entry_id], req.queue)  # expired, or ended before it ran
             return
+        going_on = None
         if meta.get(M.STATUS) == StreamStatus.RUNNING:  # taken from a dead worker mid-stream
-            message = f"engine worker {meta.get(M.WORKER, '?')} stopped responding"
-            if self.store.finish_foreign(req.stream_id, FinishReason.ERROR, message):
-                self.telemetry.ended_foreign(req.stream_id, req.request_id, meta)
-            self.store.ack([req.entry_id], req.queue)
-            return
+            going_on = self._take_over(req, meta)
+            if going_on is None:
+                return
         a = Active(req.stream_id, req.request_id, req.entry_id, dt, ttl, queue=req.queue)
+        if going_on is not None:
+            a.events, a.written = going_on.events, len(going_on.events)
+            a.continued, a.text_chars = going_on.token_ids, going_on.text_chars
+            a.text = list(going_on.text)  # kept for tool calls (cleared below without)
         a.traceparent = req.traceparent
         self.active[a.stream_id] = a
         self.counters["requests"] += 1
@@ -114,10 +120,53 @@ class Intake:
             message = f"input is {size} characters; the limit is {limit} for this model's context"
             self.reject(a, ErrorCode.TOO_LARGE, message)
             return
+        if not params.offered_tools:
+            a.text = []
         self.preparing[a.stream_id] = (params, meta)
         if params.offered_tools:  # the template shows them (a key no client body has)
             body = {**body, "_tools": params.offered_tools}
         self.preparer.submit(a.stream_id, body)
+
+    def _take_over(self, req: Request, meta: dict[str, str]) -> Continuation | None:
+        """Own a dead worker's running stream and read its log (worker/continuation.py);
+        None when it does not go on here (ended with a clear outcome, or not ours)."""
+        sid, old = req.stream_id, meta.get(M.WORKER, "?")
+        extra = {"stream_id": sid, "request_id": req.request_id, "dead_worker": old}
+        if isinstance(self.engine, TakesBody):  # an upstream cannot resume mid-answer
+            self._end_foreign(req, meta, FinishReason.ERROR,
+                              f"engine worker {old} stopped responding")  # fmt: skip
+            return None
+        if meta.get(M.CANCEL) == "1":  # cancelled meanwhile: not revived
+            self._end_foreign(req, meta, FinishReason.CANCELLED, None)
+            return None
+        takeovers = continuation.take_over(self.store, sid, old)
+        if takeovers == 0:  # no longer running under that worker: ended, or not ours
+            self.store.ack([req.entry_id], req.queue)
+            log.info("stream not taken over: it moved on", extra=extra)
+            return None
+        found = continuation.plan(continuation.read_log(self.store, sid), takeovers)
+        if found == "done":
+            self.store.ack([req.entry_id], req.queue)
+            return None
+        if isinstance(found, str):
+            log.warning("stream cannot be continued: %s", found, extra=extra)
+            self._end_foreign(req, meta, FinishReason.ERROR,
+                              f"engine worker {old} stopped responding; {found}")  # fmt: skip
+            return None
+        log.warning(
+            "continuing the stream of a dead worker",
+            extra={**extra, "from_seq": len(found.events), "tokens": len(found.token_ids),
+                   "takeovers": takeovers},
+        )  # fmt: skip
+        self.counters["continued"] += 1
+        return found
+
+    def _end_foreign(
+        self, req: Request, meta: dict[str, str], reason: FinishReason, message: str | None
+    ) -> None:
+        if continuation.finish_foreign(self.store, req.stream_id, reason, message or ""):
+            self.telemetry.ended_foreign(req.stream_id, req.request_id, meta)
+        self.store.ack([req.entry_id], req.queue)
 
     def encode(self, body: dict[str, Any]) -> list[int]:
         """A request body's prompt token ids (on the preparer's thread for long ones)."""
@@ -190,25 +239,48 @@ class Intake:
         self, a: Active, prepared: Prepared, params: SamplingParams, meta: dict[str, str]
     ) -> None:
         extra = {"stream_id": a.stream_id, "request_id": a.request_id}
+        going_on = a.continued
+        if going_on is not None and len(going_on) >= params.max_tokens:  # all but the done
+            n = len(prepared.token_ids or [])
+            a.events.append(a.done_event(FinishReason.LENGTH, n, len(going_on), None))
+            a.final = True
+            return
         try:
             if prepared.error is not None:
                 raise prepared.error
-            n = self.engine.add_request(a.stream_id, prepared.token_ids or [], params)
+            ids = prepared.token_ids or []
+            if going_on is None:
+                n = self.engine.add_request(a.stream_id, ids, params)
+            else:
+                n = self.engine.add_request(a.stream_id, ids, params, generated=going_on)
         except EngineRefused as exc:
-            self.reject(a, exc.code, exc.message)
+            self._refuse(a, exc.code, exc.message)
             return
         except (ValueError, TypeError) as exc:
-            self.reject(a, ErrorCode.BAD_REQUEST, str(exc))
+            self._refuse(a, ErrorCode.BAD_REQUEST, str(exc))
             return
         except Exception as exc:
             log.exception("request could not be added", extra=extra)
-            self.reject(a, ErrorCode.INTERNAL, f"could not start: {exc.__class__.__name__}")
+            self._refuse(a, ErrorCode.INTERNAL, f"could not start: {exc.__class__.__name__}")
             return
         a.in_engine = True
         a.tools = params.offered_tools
         self.telemetry.admitted(a.stream_id, meta, a.traceparent)
+        if going_on is not None:  # seq 0 and the tokens so far are in the log already
+            a.meta[M.PROMPT_TOKENS] = str(n)
+            log.info("request continued", extra={**extra, "prompt_tokens": n,
+                                                 "generated": len(going_on)})  # fmt: skip
+            return
         a.events.append(accepted_fields(n, self.worker_id))
         a.meta.update(
             {M.STATUS: StreamStatus.RUNNING, M.WORKER: self.worker_id, M.PROMPT_TOKENS: str(n)}
         )
         log.info("request started", extra={**extra, "prompt_tokens": n})
+
+    def _refuse(self, a: Active, code: ErrorCode, message: str) -> None:
+        """A request the engine would not take: ``rejected`` at seq 0, or, for a stream
+        being continued (its seq 0 is written), ``done error``."""
+        if a.continued is None:
+            self.reject(a, code, message)
+        else:
+            self.end(a, FinishReason.ERROR, f"could not continue: {message}")

@@ -17,13 +17,13 @@ import threading
 import time
 
 from tokenrelay.core.redis.connection import Backoff, RedisHealth, check_cluster_mode, is_outage
-from tokenrelay.core.wire.events import token_fields
-from tokenrelay.core.wire.logprobs import encode_logprobs
+from tokenrelay.core.wire.keys import CLAIM_INTERVAL
 from tokenrelay.core.wire.stats import COUNTERS, WorkerStats
 from tokenrelay.core.wire.vocabulary import FinishReason
 from tokenrelay.worker.engine_client import (
     EngineClient,
     StepOutput,
+    TakesBody,
     engine_config,
     local_engine,
     served_models,
@@ -32,7 +32,7 @@ from tokenrelay.worker.health import start_health
 from tokenrelay.worker.heartbeat import Heartbeat
 from tokenrelay.worker.intake import Intake
 from tokenrelay.worker.lifecycle import StatusPipe, die_with_serve, install_signals
-from tokenrelay.worker.outbox import Active, Outbox, hand_back
+from tokenrelay.worker.outbox import Outbox, hand_back
 from tokenrelay.worker.settings import WorkerSettings
 from tokenrelay.worker.store import WorkerStore
 from tokenrelay.worker.telemetry import WorkerTelemetry
@@ -40,7 +40,7 @@ from tokenrelay.worker.telemetry import WorkerTelemetry
 log = logging.getLogger("tokenrelay.worker")
 
 POLL_INTERVAL = 0.5  # seconds between attachment / cancel-flag checks
-CLAIM_INTERVAL = 5.0  # seconds between looks for requests of dead workers
+OWN_PENDING_INTERVAL = 5.0  # seconds between looks for requests taken before an outage
 IDLE_BLOCK_MS = 200
 STATS_MAX_AGE = 0.5  # seconds: the loop refreshes an older snapshot even unasked
 MAX_STEP_FAILURES = 3
@@ -58,6 +58,9 @@ class Worker:
         self.detach_timeout = detach_timeout
         self.stream_ttl = stream_ttl
         self.max_seqs = int(engine.stats().get("max_num_seqs", 64))
+        # token ids go in the log where another worker could continue from them (our
+        # engine; a relay's upstream cannot be resumed mid-answer)
+        self.records_ids = not isinstance(engine, TakesBody)
         self.outbox = Outbox(store, engine.abort)
         self.active = self.outbox.streams  # stream id -> Active
         self.health = RedisHealth("worker")
@@ -80,7 +83,7 @@ class Worker:
         self._stats_at = 0.0  # when the snapshot was taken (monotonic)
         self._stats_wanted = threading.Event()  # the heartbeat asks for a fresh snapshot
         self._stats_taken = threading.Event()  # ... and the loop says it has taken one
-        self._last_poll = self._last_claim = 0.0
+        self._last_poll = self._last_claim = self._last_own = 0.0
         self._step_failures = 0
         self._last_error_log = 0.0
 
@@ -169,7 +172,9 @@ class Worker:
             self._poll(now)
         if now - self._last_claim >= CLAIM_INTERVAL and not self.draining.is_set():
             self._last_claim = now
-            self.intake.admit_all(self.store.claim_dead())
+            self.intake.admit_all(self.store.claim_dead())  # dead workers' streams go on here
+        if now - self._last_own >= OWN_PENDING_INTERVAL and not self.draining.is_set():
+            self._last_own = now
             # requests read just before an outage interrupted their admission
             self.intake.admit_all(self.store.read_own_pending())
         if self.engine.has_unfinished():
@@ -224,11 +229,10 @@ class Worker:
             return
         if out.new_logprobs:
             a.pending_logprobs.extend(out.new_logprobs)
+        if self.records_ids:
+            a.pending_ids.extend(out.new_token_ids)
         if out.new_text:
-            a.events.append(token_fields(out.new_text, self._logprobs_of(a)))
-            a.text_chars += len(out.new_text)
-            if a.tools:
-                a.text.append(out.new_text)
+            a.events.append(a.token_event(out.new_text, with_ids=self.records_ids))
         if out.finished:
             reason = FinishReason(out.finish_reason or FinishReason.STOP)
             if reason == FinishReason.CANCELLED:  # aborted: by a cancel, or expired
@@ -237,17 +241,6 @@ class Worker:
             message = getattr(out, "message", None)  # why, for an error (engine_client.py)
             a.events.append(a.done_event(reason, out.prompt_tokens, out.completion_tokens, message))
             a.final = True
-
-    @staticmethod
-    def _logprobs_of(a: Active) -> str | None:
-        """The ``l`` field of ``a``'s next token event: the logprobs of the tokens whose
-        text it carries (none: the request did not ask). Tokens that never add text
-        (EOS, a stop string's) are left out, as OpenAI leaves them out."""
-        if not a.pending_logprobs:
-            return None
-        field = encode_logprobs(a.text_chars, a.pending_logprobs)
-        a.pending_logprobs = []
-        return field
 
     # --- requests --------------------------------------------------------------------
 

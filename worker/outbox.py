@@ -7,8 +7,9 @@ events. Writes are compare-and-set on the offset (core/wire/scripts.py,
 
 - an earlier attempt whose reply was lost did land: move on;
 - Redis lost acknowledged events (a crash between AOF fsyncs): write them again;
-- a gateway ended the stream (its worker looked dead) or it expired: stop
-  producing it and abort the engine request.
+- the stream ended elsewhere (expired, or ended from outside) or another worker
+  took it over (this one was presumed dead, worker/continuation.py): stop producing
+  it and abort the engine request.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tokenrelay.core.wire.events import TOKEN, decode_event, done_fields, entry_id
-from tokenrelay.core.wire.logprobs import Logprobs
-from tokenrelay.core.wire.scripts import AppendResult
+from tokenrelay.core.wire.events import TOKEN, decode_event, done_fields, entry_id, token_fields
+from tokenrelay.core.wire.logprobs import Logprobs, encode_logprobs
+from tokenrelay.core.wire.scripts import OWNED_ELSEWHERE, AppendResult
 from tokenrelay.core.wire.tools import Tool, encode_calls, parse_tool_calls
 from tokenrelay.core.wire.vocabulary import FinishReason
 from tokenrelay.worker.store import Batch, WorkerStore
@@ -52,6 +53,10 @@ class Active:
     tools: tuple[Tool, ...] = ()  # offered tools: the finished text's calls are parsed
     text: list[str] = field(default_factory=list)  # the completion text, kept with tools
     traceparent: str | None = None  # the request entry's (--otlp-endpoint): spans' parent
+    # token ids sampled since the last token event (its ``i`` field: a continuation's input)
+    pending_ids: list[int] = field(default_factory=list)
+    # taken over from a dead worker: the generated tokens already in the log (else None)
+    continued: list[int] | None = None
 
     def done_event(
         self, reason: FinishReason, prompt_tokens: int, completion_tokens: int, message: str | None
@@ -65,6 +70,22 @@ class Active:
                 calls = encode_calls(parsed)
                 reason = FinishReason.TOOL_CALLS if reason == FinishReason.STOP else reason
         return done_fields(reason, prompt_tokens, completion_tokens, message, calls)
+
+    def token_event(self, text: str, *, with_ids: bool) -> list[str]:
+        """The next token event: ``text``, the logprobs of the tokens whose text it carries
+        (when the request asked; tokens that never add text, EOS or a stop string's, are
+        left out, as OpenAI leaves them out) and, ``with_ids``, their token ids."""
+        lp = (
+            encode_logprobs(self.text_chars, self.pending_logprobs)
+            if self.pending_logprobs
+            else None
+        )
+        ids = self.pending_ids if with_ids else None
+        self.pending_logprobs, self.pending_ids = [], []
+        self.text_chars += len(text)
+        if self.tools:
+            self.text.append(text)
+        return token_fields(text, lp, ids)
 
     @property
     def completion_events(self) -> int:
@@ -96,8 +117,9 @@ class Outbox:
                 a.events[a.written :],
                 a.meta if a.written == 0 else {},
                 a.stream_ttl,
-                a.entry if a.final else None,
-                a.queue,
+                owner=self.store.worker_id,
+                ack_entry=a.entry if a.final else None,
+                ack_queue=a.queue,
             )
             for a in todo
         ]
@@ -132,12 +154,15 @@ class Outbox:
             log.warning("redis lost events; writing them again", extra=extra)
             a.written = last + 1
             return
-        a.silent = True  # expired, or ended by a gateway: stop producing it
+        a.silent = True  # expired, ended by a gateway, or continued elsewhere: stop producing it
         if a.in_engine:
             self._abort(a.stream_id)
+        extra = {"stream_id": a.stream_id, "request_id": a.request_id}
+        if res.status == OWNED_ELSEWHERE:  # its request entry is the new owner's now: no ack
+            log.warning("another worker took this stream over; dropping it", extra=extra)
+            return
         with contextlib.suppress(Exception):
             self.store.ack([a.entry], a.queue)
-        extra = {"stream_id": a.stream_id, "request_id": a.request_id}
         log.info("stream ended elsewhere; dropping it", extra=extra)
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 
 from tokenrelay.core import options
 from tokenrelay.core.tracing import check_endpoint
-from tokenrelay.core.wire.keys import DEFAULT_PREFIX
+from tokenrelay.core.wire.keys import DEFAULT_PREFIX, worker_dead_after
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,7 @@ class WorkerSettings:
         """The settings the parsed flags of ``worker`` (or ``serve``'s worker) give."""
         if not getattr(args, "redis_url", None):
             raise ValueError("--redis-url is required (or TOKENRELAY_REDIS_URL)")
+        worker_dead_after()  # the shared setting: a bad value stops every process at start
         given = {
             f.name: getattr(args, f.name)
             for f in fields(cls)

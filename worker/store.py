@@ -32,13 +32,11 @@ from tokenrelay.core.redis.connection import (
     is_full,
     queue_script,
 )
-from tokenrelay.core.wire.events import plan_finish, seq_of
 from tokenrelay.core.wire.keys import (
     DEFAULT_PREFIX,
     GROUP,
     HEARTBEAT_TTL,
     MAXLEN,
-    WORKER_DEAD_GRACE,
     Keys,
 )
 from tokenrelay.core.wire.records import MetaField as M
@@ -55,11 +53,14 @@ from tokenrelay.core.wire.scripts import (
     decode_append,
 )
 from tokenrelay.core.wire.stats import STATS_FIELD, WorkerStats
-from tokenrelay.core.wire.vocabulary import FinishReason, StreamStatus
 from tokenrelay.worker.requests import Request, entries_of, parse_request
 from tokenrelay.worker.shards import ShardReader
 
 log = logging.getLogger("tokenrelay.workerlog")
+
+# a request delivered this recently is not claimed even if its worker has no heartbeat yet
+# (a worker reads its first request a moment before its first beat lands)
+CLAIM_MIN_IDLE = 1.0
 
 
 @dataclass(frozen=True)
@@ -239,25 +240,6 @@ class WorkerStore:
     def _master_of(self, slot: int) -> str:
         return str(self.redis.nodes_manager.get_node_from_slot(slot).name)  # type: ignore[attr-defined]
 
-    def finish_foreign(self, stream_id: str, reason: FinishReason, message: str) -> bool:
-        """End a stream this worker does not run (its worker died); race-safe."""
-        for _ in range(5):
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.xrevrange(self.keys.stream(stream_id), count=1)
-            pipe.hmget(self.keys.meta(stream_id), M.STATUS, M.PROMPT_TOKENS, M.STREAM_TTL)
-            top, (st, pt, ttl) = pipe.execute()
-            if st is None or text(st) == StreamStatus.DONE:
-                return False
-            last = seq_of(top[0][0]) if top else -1
-            first, events = plan_finish(last, int(pt or 0), reason, message)
-            ttl_s = float(ttl or 3600.0)
-            res = self.flush([Batch(stream_id, first, events, {M.FINISH_REASON: reason}, ttl_s)])[0]
-            if res.status == 1:
-                return True
-            if res.status != 0:
-                return False
-        return False
-
     # --- control -----------------------------------------------------------------------
 
     def read_control(self) -> list[str]:
@@ -381,7 +363,7 @@ class WorkerStore:
         for w in owners:
             pipe.exists(self.keys.worker(w))
         dead = {w for w, up in zip(owners, pipe.execute(), strict=True) if not up}
-        min_idle = int(WORKER_DEAD_GRACE * 1000)
+        min_idle = int(CLAIM_MIN_IDLE * 1000)
         ids = [
             text(p["message_id"])
             for p in pending

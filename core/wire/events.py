@@ -32,6 +32,7 @@ class F:
     MESSAGE = "m"
     WORKER = "w"  # an accepted event's worker id
     TOOL_CALLS = "tc"  # a done event's calls (core/wire/tools.py)
+    TOKEN_IDS = "i"  # a token event's token ids, space-separated (see encode_ids)
 
 
 def entry_id(seq: int) -> str:
@@ -111,11 +112,33 @@ def event_from_fields(seq: int, f: dict[str, str]) -> Event:
     )
 
 
-def token_fields(text: str, logprobs: str | None = None) -> list[str]:
-    """A token event; ``logprobs``: its ``l`` field (core.wire.logprobs.encode_logprobs)."""
-    if logprobs is None:
-        return [F.KIND, TOKEN, F.TEXT, text]
-    return [F.KIND, TOKEN, F.TEXT, text, F.LOGPROBS, logprobs]
+def token_fields(
+    text: str, logprobs: str | None = None, token_ids: list[int] | None = None
+) -> list[str]:
+    """A token event; ``logprobs``: its ``l`` field (core.wire.logprobs.encode_logprobs);
+    ``token_ids``: the engine tokens whose text it carries (its ``i`` field)."""
+    out = [F.KIND, TOKEN, F.TEXT, text]
+    if logprobs is not None:
+        out += [F.LOGPROBS, logprobs]
+    if token_ids is not None:
+        out += [F.TOKEN_IDS, encode_ids(token_ids)]
+    return out
+
+
+def encode_ids(token_ids: list[int]) -> str:
+    """The ``i`` field: decimal token ids separated by spaces ("" for none).
+
+    A token event carries the ids of every token sampled since the previous token event:
+    zero or several (a token whose text is held back, an incomplete character or a
+    possible stop string, goes with the next event). A worker that continues the stream
+    rebuilds the sequence from them (worker/continuation.py).
+    """
+    return " ".join(map(str, token_ids))
+
+
+def decode_ids(raw: str) -> list[int]:
+    """The token ids of an ``i`` field; ``ValueError`` for a malformed one."""
+    return [int(t) for t in raw.split()]
 
 
 def accepted_fields(prompt_tokens: int, worker: str) -> list[str]:

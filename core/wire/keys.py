@@ -31,6 +31,7 @@ Key layout (``P`` is the key prefix, ``tr:`` by default):
 from __future__ import annotations
 
 import binascii
+import os
 import re
 
 GROUP = "workers"
@@ -45,11 +46,44 @@ STREAM_ID_RE = re.compile(r"[A-Za-z0-9_-]{16,64}")  # fullmatch: `$` would allow
 # Timing shared by gateways and workers (seconds).
 HEARTBEAT_INTERVAL = 1.0  # a worker refreshes its heartbeat this often
 
+# The one setting of how fast a dead worker's streams move on: a worker whose heartbeat is
+# this old is dead (its key expires), and a live worker takes its streams over within
+# CLAIM_INTERVAL more (worker/continuation.py). Every process reads it from the same
+# environment variable (`tokenrelay serve` passes its environment to the worker).
+DEAD_AFTER_ENV = "TOKENRELAY_WORKER_DEAD_AFTER"
+DEAD_AFTER_DEFAULT = 3.0
+DEAD_AFTER_RANGE = (1.5, 300.0)  # above the heartbeat interval, with a beat to spare
 
-HEARTBEAT_TTL = 3.0  # ... and is presumed dead this long after the last one
+
+def worker_dead_after(environ: dict[str, str] | None = None) -> float:
+    """``TOKENRELAY_WORKER_DEAD_AFTER`` in seconds (default 3); ``ValueError`` for a bad one."""
+    raw = (os.environ if environ is None else environ).get(DEAD_AFTER_ENV, "").strip()
+    if not raw:
+        return DEAD_AFTER_DEFAULT
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{DEAD_AFTER_ENV}: expected seconds, got {raw!r}") from None
+    lo, hi = DEAD_AFTER_RANGE
+    if not lo <= value <= hi:
+        raise ValueError(f"{DEAD_AFTER_ENV}: {value:g} s is outside [{lo:g}, {hi:g}] s")
+    return value
 
 
-WORKER_DEAD_GRACE = 2.0  # a heartbeat must stay missing this long to declare death
+def _dead_after_or_default() -> float:
+    try:
+        return worker_dead_after()
+    except ValueError:  # the processes' settings refuse it with this message at start
+        return DEAD_AFTER_DEFAULT
+
+
+HEARTBEAT_TTL = _dead_after_or_default()  # a worker is presumed dead this long after a beat
+
+CLAIM_INTERVAL = 0.5  # a worker looks for streams of dead workers this often
+
+# A gateway's backstop: a running stream whose worker has been gone this long, and that no
+# worker continued meanwhile (none serves its model, or serve gave up), ends with `error`.
+CONTINUE_DEADLINE = 120.0
 
 
 ATTACH_TTL = 6.0  # an attachment lapses this long after its last refresh

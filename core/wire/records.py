@@ -45,6 +45,7 @@ class MetaField:
     FINISH_REASON = "fr"  # set with the done event (the append script)
     LAST_SEQ = "last"  # likewise
     CANCEL = "cx"  # "1": a cancel was asked for
+    TAKEOVERS = "to"  # how many times a live worker took the stream from a dead one
     TRACE = TRACE_FIELD  # the stream's receive span
     RESUMES = RESUMES_FIELD
     DISCONNECTS = DISCONNECTS_FIELD

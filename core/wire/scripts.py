@@ -4,6 +4,7 @@ Scripts run atomically, so each one is a rule that no race can break:
 
 - :data:`APPEND_LUA`: append a step's events to many stream logs, gapless, and
   publish them; :data:`RELEASE_LUA`: hand an unstarted stream back to the queue;
+  :data:`TAKEOVER_LUA`: a live worker takes a dead worker's running stream;
 - :data:`ATTACH_LUA`, :data:`DETACH_LUA`, :data:`ATTACHED_LUA`: attachments of
   clients to streams, in Redis' own clock;
 - :data:`COUNT_LUA`: count resumes and disconnects in a stream's metadata;
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from string import Template
 from typing import Any
 
@@ -39,6 +40,7 @@ _NAMES = {
     "PT": MetaField.PROMPT_TOKENS,
     "LAST": MetaField.LAST_SEQ,
     "FR": MetaField.FINISH_REASON,
+    "TO": MetaField.TAKEOVERS,
     "QUEUED": StreamStatus.QUEUED,
     "RUNNING": StreamStatus.RUNNING,
     "DONE": StreamStatus.DONE,
@@ -54,7 +56,7 @@ def _lua(source: str) -> str:
 
 # KEYS: per stream: its log, meta and attach keys (3 per stream).
 # ARGV: channel ('' = publish nothing), maxlen, then one JSON array with an entry
-#   per stream (in KEYS order): [stream_id, first_seq, done_ttl_s, events, meta],
+#   per stream (in KEYS order): [stream_id, first_seq, done_ttl_s, events, meta, owner],
 #   then '1' on a Redis Cluster (see APPEND_CLUSTER_LUA), with the key prefix P: KEYS
 #   are then the first stream's only (they route the call), the script names each
 #   stream's keys itself, ARGV[1] is the prefix of the streams' own channels, and each
@@ -63,13 +65,16 @@ def _lua(source: str) -> str:
 #   One JSON argument, not a dozen per stream: cheaper to build and send, and
 #   cjson decodes it in C (bench/redis_append.py).
 # For each stream: appends its events with ids first_seq.. only if the log
-# ends at first_seq-1 and the stream is not done. A done event (k=d) marks the
+# ends at first_seq-1, the stream is not done and, when an owner is named and
+# first_seq > 0, the meta's worker is that owner (a worker presumed dead whose
+# stream another worker took over writes nothing more: TAKEOVER_LUA). A done event (k=d) marks the
 # meta done (st, last, fr) and sets the TTL of the stream, its meta and its
 # attachments to done_ttl_s. Returns one answer per stream:
 #   {1, last_seq}                 written
 #   {0, last_seq, top fields...}  the log does not end at first_seq-1
 #   {-1}                          unknown or expired stream (no meta)
 #   {-2, last_seq, top fields...} the stream is already done
+#   {-3, last_seq}                another worker owns the stream now
 # Then publishes what was written, as one message on the channel with Redis'
 # clock (see decode_published): gateways deliver live events from it without reading
 # every log. The log stays the truth; the message is only a fast path.
@@ -98,12 +103,17 @@ for s = 1, #streams do
     local top = call('XREVRANGE', klog, '+', '-', 'COUNT', 1)
     if #top > 0 then last = tonumber(string.match(top[1][1], '^(%d+)')) end
     local code = 1
+    local owner = one[6]
     if st == '$DONE' then
       code = -2
+    elseif owner and owner ~= '' and first > 0 and call('HGET', kmeta, '$W') ~= owner then
+      code = -3
     elseif last ~= first - 1 then
       code = 0
     end
-    if code ~= 1 then
+    if code == -3 then
+      answers[s] = {code, last}
+    elseif code ~= 1 then
       local out = {code, last}
       if #top > 0 then
         local topf = top[1][2]
@@ -175,6 +185,8 @@ class Append:
     events: list[list[str]]
     meta: dict[str, str] | None = None
     done_ttl: float = 3600.0
+    # a worker id: written only while the stream's meta names it (fencing; keyword-only)
+    owner: str = field(default="", kw_only=True)
 
 
 # the APPEND_LUA argument: compact, and UTF-8 as is (cjson decodes both)
@@ -197,7 +209,7 @@ def append_call(
         sid = a.stream_id
         key_list += (keys.stream(sid), keys.meta(sid), keys.attach(sid))
         pairs = [x for kv in a.meta.items() for x in kv] if a.meta else []
-        rows.append([sid, a.first_seq, max(1, round(a.done_ttl)), a.events, pairs])
+        rows.append([sid, a.first_seq, max(1, round(a.done_ttl)), a.events, pairs, a.owner])
     rows_arg = _encode_streams(rows)
     if keys.cluster:  # "P e:": the script adds "{id}"; KEYS: the first stream's
         return key_list[:3], [keys.channel("")[:-2], str(maxlen), rows_arg, "1", keys.prefix]
@@ -223,9 +235,12 @@ def append_groups(
 class AppendResult:
     """The decoded answer of :data:`APPEND_LUA`."""
 
-    status: int  # 1 written, 0 conflict, -1 no such stream, -2 already done
+    status: int  # 1 written, 0 conflict, -1 no such stream, -2 already done, -3 not the owner
     last_seq: int = -1
     top: Event | None = None
+
+
+OWNED_ELSEWHERE = -3  # AppendResult.status: another worker took the stream over
 
 
 def decode_append(raw: Any) -> AppendResult:
@@ -255,7 +270,13 @@ def decode_published(payload: bytes | str) -> tuple[int, list[tuple[str, int, li
             raise ValueError("malformed events message")
         events = []
         for n, flat in enumerate(evs):
-            if len(flat) == 4 and flat[1] == TOKEN and flat[0] == F.KIND:  # the common case
+            if (
+                flat[0] == F.KIND
+                and flat[1] == TOKEN
+                and (  # the common case: text (and ids)
+                    len(flat) == 4 or (len(flat) == 6 and flat[4] == F.TOKEN_IDS)
+                )
+            ):
                 events.append(Event(first + n, EventKind.TOKEN, flat[3]))
             else:
                 fields = dict(zip(flat[0::2], flat[1::2], strict=True))
@@ -350,6 +371,17 @@ redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ts', tostring(ts))
 redis.call('PEXPIRE', KEYS[1], math.ceil(capacity / rate) + 1000)
 return {allowed, wait, math.floor(tokens)}
 """
+
+
+# KEYS: meta.  ARGV: the dead worker's id (as the meta names it), the taker's.  Only while
+# the stream runs under that worker (two takers: one wins), the meta names the taker from
+# then on (APPEND_LUA refuses the old worker's writes). Returns the takeovers so far, or 0.
+TAKEOVER_LUA = _lua("""
+if redis.call('HGET', KEYS[1], '$ST') ~= '$RUNNING' then return 0 end
+if redis.call('HGET', KEYS[1], '$W') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], '$W', ARGV[2])
+return redis.call('HINCRBY', KEYS[1], '$TO', 1)
+""")
 
 
 # KEYS: stream, meta.  ARGV: worker id.  Hands an unstarted stream back to the

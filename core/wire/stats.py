@@ -19,7 +19,7 @@ from tokenrelay.core.wire.events import FINISH_REASONS
 from tokenrelay.core.wire.keys import MAX_MODEL_NAME
 
 # The worker's own counters: requests taken, requests rejected, streams ended per reason.
-COUNTERS = ("requests", "rejected", *FINISH_REASONS)
+COUNTERS = ("requests", "rejected", "continued", *FINISH_REASONS)  # continued: taken over
 
 STATS_FIELD = "stats"  # the heartbeat hash's field that holds the snapshot
 

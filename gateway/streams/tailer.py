@@ -20,8 +20,10 @@ subscriber stays lagging until its channel is confirmed. Catch-up reads are one
 read that brought nothing waits :data:`CLUSTER_POLL` or a wake-up before the next.
 
 Once a second, the tailer also looks at subscribed streams that have been
-quiet: one whose engine worker stopped heartbeating (or that waits with no
-worker alive at all) is ended with ``done``/``error``; one that expired fails
+quiet: one that waits with no worker alive at all, or whose engine worker stopped
+heartbeating and that no live worker continued within :data:`CONTINUE_DEADLINE` (workers
+take such streams over themselves, worker/continuation.py), is ended with
+``done``/``error``; one that expired fails
 with :class:`StreamNotFound`; and each is read once from its log, in case
 something published was missed.
 """
@@ -42,7 +44,7 @@ from redis.retry import Retry
 
 from tokenrelay.core.redis.connection import Backoff, RedisHealth, is_outage, xread_one
 from tokenrelay.core.wire.events import Event, decode_event, entry_id
-from tokenrelay.core.wire.keys import WORKER_DEAD_GRACE, Keys
+from tokenrelay.core.wire.keys import CONTINUE_DEADLINE, Keys
 from tokenrelay.core.wire.records import MetaField as M
 from tokenrelay.core.wire.vocabulary import StreamStatus
 from tokenrelay.gateway.errors import RedisUnavailable, StreamNotFound
@@ -372,11 +374,17 @@ class Tailer:
                 sub.fail(StreamNotFound("stream expired"))
             return
         if st == StreamStatus.RUNNING.encode() and w:
+            # a live worker continues it (worker/continuation.py); this is only the backstop
+            # for a stream nobody continued: no worker serves its model, or serve gave up
             since = self._missing_since.get(w.decode())
-            if since is not None and now - since >= WORKER_DEAD_GRACE:
+            if since is not None and now - since >= CONTINUE_DEADLINE:
                 extra = {"stream_id": sid, "request_id": rid, "worker": w.decode()}
-                log.warning("engine worker stopped responding; ending its stream", extra=extra)
-                await self._finish(sid, f"engine worker {w.decode()} stopped responding")
+                log.warning("no worker continued a dead worker's stream; ending it", extra=extra)
+                await self._finish(
+                    sid,
+                    f"engine worker {w.decode()} stopped responding and no worker continued "
+                    f"the stream within {CONTINUE_DEADLINE:g} s",
+                )
         elif (
             st == StreamStatus.QUEUED.encode()
             and now - (self._no_worker_since or now) >= NO_WORKER_GRACE

@@ -74,3 +74,45 @@ async def test_serve_runs_all_three_and_stops_cleanly(tmp_path: Path) -> None:
         if serve.alive():
             os.killpg(serve.pid, signal.SIGKILL)
         serve.stop()
+
+
+async def test_serve_restarts_a_killed_worker_and_its_streams_go_on(tmp_path: Path) -> None:
+    """SIGKILL serve's worker with streams in flight: serve starts another, which takes
+    the streams over; each ends ``length`` with gapless seqs and the uninterrupted text."""
+    port = free_port()
+    args = ["serve", "--port", str(port), "--device", "cpu", "--data-dir", str(tmp_path / "r")]
+    serve = Proc(args, tmp_path / "serve.log")
+    addr = f"127.0.0.1:{port}"
+    prompts = [f"Name {n} things found in a kitchen." for n in range(2, 6)]
+    params = {"max_tokens": 32, "temperature": 0, "ignore_eos": True}
+    clients: list[Client] = []
+    try:
+        wait_ready(addr, serve, 300)
+        refs = []
+        for i, p in enumerate(prompts):
+            c = await Client.open(addr)
+            await c.send(generate_frame(p, f"ref{i}", **params))
+            frames = await c.recv_until(lambda f: f["type"] in ("done", "error"), 120)
+            refs.append("".join(f["text"] for f in frames if f["type"] == "token"))
+            await c.close()
+        for i, p in enumerate(prompts):
+            c = await Client.open(addr)
+            await c.send(generate_frame(p, f"k{i}", **params))
+            clients.append(c)
+        before = [await c.recv_until(lambda f: f.get("seq", 0) >= 4, 60) for c in clients]
+        (worker,) = [k for k in children(serve.pid) if "redis-server" not in cmdline(k)]
+        os.kill(worker, signal.SIGKILL)
+        for c, seen, ref in zip(clients, before, refs, strict=True):
+            frames = seen + await c.recv_until(lambda f: f["type"] in ("done", "error"), 180)
+            done = frames[-1]
+            assert done["type"] == "done" and done["finish_reason"] == "length", done
+            tokens = [f for f in frames if f["type"] == "token"]
+            assert [f["seq"] for f in tokens] == list(range(1, done["seq"]))
+            assert "".join(f["text"] for f in tokens) == ref
+        assert "engine worker exited; restarting" in serve.log_text()
+    finally:
+        for c in clients:
+            await c.close()
+        if serve.alive():
+            serve.signal(signal.SIGTERM)
+        serve.stop()

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,7 @@ from tests.gateway.procs import (
     wait_ready,
 )
 from tokenrelay.core.redis.embedded import EmbeddedRedis
+from tokenrelay.worker.continuation import MAX_TAKEOVERS
 
 PROMPT = "Explain how a bicycle works."
 PARAMS = {"max_tokens": 24, "temperature": 0, "ignore_eos": True}
@@ -110,27 +112,116 @@ async def test_redis_restart_mid_stream_loses_nothing(faulty: Faulty) -> None:
     assert faulty.worker.log_text().count("redis is unreachable") <= 2  # one line per outage
 
 
-async def test_killed_worker_ends_its_streams_with_error(faulty: Faulty) -> None:
+async def test_killed_worker_restarted_continues_its_stream(faulty: Faulty) -> None:
+    """SIGKILL the only worker mid-stream: the stream waits (no error), new requests are
+    refused while no worker lives, and a new worker (another id, as serve's restart
+    gives) takes the stream over and finishes it: gapless seqs, the uninterrupted text."""
+    params = {**PARAMS, "max_tokens": 48}
+    ref = await run_uninterrupted_with(faulty.addr, params)
     c = await Client.open(faulty.addr)
     try:
-        await c.send(generate_frame(PROMPT, "k", **{**PARAMS, "max_tokens": 4000}))
+        await c.send(generate_frame(PROMPT, "k", **params))
         started = (await c.recv_until(lambda f: f["type"] == "started", 60))[-1]
         sid = started["stream_id"]
-        await c.recv_until(lambda f: f.get("seq", 0) >= 2, 60)
+        before = await c.recv_until(lambda f: f.get("seq", 0) >= 8, 60)
         faulty.worker.signal(signal.SIGKILL)
-        killed = time.monotonic()
-        frames = await c.recv_until(lambda f: f["type"] in ("done", "error"), 20)
-        elapsed = time.monotonic() - killed
-        done = frames[-1]
-        assert done["type"] == "done" and done["stream_id"] == sid
-        assert done["finish_reason"] == "error" and "fault-worker" in done["message"]
-        assert elapsed < 8, elapsed
-        seqs = [f["seq"] for f in frames if f["type"] == "token"]
-        assert seqs == list(range(seqs[0], done["seq"])) if seqs else True
         # with no worker left, new requests are refused rather than left hanging
         await asyncio.sleep(1.5)
-        await c.send(generate_frame("Hi", "nobody", max_tokens=2))
-        err = await c.recv(15)
-        assert err["type"] == "error" and err["code"] == "unavailable", err
+        other = await Client.open(faulty.addr)
+        try:
+            await other.send(generate_frame("Hi", "nobody", max_tokens=2))
+            err = await other.recv(15)
+            assert err["type"] == "error" and err["code"] == "unavailable", err
+        finally:
+            await other.close()
+        faulty.worker = start_worker(faulty.redis.url, "f:", faulty.logs, "--worker-id", "heir")
+        frames = before + await c.recv_until(lambda f: f["type"] in ("done", "error"), 120)
+        done = frames[-1]
+        assert done["type"] == "done" and done["stream_id"] == sid, done
+        assert done["finish_reason"] == "length", done
+        tokens = [f for f in frames if f["type"] == "token"]
+        assert [f["seq"] for f in tokens] == list(range(1, done["seq"]))
+        assert "".join(f["text"] for f in tokens) == ref
+        assert done["usage"]["completion_tokens"] == 48
+    finally:
+        await c.close()
+    assert "continuing the stream of a dead worker" in faulty.worker.log_text()
+
+
+async def run_uninterrupted_with(addr: str, params: dict[str, Any]) -> str:
+    c = await Client.open(addr)
+    try:
+        await c.send(generate_frame(PROMPT, "ref2", **params))
+        frames = await c.recv_until(lambda f: f["type"] in ("done", "error"), 120)
+        assert frames[-1]["type"] == "done", frames[-1]
+        return "".join(f["text"] for f in frames if f["type"] == "token")
+    finally:
+        await c.close()
+
+
+async def test_sse_stream_goes_on_after_its_worker_is_killed(faulty: Faulty) -> None:
+    """The same over the OpenAI-compatible SSE endpoint: the open response pauses, then
+    the next chunks come from the new worker, and the text is the uninterrupted one."""
+    from openai import AsyncOpenAI
+
+    params = {**PARAMS, "max_tokens": 40}
+    ref = await run_uninterrupted_with(faulty.addr, params)
+    client = AsyncOpenAI(base_url=f"http://{faulty.addr}/v1", api_key="unused", max_retries=0)
+    try:
+        stream = await client.chat.completions.create(
+            model="default",
+            messages=[{"role": "user", "content": PROMPT}],
+            max_tokens=40,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+            timeout=120,
+        )
+        chunks = []
+        async for chunk in stream:
+            chunks.append(chunk)
+            if len(chunks) == 8:  # a few tokens in: kill it, start another
+                faulty.worker.signal(signal.SIGKILL)
+                faulty.worker = start_worker(
+                    faulty.redis.url, "f:", faulty.logs, "--worker-id", "sse-heir"
+                )
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == ref
+        reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
+        assert reasons[-1] == "length"
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 40
+    finally:
+        await client.close()
+
+
+async def test_a_request_that_kills_every_worker_ends_with_error(faulty: Faulty) -> None:
+    """A stream whose worker dies each time it runs is taken over a few times, then ended
+    with an error saying so (one bad request cannot crash-loop the fleet)."""
+    fast = {"TOKENRELAY_WORKER_DEAD_AFTER": "1.5"}
+    c = await Client.open(faulty.addr)
+    try:
+        await c.send(generate_frame(PROMPT, "poison", **{**PARAMS, "max_tokens": 4000}))
+        sid = (await c.recv_until(lambda f: f["type"] == "started", 60))[-1]["stream_id"]
+        redis = faulty.redis.client()
+        meta = f"f:m:{{{sid}}}"
+        for n in range(1, MAX_TAKEOVERS + 2):
+            await c.recv_until(lambda f: f["type"] in ("token", "done"), 60)
+            owner = redis.hget(meta, "w")
+            faulty.worker.signal(signal.SIGKILL)
+            faulty.worker = start_worker(
+                faulty.redis.url, "f:", faulty.logs, "--worker-id", f"p{n}", env=fast
+            )
+            if n > MAX_TAKEOVERS:
+                break
+            deadline = time.monotonic() + 60
+            while redis.hget(meta, "w") == owner:  # wait for the takeover
+                assert time.monotonic() < deadline, "not taken over"
+                await asyncio.sleep(0.1)
+        frames = await c.recv_until(lambda f: f["type"] in ("done", "error"), 60)
+        done = frames[-1]
+        assert done["type"] == "done" and done["finish_reason"] == "error", done
+        assert f"stopped {MAX_TAKEOVERS + 1} times" in done["message"], done
+        assert redis.hget(meta, "to") == str(MAX_TAKEOVERS + 1).encode()
     finally:
         await c.close()

@@ -33,7 +33,7 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tokenrelay.core.wire.params import SamplingParams
@@ -143,10 +143,18 @@ class UpstreamEngine:
         raise ValueError(NO_TOKENIZER)
 
     def add_request(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        *,
+        generated: Sequence[int] = (),
     ) -> int:
         """Attach an opened call (the body went in through the starter); its prompt tokens
-        when the upstream has said (else 0). ``ValueError`` for a call not opened."""
+        when the upstream has said (else 0). ``ValueError`` for a call not opened, or for
+        ``generated`` tokens (an upstream cannot continue another's answer)."""
+        if generated:
+            raise ValueError("a relayed answer cannot be continued from another worker's log")
         return self.inbox.attach(request_id)
 
     def abort(self, request_id: str) -> bool:

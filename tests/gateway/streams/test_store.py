@@ -16,10 +16,17 @@ import pytest
 import redis
 
 from tokenrelay.core.redis.embedded import EmbeddedRedis
-from tokenrelay.core.wire.events import Event, accepted_fields, done_fields, entry_id, token_fields
+from tokenrelay.core.wire.events import (
+    Event,
+    accepted_fields,
+    decode_ids,
+    done_fields,
+    entry_id,
+    token_fields,
+)
 from tokenrelay.core.wire.ids import new_stream_id
-from tokenrelay.core.wire.keys import GROUP, WORKER_DEAD_GRACE
-from tokenrelay.core.wire.scripts import decode_published
+from tokenrelay.core.wire.keys import GROUP
+from tokenrelay.core.wire.scripts import OWNED_ELSEWHERE, decode_published
 from tokenrelay.core.wire.stats import WorkerStats
 from tokenrelay.gateway.errors import (
     BadOffset,
@@ -27,9 +34,11 @@ from tokenrelay.gateway.errors import (
     StreamForbidden,
     StreamNotFound,
 )
+from tokenrelay.gateway.streams import tailer as tailer_module
 from tokenrelay.gateway.streams.store import StreamStore
 from tokenrelay.gateway.streams.tailer import BUFFER_LIMIT, Subscription
-from tokenrelay.worker.store import Batch, WorkerStore
+from tokenrelay.worker.continuation import finish_foreign, read_log, take_over
+from tokenrelay.worker.store import CLAIM_MIN_IDLE, Batch, WorkerStore
 
 BODY = {"prompt": "hi", "params": {"max_tokens": 4}}
 ENTRIES: dict[str, str] = {}  # stream id -> its request entry (acknowledged with done)
@@ -324,20 +333,23 @@ async def test_gateway_finish_races_the_worker(
     assert events[-1].message == "worker died" and events[-1].completion_tokens == 1
 
 
-async def test_dead_worker_ends_tailed_stream(
-    stream_store: StreamStore, worker_store: WorkerStore
+async def test_dead_workers_stream_is_left_to_workers_then_ended_as_a_backstop(
+    stream_store: StreamStore, worker_store: WorkerStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A running stream whose worker is gone is for a live worker to continue: the tailer
+    waits, and ends it (naming the worker) only once nobody did within its deadline."""
+    monkeypatch.setattr(tailer_module, "CONTINUE_DEADLINE", 3.0)
     sid, _ = await start_stream(stream_store, worker_store)
     write_tokens(worker_store, sid, 1, ["a"])
     tail = asyncio.create_task(collect(stream_store, sid, 0))
     await stream_store.redis.delete(
         stream_store.keys.worker("w-test")
     )  # heartbeat gone, as after SIGKILL
-    start = time.monotonic()
+    await asyncio.sleep(2.0)
+    assert not tail.done()  # still open: a worker may continue it
     events = await asyncio.wait_for(tail, 10)
-    assert time.monotonic() - start < 6
     assert events[-1].kind == "done" and events[-1].finish_reason == "error"
-    assert "w-test" in (events[-1].message or "")
+    assert "w-test" in (events[-1].message or "") and "continued" in (events[-1].message or "")
 
 
 async def test_slow_subscriber_is_bounded_and_does_not_stall_others(
@@ -462,7 +474,7 @@ async def test_requests_of_a_dead_worker_are_claimed(
         assert heir.claim_dead() == []  # w-test is alive
         await stream_store.redis.delete(stream_store.keys.worker("w-test"))
         assert heir.claim_dead() == []  # not idle long enough yet
-        await asyncio.sleep(WORKER_DEAD_GRACE + 0.2)
+        await asyncio.sleep(CLAIM_MIN_IDLE + 0.2)
         claimed = {r.stream_id: r for r in heir.claim_dead()}
         assert set(claimed) == {queued.stream_id, running.stream_id}
         meta = claimed[queued.stream_id].meta
@@ -470,12 +482,39 @@ async def test_requests_of_a_dead_worker_are_claimed(
         assert claimed[running.stream_id].body == BODY
         assert await stream_store.redis.sismember(stream_store.keys.workers, "w-test") == 0
         # what a worker does with a claimed stream that was already running
-        assert heir.finish_foreign(running.stream_id, "error", "engine worker w-test died")
-        assert not heir.finish_foreign(running.stream_id, "error", "twice")
+        assert finish_foreign(heir, running.stream_id, "error", "engine worker w-test died")
+        assert not finish_foreign(heir, running.stream_id, "error", "twice")
         events = await collect(stream_store, running.stream_id, 0)
         assert [(e.seq, e.kind, e.finish_reason) for e in events] == [(1, "done", "error")]
         pending = await stream_store.redis.xpending(stream_store.keys.requests, GROUP)
         assert pending["pending"] == 2 and pending["consumers"][0]["name"] == b"w-heir"
+    finally:
+        heir.close()
+
+
+async def test_a_taken_over_stream_fences_its_old_worker(
+    redis_server: EmbeddedRedis, prefix: str, stream_store: StreamStore, worker_store: WorkerStore
+) -> None:
+    """The takeover names the new owner; the old worker's writes are refused from then on,
+    the new owner's land, and the log reads back with its token ids."""
+    created = await stream_store.create(BODY, "r")
+    sid = created.stream_id
+    running = {"st": "running", "w": "w-test", "pt": "3"}
+    first = [accepted_fields(3, "w-test"), token_fields("a", None, [5, 6])]
+    assert worker_store.flush([Batch(sid, 0, first, running, owner="w-test")])[0].status == 1
+    heir = WorkerStore(redis_server.url, "w-heir", prefix=prefix)
+    try:
+        assert take_over(heir, sid, "w-other") == 0  # not that worker's stream
+        assert take_over(heir, sid, "w-test") == 1
+        assert take_over(heir, sid, "w-test") == 0  # taken already: one winner
+        late = worker_store.flush([Batch(sid, 2, [token_fields("b", None, [7])], owner="w-test")])
+        assert late[0].status == OWNED_ELSEWHERE
+        log = read_log(heir, sid)
+        assert [seq for seq, _ in log] == [0, 1]
+        assert decode_ids(dict(zip(log[1][1][0::2], log[1][1][1::2], strict=True))["i"]) == [5, 6]
+        ok = heir.flush([Batch(sid, 2, [token_fields("c", None, [8])], owner="w-heir")])
+        assert ok[0].status == 1
+        assert (await stream_store.redis.hget(stream_store.keys.meta(sid), "to")) == b"1"
     finally:
         heir.close()
 
