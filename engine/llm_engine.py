@@ -6,8 +6,7 @@ or :class:`engine.LLM`) adds requests at any time and calls :meth:`step` in a
 loop; each step returns a :class:`RequestOutput` for every request that
 produced text or tokens, or finished, in that step.
 
-Threading: :meth:`abort` may be called from another thread; everything else
-belongs to the thread that calls :meth:`step`.
+Threading: :meth:`abort` may be called from another thread, the rest from :meth:`step`'s.
 """
 
 from __future__ import annotations
@@ -93,6 +92,7 @@ class LLMEngine:
             attention_backend=backend,
             enforce_eager=config.enforce_eager,
             max_num_seqs=config.max_num_seqs,
+            kv_cache_dtype=config.kv_cache_dtype,
         )
         if config.tensor_parallel_size > 1:  # ranks 1..N-1 in processes of their own
             from tokenrelay.engine.parallel.workers import parallel_runner

@@ -1,16 +1,16 @@
 """Runs the model over the paged KV cache for one engine step and samples.
 
-The scheduler hands :meth:`ModelRunner.execute` a list of :class:`BatchItem`;
-the runner flattens them into one varlen batch (token ids, positions, slot
-mapping, block tables, cu_seqlens), runs the decoder once, computes logits only
-for the last token of items that sample, and returns one token (or ``None``)
-per item. Decode steps on a CUDA device with a graph-safe attention backend
-replay CUDA graphs (:mod:`tokenrelay.engine.runner.graphs`) unless ``enforce_eager``.
+The scheduler hands :meth:`ModelRunner.execute` a list of :class:`BatchItem`; the runner
+flattens them into one varlen batch (token ids, positions, slot mapping, block tables,
+cu_seqlens), runs the decoder once, computes logits only for the last token of items
+that sample, and returns one token (or ``None``) per item. Decode steps on a CUDA device
+with a graph-safe attention backend replay CUDA graphs (engine/runner/graphs.py) unless
+``enforce_eager``.
 
-Under tensor parallelism (``group``, engine/parallel/) every rank has a runner with
-its shard of the weights and of the KV pool; rank 0's :meth:`execute` hands the
-step's :class:`StepInput` to the other ranks, which run :meth:`forward` on it
-(engine/parallel/rank.py), and only rank 0 samples. Such a runner is always eager.
+Under tensor parallelism (``group``, engine/parallel/) every rank has a runner with its
+shard of the weights and of the KV pool; rank 0's :meth:`execute` hands the step's
+:class:`StepInput` to the others, which run :meth:`forward` on it (engine/parallel/rank.py),
+and only rank 0 samples. Such a runner is always eager.
 """
 
 from __future__ import annotations
@@ -89,13 +89,10 @@ def kv_dtype_name(kv_cache_dtype: torch.dtype | str | None) -> str:
     """``None``/``"auto"`` -> ``"auto"``; a dtype or its name (``"fp16"``...) -> its full name."""
     if kv_cache_dtype is None or kv_cache_dtype == "auto":
         return "auto"
-    try:
+    if kv_cache_dtype in _DTYPES.values() or str(kv_cache_dtype).lower() in _DTYPES:
         return str(resolve_dtype(kv_cache_dtype, torch.device("cpu"))).replace("torch.", "")
-    except ValueError:
-        raise ValueError(
-            f"kv_cache_dtype: {kv_cache_dtype!r} is not supported (auto, float32, float16 or "
-            "bfloat16)"
-        ) from None
+    supported = "auto, float32, float16 or bfloat16"
+    raise ValueError(f"kv_cache_dtype: {kv_cache_dtype!r} is not supported ({supported})")
 
 
 def configure_threads(num_threads: int | None = None) -> int:
@@ -159,9 +156,7 @@ class ModelRunner:
             if group is not None and num_threads is None and "OMP_NUM_THREADS" not in os.environ:
                 num_threads = max(1, len(os.sched_getaffinity(0)) // group.size)  # share the CPUs
             configure_threads(num_threads)
-            prebuild(
-                _cpu_kernels(gguf is not None, self.attention_backend)
-            )  # beside the weights' load
+            prebuild(_cpu_kernels(gguf is not None, self.attention_backend))  # beside the load
         started = time.perf_counter()
         self.model_config = ModelConfig.from_pretrained(self.path)
         if gguf is not None:  # quantized weights as they are (engine/models/gguf_weights.py)
@@ -180,8 +175,7 @@ class ModelRunner:
         self.eos_token_ids: set[int] = set(self.model_config.eos_token_ids)
         size = 1 if group is None else group.size
         shard = local_config(self.model_config, size)  # this rank's KV heads
-        # the pool's dtype: auto is float16 under the fused decoder, else the compute dtype
-        fused = self.model.fused is not None
+        fused = self.model.fused is not None  # auto: float16 under the fused decoder
         kv_name = registry.kv_cache_dtype(kv_name, self.attention_backend, dtype_name, fused)
         self.kv_dtype = _DTYPES[kv_name]
         self.num_blocks = plan_num_blocks(
@@ -199,8 +193,7 @@ class ModelRunner:
         self.kv_cache = KVCache(shard, self.num_blocks + 1, block_size, self.kv_dtype, self.device)
         self.attention = registry.create(self.attention_backend, self.device, self.dtype)
         self.sampler = Sampler(seed)
-        # per item of the latest execute(): its sampled token's logprobs, if its params ask
-        # (empty when no item asked)
+        # per item of the latest execute(): its token's logprobs if asked (empty: none asked)
         self.last_logprobs: list[SampleLogprobs | None] = []
         self.graphs: DecodeGraphs | None = None
         eager = enforce_eager or group is not None
@@ -251,10 +244,8 @@ class ModelRunner:
         """Run one step; returns the sampled token per item (``None`` where ``sample`` is False).
 
         ``matchers``: request id -> grammar of the guided requests (their tokens are
-        masked to what the grammar allows; the caller advances the matchers).
-
-        The sampled tokens' logprobs, for the items that ask, are in :attr:`last_logprobs`
-        (one entry per item, ``None`` where not asked; empty when no item asked).
+        masked to what the grammar allows; the caller advances the matchers). The sampled
+        tokens' logprobs are in :attr:`last_logprobs` (see there).
         """
         self.last_logprobs = []
         if not items:
