@@ -262,20 +262,24 @@ typedef struct {
     const tr_step *s;
     float *x, *h, *qkv, *att, *gu, *y; /* activations, see tr_decoder_forward */
     int64_t panel_floats;             /* per-thread matmul scratch (0: none needed) */
-    int64_t *next;                    /* attention's task counter, one per layer */
+    int64_t *next; /* zeroed task counters: DEC_COUNTERS per layer (attention, then each
+                    * matmul's parts), then the head's parts */
     const int64_t *group_starts;      /* rows attended as one tile (pa_make_groups) */
     int64_t groups;
     dec_barrier bar;
     int failed;
 } dec_shared;
 
+#define DEC_COUNTERS (1 + 4 * TR_PARTS) /* per layer: attention, q/k/v, o, gate/up, down */
+
+/* y = x @ w^T by all threads; `next`: the matmul's TR_PARTS counters (see dec_shared). */
 static void dec_matmul(dec_shared *d, const float *x, const tr_qmat *w, float *y, float *panel,
-                       int tid, int nth) {
+                       int tid, int nth, int64_t *next) {
     int64_t row = 0;
     for (int64_t p = 0; p < w->parts; p++) {
         const tr_qpart *q = &w->part[p];
         qm_part(x, d->s->T, w->k, w->k, q->w, q->n, (int)q->qtype, y + row, w->n, panel, tid,
-                nth);
+                nth, next + p);
         row += q->n;
     }
 }
@@ -340,31 +344,33 @@ static void dec_thread(dec_shared *d, int tid, int nth) {
         dec_residual_norm(x, prev ? d->y : NULL, prev ? prev->down_bias : NULL, d->h, r0, r1,
                           E, L->input_norm, eps);
         dec_wait(&d->bar, nth);
-        dec_matmul(d, d->h, &L->qkv, d->qkv, panel, tid, nth);
+        int64_t *ctr = d->next + l * DEC_COUNTERS;
+        dec_matmul(d, d->h, &L->qkv, d->qkv, panel, tid, nth, ctr + 1);
         dec_wait(&d->bar, nth);
         dec_qkv_rows(m, L, s, d->qkv, kc, vc, r0, r1);
         dec_wait(&d->bar, nth); /* every row's K/V is in the pool before any row attends */
         att.q = d->qkv;
         att.k_cache = kc;
         att.v_cache = vc;
-        pa_part(&att, &sc, &d->next[l], &d->failed);
+        pa_part(&att, &sc, ctr, &d->failed);
         dec_wait(&d->bar, nth);
-        dec_matmul(d, d->att, &L->o, d->y, panel, tid, nth);
+        dec_matmul(d, d->att, &L->o, d->y, panel, tid, nth, ctr + 1 + TR_PARTS);
         dec_wait(&d->bar, nth);
         dec_residual_norm(x, d->y, L->o_bias, d->h, r0, r1, E, L->post_norm, eps);
         dec_wait(&d->bar, nth);
-        dec_matmul(d, d->h, &L->gate_up, d->gu, panel, tid, nth);
+        dec_matmul(d, d->h, &L->gate_up, d->gu, panel, tid, nth, ctr + 1 + 2 * TR_PARTS);
         dec_wait(&d->bar, nth);
         dec_swiglu(d->gu, L->gate_up_bias, d->h, T, I, c0, c1);
         dec_wait(&d->bar, nth);
-        dec_matmul(d, d->h, &L->down, d->y, panel, tid, nth);
+        dec_matmul(d, d->h, &L->down, d->y, panel, tid, nth, ctr + 1 + 3 * TR_PARTS);
         dec_wait(&d->bar, nth);
     }
     const tr_layer *last = &m->layers[m->num_layers - 1];
     dec_residual_norm(x, d->y, last->down_bias, x, r0, r1, E, m->final_norm, eps);
     if (s->logits != NULL) { /* the LM head in the same region: no second wake-up */
         dec_wait(&d->bar, nth);
-        dec_matmul(d, x, &m->head, s->logits, panel, tid, nth);
+        dec_matmul(d, x, &m->head, s->logits, panel, tid, nth,
+                   d->next + m->num_layers * DEC_COUNTERS);
     }
     free(panel);
     pa_scratch_free(&sc);
@@ -385,7 +391,8 @@ int tr_decoder_forward(const tr_model *m, const tr_step *s, float *x) {
     /* scratch: h [T, max(E, I)], qkv [T, qkv_w], att [T, H D], gu [T, 2 I], y [T, E] */
     const int64_t hw = E > I ? E : I;
     float *buf = (float *)malloc(sizeof(float) * T * (hw + qkv_w + H * D + 2 * I + E));
-    int64_t *next = (int64_t *)calloc((size_t)m->num_layers, sizeof(int64_t));
+    const size_t counters = (size_t)(m->num_layers * DEC_COUNTERS + TR_PARTS);
+    int64_t *next = (int64_t *)calloc(counters, sizeof(int64_t));
     if (buf == NULL || next == NULL) {
         free(buf);
         free(next);

@@ -291,35 +291,70 @@ static int64_t kq_scratch_bytes(int64_t M, int64_t K) {
     return rows * (K / QK) * (int64_t)sizeof(xq_block);
 }
 
-/* Thread tid's share (of nth) of y = x @ W^T for a K-quant W: every thread quantizes each
- * chunk of x's rows into its own scratch (xq, kq_scratch_bytes, 64-byte aligned), then runs
- * its own tiles of W's rows (split statically, so each thread reads its rows of W once per
- * chunk). No barrier. */
+/* Tiles t0..t1 (KQ_C rows of W each) of y's rows m0..m1, x's rows quantized in xq. */
+static inline void kq_tiles(const xq_block *xq, int64_t m0, int64_t m1, int64_t nb, int64_t rb,
+                            const uint8_t *w, int64_t N, int qt, float *y, int64_t ys,
+                            int64_t t0, int64_t t1, const void *consts) {
+    for (int64_t t = t0; t < t1; t++) {
+        const int64_t n0 = t * KQ_C;
+        const int64_t cols = N - n0 < KQ_C ? N - n0 : KQ_C;
+#if defined(TR_KQ_VNNI) || defined(TR_KQ_AVX2)
+        for (int64_t r0 = m0; r0 < m1; r0 += KQ_R) {
+            const int R = (int)(m1 - r0 < KQ_R ? m1 - r0 : KQ_R);
+            kq_rows_by_tile(xq + (r0 - m0) * nb, nb, w + n0 * rb, rb, qt,
+                            (const kq_consts *)consts, y + r0 * ys + n0, ys, R, (int)cols);
+        }
+#else
+        (void)consts;
+        kq_block_portable(xq, nb, w, rb, qt, y + m0 * ys, ys, 0, m1 - m0, n0, n0 + cols);
+#endif
+    }
+}
+
+#define KQ_GRAIN 32 /* tiles a thread claims at a time from a shared counter */
+
+/* Thread tid's share (of nth) of y = x @ W^T for a K-quant W. Each chunk of x's rows is
+ * quantized into the thread's own scratch (xq, kq_scratch_bytes, 64-byte aligned), then
+ * multiplied by tiles of W's rows. Without a counter (next NULL) the tiles are split
+ * statically; with one (zero before the first thread starts), threads claim KQ_GRAIN tiles
+ * at a time in (chunk, tile) order, so a thread the OS stalls holds up no other (a thread
+ * quantizes a chunk when it first claims tiles in it). Either way each element of y comes
+ * from one tile computed the same way: the result does not depend on who ran it. No
+ * barrier. */
 static void kq_part(const float *x, int64_t M, int64_t K, int64_t xs, const uint8_t *w,
-                    int64_t N, int qt, float *y, int64_t ys, xq_block *xq, int tid, int nth) {
-    const int64_t nb = K / QK, rb = nb * kq_block_bytes(qt);
-    int64_t t0, t1;
-    tr_split((N + KQ_C - 1) / KQ_C, tid, nth, &t0, &t1);
-    if (t0 >= t1) return;
+                    int64_t N, int qt, float *y, int64_t ys, xq_block *xq, int tid, int nth,
+                    int64_t *next) {
+    const int64_t nb = K / QK, rb = nb * kq_block_bytes(qt), tiles = (N + KQ_C - 1) / KQ_C;
 #if defined(TR_KQ_VNNI) || defined(TR_KQ_AVX2)
     kq_consts k;
     kq_consts_init(&k);
-#endif
-    for (int64_t m0 = 0; m0 < M; m0 += KQ_CHUNK) {
-        const int64_t m1 = m0 + KQ_CHUNK < M ? m0 + KQ_CHUNK : M;
-        kq_quantize_rows(x + m0 * xs, m1 - m0, K, xs, xq, qt == KQ_Q8_0);
-        for (int64_t t = t0; t < t1; t++) {
-            const int64_t n0 = t * KQ_C;
-            const int64_t cols = N - n0 < KQ_C ? N - n0 : KQ_C;
-#if defined(TR_KQ_VNNI) || defined(TR_KQ_AVX2)
-            for (int64_t r0 = m0; r0 < m1; r0 += KQ_R) {
-                const int R = (int)(m1 - r0 < KQ_R ? m1 - r0 : KQ_R);
-                kq_rows_by_tile(xq + (r0 - m0) * nb, nb, w + n0 * rb, rb, qt, &k,
-                                y + r0 * ys + n0, ys, R, (int)cols);
-            }
+    const void *consts = &k;
 #else
-            kq_block_portable(xq, nb, w, rb, qt, y + m0 * ys, ys, 0, m1 - m0, n0, n0 + cols);
+    const void *consts = NULL;
 #endif
+    if (next == NULL) {
+        int64_t t0, t1;
+        tr_split(tiles, tid, nth, &t0, &t1);
+        if (t0 >= t1) return;
+        for (int64_t m0 = 0; m0 < M; m0 += KQ_CHUNK) {
+            const int64_t m1 = m0 + KQ_CHUNK < M ? m0 + KQ_CHUNK : M;
+            kq_quantize_rows(x + m0 * xs, m1 - m0, K, xs, xq, qt == KQ_Q8_0);
+            kq_tiles(xq, m0, m1, nb, rb, w, N, qt, y, ys, t0, t1, consts);
         }
+        return;
     }
+    const int64_t grains = (tiles + KQ_GRAIN - 1) / KQ_GRAIN;
+    const int64_t units = (M + KQ_CHUNK - 1) / KQ_CHUNK * grains;
+    int64_t have = -1; /* the chunk quantized in xq */
+    for (int64_t u; (u = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) < units;) {
+        const int64_t chunk = u / grains, t0 = u % grains * KQ_GRAIN;
+        const int64_t m0 = chunk * KQ_CHUNK, m1 = m0 + KQ_CHUNK < M ? m0 + KQ_CHUNK : M;
+        if (chunk != have) {
+            kq_quantize_rows(x + m0 * xs, m1 - m0, K, xs, xq, qt == KQ_Q8_0);
+            have = chunk;
+        }
+        const int64_t t1 = t0 + KQ_GRAIN < tiles ? t0 + KQ_GRAIN : tiles;
+        kq_tiles(xq, m0, m1, nb, rb, w, N, qt, y, ys, t0, t1, consts);
+    }
+    (void)tid, (void)nth;
 }

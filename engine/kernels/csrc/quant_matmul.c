@@ -655,11 +655,14 @@ static int64_t qm_scratch_floats(int64_t M, int64_t K, int qt) {
 
 /* Thread tid's share (of nth) of y = x @ W^T, called by every thread of a parallel region
  * with the same arguments; `panel`: this thread's qm_scratch_floats of scratch (may be NULL
- * when that is 0). No barrier at the end: y is complete once every thread has returned. */
+ * when that is 0); `next`: a zeroed counter the threads share to split the K-quant path's
+ * work as they go (NULL: statically). No barrier at the end: y is complete once every
+ * thread has returned. */
 static void qm_part(const float *x, int64_t M, int64_t K, int64_t xs, const uint8_t *w,
-                    int64_t N, int qt, float *y, int64_t ys, float *panel, int tid, int nth) {
+                    int64_t N, int qt, float *y, int64_t ys, float *panel, int tid, int nth,
+                    int64_t *next) {
     if (kq_takes(qt, K)) {
-        kq_part(x, M, K, xs, w, N, qt, y, ys, (xq_block *)panel, tid, nth);
+        kq_part(x, M, K, xs, w, N, qt, y, ys, (xq_block *)panel, tid, nth, next);
         return;
     }
 #ifdef PANEL
@@ -684,7 +687,8 @@ int tr_quant_matmul(const float *x, int64_t M, int64_t K, int64_t xs, const uint
 #pragma omp parallel
     {
         const int tid = tr_thread(), nth = tr_threads();
-        qm_part(x, M, K, xs, w, N, qt, y, ys, scratch ? scratch + per * tid : NULL, tid, nth);
+        qm_part(x, M, K, xs, w, N, qt, y, ys, scratch ? scratch + per * tid : NULL, tid, nth,
+                NULL);
     }
     free(scratch);
     return 0;
