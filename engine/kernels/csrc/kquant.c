@@ -167,6 +167,31 @@ static inline float kq_quantize_block(const float *v, int q[QK]) {
 /* Quantize rows [0, M) of x (K values each, rows xs floats apart) into xq (K / 256 blocks a
  * row). For the K-quants: pair order and the sums of each 16. For Q8_0 (u8): natural order
  * as unsigned bytes q + 128 (vpdpbusd's unsigned side; the 128 comes off per block of W). */
+#ifdef TR_KQ_VNNI
+/* kq_quantize_block and the K-quant layout of one block, 16 values at a time: the same
+ * bytes (max is exact, the product rounds the same, cvtps2dq rounds to nearest even as
+ * nearbyintf does in the default rounding mode). */
+static inline void kq_quantize_block512(const float *v, xq_block *o, int u8) {
+    __m512 amax = _mm512_setzero_ps();
+    for (int i = 0; i < QK; i += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(v + i)));
+    const float m = _mm512_reduce_max_ps(amax);
+    const __m512 id = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+    const __m512i hi = _mm512_set1_epi32(127), lo = _mm512_set1_epi32(-127);
+    o->d = m / 127.0f;
+    for (int g = 0; g < 16; g++) {
+        __m512i n = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v + 16 * g), id));
+        n = _mm512_max_epi32(_mm512_min_epi32(n, hi), lo);
+        if (u8) {
+            _mm_storeu_si128((__m128i *)((uint8_t *)o->q + 16 * g),
+                             _mm512_cvtepi32_epi8(_mm512_add_epi32(n, _mm512_set1_epi32(128))));
+            continue;
+        }
+        _mm_storeu_si128((__m128i *)(o->q + kq_pair_pos(16 * g)), _mm512_cvtsepi32_epi8(n));
+        o->bs[g] = (int16_t)_mm512_reduce_add_epi32(n);
+    }
+}
+#endif
+
 static void kq_quantize_rows(const float *x, int64_t M, int64_t K, int64_t xs, xq_block *xq,
                              int u8) {
     const int64_t nb = K / QK;
@@ -174,6 +199,10 @@ static void kq_quantize_rows(const float *x, int64_t M, int64_t K, int64_t xs, x
     for (int64_t r = 0; r < M; r++)
         for (int64_t b = 0; b < nb; b++) {
             xq_block *o = xq + r * nb + b;
+#ifdef TR_KQ_VNNI
+            kq_quantize_block512(x + r * xs + b * QK, o, u8);
+            continue;
+#endif
             o->d = kq_quantize_block(x + r * xs + b * QK, q);
             if (u8) {
                 for (int i = 0; i < QK; i++) ((uint8_t *)o->q)[i] = (uint8_t)(q[i] + 128);
