@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from tokenrelay.core.wire.keys import DEFAULT_PREFIX
-from tokenrelay.core.wire.requests import DEFAULT_MAX_TOKENS_LIMIT
+from tokenrelay.core.wire.requests import DEFAULT_MAX_OUTPUT_ENTRIES, DEFAULT_MAX_TOKENS_LIMIT
 
 # Defaults that settings dataclasses share with their flags (gateway/state.py,
 # gateway/access/auth.py, gateway/http/common.py): one definition each.
@@ -236,3 +236,6 @@ def add_security_options(p: argparse.ArgumentParser) -> None:
         help="no keys: requests per minute per client address (0: off)")  # fmt: skip
     add(p, "--max-tokens-limit", default=DEFAULT_MAX_TOKENS_LIMIT, type=int,
         help="largest max_tokens accepted")  # fmt: skip
+    add(p, "--max-output-entries", default=DEFAULT_MAX_OUTPUT_ENTRIES, type=int,
+        help="most token entries one request may ask for: n x max_tokens x "
+             "(1 + top_logprobs)")  # fmt: skip

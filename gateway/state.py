@@ -84,7 +84,10 @@ class Gateway:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.base_limits = p.Limits(max_tokens=settings.security.max_tokens)
+        self.base_limits = p.Limits(
+            max_tokens=settings.security.max_tokens,
+            max_output_entries=settings.security.max_output_entries,
+        )
         self.limits = self.base_limits  # bounded by the model's context once a worker says it
         self.streams = StreamStore(
             settings.redis_url,

@@ -54,6 +54,11 @@ __all__ = [
 ]
 
 DEFAULT_MAX_TOKENS_LIMIT = 8192  # --max-tokens-limit: the largest max_tokens accepted
+# --max-output-entries: the most token entries one request may ask for, n x max_tokens x
+# (1 + top_logprobs). A non-streaming body holds them all in the gateway at about 300
+# bytes each, so the default keeps one request under ~64 MB (max_tokens 8192 with 20
+# logprobs still fits one choice).
+DEFAULT_MAX_OUTPUT_ENTRIES = 200_000
 # Characters per token above which an input is refused as too long for the context. Text
 # averages 2.2-4.5 characters per token with the default model's tokenizer (English prose,
 # code, markup); only long runs of one character (64 spaces are one token) go beyond 8.
@@ -80,6 +85,7 @@ class Limits:
     max_stop_chars: int = 200
     max_tokens: int = DEFAULT_MAX_TOKENS_LIMIT
     max_stop_token_ids: int = 64
+    max_output_entries: int = DEFAULT_MAX_OUTPUT_ENTRIES
     context_tokens: int | None = None  # the served model's context, when known
     vocab_size: int | None = None  # the served model's vocabulary, when known
 
@@ -216,6 +222,8 @@ def validate_params(
         kw.update(structured_params(raw, names, bool(kw.get("ignore_eos"))))
     except ResponseFormatError as exc:
         raise RequestError(exc.code, str(exc), exc.field) from None
+    check_output_budget(kw.get("max_tokens", SamplingParams.max_tokens), kw.get("logprobs"), 1,
+                        limits, names)  # fmt: skip
     try:
         return SamplingParams(**kw)
     except ValueError as exc:  # defensive: everything was checked above
@@ -287,6 +295,31 @@ def _penalties(raw: Mapping[str, Any], limits: Limits, names: Mapping[str, str])
             raise _bad(name, f"{name} must be between 0 and {MAX_TOP_LOGPROBS}, got {value}")
         kw["logprobs"] = value
     return kw
+
+
+def check_output_budget(
+    max_tokens: int,
+    top_logprobs: int | None,
+    n: int,
+    limits: Limits,
+    names: Mapping[str, str] | None = None,
+) -> None:
+    """Refuse (``too_large``, up front) a request whose answer could hold more token entries
+    than ``limits.max_output_entries``: ``n`` choices of ``max_tokens`` tokens, each with
+    ``top_logprobs`` alternatives."""
+    entries = n * max_tokens * (1 + (top_logprobs or 0))
+    if entries <= limits.max_output_entries:
+        return
+    name = (names or {}).get("max_tokens", "max_tokens")
+    parts = (f"n {n} x " if n > 1 else "") + f"{name} {max_tokens}"
+    if top_logprobs:
+        parts += f" x (1 + top_logprobs {top_logprobs})"
+    raise _too_large(
+        name,
+        f"this request could return {entries} token entries ({parts}); the limit is "
+        f"{limits.max_output_entries} (--max-output-entries): lower {name}"
+        + (", n or top_logprobs" if n > 1 or top_logprobs else ""),
+    )
 
 
 # --- ids ----------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tokenrelay.core import options
-from tokenrelay.core.wire.requests import DEFAULT_MAX_TOKENS_LIMIT
+from tokenrelay.core.wire.requests import DEFAULT_MAX_OUTPUT_ENTRIES, DEFAULT_MAX_TOKENS_LIMIT
 from tokenrelay.gateway.errors import AuthError
 
 TOKEN_VERSION = "v1"
@@ -186,6 +186,7 @@ class SecuritySettings:
     rate_burst: int = 0  # bucket size (0: same as rate_limit)
     max_streams_per_key: int = options.MAX_STREAMS_PER_KEY
     max_tokens: int = DEFAULT_MAX_TOKENS_LIMIT
+    max_output_entries: int = DEFAULT_MAX_OUTPUT_ENTRIES
     max_streams_per_address: int = options.MAX_STREAMS_PER_ADDRESS  # without keys; 0: off
     rate_limit_per_address: float = options.RATE_LIMIT_PER_ADDRESS  # per minute; 0: off
     allowed_hosts: tuple[str, ...] = ()  # Host names answered besides addresses, localhost
@@ -206,6 +207,7 @@ class SecuritySettings:
             rate_burst=getattr(args, "rate_limit_burst", 0),
             max_streams_per_key=getattr(args, "max_streams_per_key", options.MAX_STREAMS_PER_KEY),
             max_tokens=getattr(args, "max_tokens_limit", DEFAULT_MAX_TOKENS_LIMIT),
+            max_output_entries=getattr(args, "max_output_entries", DEFAULT_MAX_OUTPUT_ENTRIES),
             max_streams_per_address=getattr(
                 args, "max_streams_per_address", options.MAX_STREAMS_PER_ADDRESS
             ),
@@ -227,6 +229,8 @@ class SecuritySettings:
             raise ValueError("--max-streams-per-address and --rate-limit-per-address are >= 0")
         if self.max_tokens < 1:
             raise ValueError("--max-tokens-limit must be >= 1")
+        if self.max_output_entries < self.max_tokens:
+            raise ValueError("--max-output-entries must be at least --max-tokens-limit")
 
     def __repr__(self) -> str:  # never print the keys
         return f"SecuritySettings(keys={len(self.api_keys)}, origins={self.allow_origins!r})"

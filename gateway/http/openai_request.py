@@ -26,6 +26,7 @@ from tokenrelay.core.wire.params import MAX_CHOICES, MAX_TOP_LOGPROBS
 from tokenrelay.core.wire.requests import (
     Limits,
     check_input_size,
+    check_output_budget,
     validate_messages,
     validate_params,
     validate_request_id,
@@ -230,6 +231,15 @@ def _choices(obj: dict[str, Any]) -> int:
     return n or 1
 
 
+def _budget(params: dict[str, Any], n: int, limits: Limits) -> int:
+    """``n``, once the answer's size (``n`` x max_tokens x (1 + top_logprobs)) fits."""
+    try:
+        check_output_budget(params["max_tokens"], params["logprobs"], n, limits)
+    except RequestError as exc:
+        raise request_error(exc) from None
+    return n
+
+
 def _params(obj: dict[str, Any], limits: Limits, kind: str = "chat") -> dict[str, Any]:
     """Sampling fields -> SamplingParams (validated) as a dict for the worker."""
     best_of = _opt(obj, "best_of", (int,), "an integer")
@@ -326,7 +336,7 @@ def parse_chat(obj: dict[str, Any], *, served_model: str, limits: Limits) -> Api
     logprobs = params["logprobs"] is not None
     tools = bool(params["tools"]) and params["tool_choice"] != "none"
     return ApiRequest("chat", model, body, stream, include_usage, user, logprobs=logprobs,
-                      tools=tools, n=_choices(obj))  # fmt: skip
+                      tools=tools, n=_budget(params, _choices(obj), limits))  # fmt: skip
 
 
 def _prompt(raw: Any) -> str | list[int]:
@@ -365,4 +375,4 @@ def parse_completion(obj: dict[str, Any], *, served_model: str, limits: Limits) 
     body = {"params": params, "prompt": prompt}
     logprobs = params["logprobs"] is not None
     return ApiRequest("completion", model, body, stream, include_usage, user, logprobs=logprobs,
-                      n=_choices(obj))  # fmt: skip
+                      n=_budget(params, _choices(obj), limits))  # fmt: skip

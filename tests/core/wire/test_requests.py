@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -330,3 +331,28 @@ def test_a_megabyte_stop_string_is_refused_on_both_transports() -> None:
     for temperature in (2.0001, 1e9):
         assert ws_error({"temperature": temperature}).code == "bad_request"
         assert http_error({"temperature": temperature}, chat=False).status == 400
+
+
+def test_the_answer_size_is_budgeted_up_front() -> None:
+    """n x max_tokens x (1 + top_logprobs) over --max-output-entries: a 413 naming both,
+    before anything is queued; one choice at the defaults always fits."""
+    assert validate_params({"max_tokens": 8192, "logprobs": 20}, LIMITS).max_tokens == 8192
+    big = {"n": 16, "max_tokens": 8192, "logprobs": True, "top_logprobs": 20}
+    api = http_error(big)
+    assert api.status == 413 and api.body()["error"]["code"] == "too_large"
+    assert api.body()["error"]["message"] == (
+        "this request could return 2752512 token entries (n 16 x max_tokens 8192 x (1 + "
+        "top_logprobs 20)); the limit is 200000 (--max-output-entries): lower max_tokens, n "
+        "or top_logprobs"
+    )
+    completion = http_error({"n": 5, "max_tokens": 8192, "logprobs": 5}, chat=False)
+    assert (
+        completion.status == 413
+        and "n 5 x max_tokens 8192" in completion.body()["error"]["message"]
+    )
+    tight = dataclasses.replace(LIMITS, max_output_entries=1000)
+    assert (
+        ws_error({"max_tokens": 1001}, tight).code == "too_large"
+    )  # one choice, over a small budget
+    ok = {"messages": [{"role": "user", "content": "Hi"}], "n": 2, "max_tokens": 8192}
+    assert parse_chat(ok, served_model="m", limits=LIMITS).n == 2  # 16384 entries
