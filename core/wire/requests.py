@@ -33,31 +33,19 @@ from tokenrelay.core.wire.params import (
 from tokenrelay.core.wire.structured import message_tool_fields, structured_params
 from tokenrelay.core.wire.vocabulary import ErrorCode
 
+# fmt: off
 __all__ = [
-    "CHARS_PER_TOKEN",
-    "DEFAULT_MAX_TOKENS_LIMIT",
-    "MAX_RESUME_TOKEN",
-    "MAX_SEED",
-    "MAX_TEMPERATURE",
-    "PARAM_NAMES",
-    "REQUEST_ID_CHARS",
-    "ROLES",
-    "Limits",
-    "Message",
-    "RequestError",
-    "check_input_size",
-    "is_request_id",
-    "validate_messages",
-    "validate_params",
-    "validate_request_id",
+    "CHARS_PER_TOKEN", "DEFAULT_MAX_OUTPUT_ENTRIES", "DEFAULT_MAX_TOKENS_LIMIT",
+    "MAX_RESUME_TOKEN", "MAX_SEED", "MAX_TEMPERATURE", "PARAM_NAMES", "REQUEST_ID_CHARS",
+    "ROLES", "Limits", "Message", "RequestError", "check_input_size", "check_output_budget",
+    "is_request_id", "validate_messages", "validate_params", "validate_request_id",
     "validate_resume_token",
 ]
+# fmt: on
 
 DEFAULT_MAX_TOKENS_LIMIT = 8192  # --max-tokens-limit: the largest max_tokens accepted
-# --max-output-entries: the most token entries one request may ask for, n x max_tokens x
-# (1 + top_logprobs). A non-streaming body holds them all in the gateway at about 300
-# bytes each, so the default keeps one request under ~64 MB (max_tokens 8192 with 20
-# logprobs still fits one choice).
+# --max-output-entries: n x max_tokens x (1 + top_logprobs) at most; at ~300 bytes an entry
+# in a non-streaming body, one request stays under ~64 MB of gateway memory
 DEFAULT_MAX_OUTPUT_ENTRIES = 200_000
 # Characters per token above which an input is refused as too long for the context. Text
 # averages 2.2-4.5 characters per token with the default model's tokenizer (English prose,
@@ -298,28 +286,20 @@ def _penalties(raw: Mapping[str, Any], limits: Limits, names: Mapping[str, str])
 
 
 def check_output_budget(
-    max_tokens: int,
-    top_logprobs: int | None,
-    n: int,
-    limits: Limits,
+    max_tokens: int, top_logprobs: int | None, n: int, limits: Limits,
     names: Mapping[str, str] | None = None,
-) -> None:
-    """Refuse (``too_large``, up front) a request whose answer could hold more token entries
-    than ``limits.max_output_entries``: ``n`` choices of ``max_tokens`` tokens, each with
-    ``top_logprobs`` alternatives."""
+) -> None:  # fmt: skip
+    """``too_large`` (up front) when ``n`` x ``max_tokens`` x (1 + ``top_logprobs``) token
+    entries are over ``limits.max_output_entries``."""
     entries = n * max_tokens * (1 + (top_logprobs or 0))
-    if entries <= limits.max_output_entries:
-        return
-    name = (names or {}).get("max_tokens", "max_tokens")
-    parts = (f"n {n} x " if n > 1 else "") + f"{name} {max_tokens}"
-    if top_logprobs:
-        parts += f" x (1 + top_logprobs {top_logprobs})"
-    raise _too_large(
-        name,
-        f"this request could return {entries} token entries ({parts}); the limit is "
-        f"{limits.max_output_entries} (--max-output-entries): lower {name}"
-        + (", n or top_logprobs" if n > 1 or top_logprobs else ""),
-    )
+    if entries > limits.max_output_entries:
+        name = (names or {}).get("max_tokens", "max_tokens")
+        parts = (f"n {n} x " if n > 1 else "") + f"{name} {max_tokens}" + (
+            f" x (1 + top_logprobs {top_logprobs})" if top_logprobs else "")  # fmt: skip
+        more = ", n or top_logprobs" if n > 1 or top_logprobs else ""
+        raise _too_large(name, f"this request could return {entries} token entries ({parts}); "
+                         f"the limit is {limits.max_output_entries} (--max-output-entries): "
+                         f"lower {name}{more}")  # fmt: skip
 
 
 # --- ids ----------------------------------------------------------------------------
