@@ -18,6 +18,7 @@ streams), is never counted full here; a write it refuses still becomes
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -26,9 +27,8 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster
 
-from tokenrelay.core.redis.connection import is_cluster
+from tokenrelay.core.redis.connection import is_cluster, is_outage
 
 log = logging.getLogger("tokenrelay.gateway")
 
@@ -57,6 +57,22 @@ class MemoryGauge:
         self._full = False
         self._at = -math.inf  # when it was read (monotonic)
 
+    async def _masters_memory(self) -> list[Any]:
+        """Each reachable master's memory INFO: a master that is down leaves out only itself
+        (its own streams fail on their own), unless none answers."""
+        cluster: Any = self.redis
+        masters = cluster.get_primaries()
+        got = await asyncio.gather(
+            *(cluster.info("memory", target_nodes=m) for m in masters), return_exceptions=True
+        )
+        failed = [g for g in got if isinstance(g, BaseException)]
+        for exc in failed:
+            if not is_outage(exc):
+                raise exc
+        if len(failed) == len(got):
+            raise failed[0]
+        return [g for g in got if not isinstance(g, BaseException)]
+
     async def full(self) -> bool:
         """True while Redis is at :data:`ADMIT_BELOW` of its limit (noeviction only)."""
         if self.admit_below is None:
@@ -65,8 +81,7 @@ class MemoryGauge:
             return self._full
         try:
             if is_cluster(self.redis):
-                per_node = self.redis.info("memory", target_nodes=RedisCluster.PRIMARIES)
-                infos = list((await self._guard(per_node)).values())
+                infos = await self._guard(self._masters_memory())
             else:
                 infos = [await self._guard(self.redis.info("memory"))]
         except redis.ResponseError as exc:  # INFO refused (a managed Redis): stop asking

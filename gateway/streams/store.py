@@ -336,16 +336,26 @@ class StreamStore:
             # The metadata must be there before a worker can take the request: a cluster
             # pipeline sends to each master at once, so it is a round trip of its own.
             await self._guard(pipe.execute())
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.xadd(queue, request)  # type: ignore[arg-type]
-            pipe.spublish(self.keys.wake(model), "1")  # type: ignore[attr-defined]
+            await self._guard(self.redis.xadd(queue, request))  # type: ignore[arg-type]
+            await self._wake(model)
         else:
             pipe.xadd(queue, request)  # type: ignore[arg-type]
-        await self._guard(pipe.execute())
+            await self._guard(pipe.execute())
         if attach_id:
             self.attachments.track(sid, attach_id)
         log.debug("stream created", extra={"stream_id": sid, "request_id": request_id})
         return NewStream(sid, token, attach_id)
+
+    async def _wake(self, model: str | None) -> None:
+        """Wake an idle worker of ``model`` (a cluster's queue has no blocking read), best
+        effort once the request is queued: with the channel's master down the request
+        still runs (workers poll their queues without a subscription, worker/shards.py)."""
+        try:
+            await self.redis.spublish(self.keys.wake(model), "1")  # type: ignore[attr-defined]
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            log.debug("wake-up not published: %r", exc)
 
     async def info(self, stream_id: str) -> StreamMeta | None:
         """The stream's metadata, or None for an unknown or expired stream."""

@@ -9,6 +9,7 @@ and the worker's poll work across slots. (tests/e2e/cluster/ runs whole fleets.)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -21,6 +22,7 @@ from tests.gateway.streams.test_store import BODY, collect, start_stream, write_
 from tokenrelay.core.redis.local_cluster import LocalCluster
 from tokenrelay.core.wire.events import token_fields
 from tokenrelay.core.wire.keys import QUEUE_SHARDS, Keys, slot_of
+from tokenrelay.gateway.errors import RedisUnavailable
 from tokenrelay.gateway.streams.memory import _fullest
 from tokenrelay.gateway.streams.store import StreamStore
 from tokenrelay.worker.store import Batch, WorkerStore
@@ -166,3 +168,39 @@ async def test_an_idle_worker_waits_for_a_wake_up_not_a_poll(
     new = await cslog.create(BODY, "woken")
     got = await asyncio.wait_for(waiting, 20)  # well before the 30 s wait would end
     assert [r.stream_id for r in got] == [new.stream_id]
+
+
+async def test_streams_are_created_while_the_wake_channels_master_is_down(
+    fresh_redis_cluster: LocalCluster,
+) -> None:
+    """The wake-up is published best effort after the request is queued: with the wake
+    channel's master down, a stream whose own keys and queue shard live elsewhere is
+    created and its request reaches the worker (which sweeps its queues)."""
+    cluster = fresh_redis_cluster
+    client = redis.RedisCluster.from_url(cluster.url)
+
+    def master(key: str) -> int:
+        return cluster.ports.index(int(client.get_node_from_key(key).port))
+
+    for _ in range(200):  # a prefix whose worker keys are not on the wake channel's master
+        prefix = f"w{secrets.token_hex(3)}:"
+        keys = Keys(prefix, cluster=True)
+        down = master(keys.wake(None))
+        if down not in (master(keys.workers), master(keys.worker("w-test"))):
+            break
+    with open_wlog(cluster.url, prefix, cluster=True) as worker:
+        async with open_slog(cluster.url, prefix, cluster=True) as gateway:
+            assert await gateway.live_workers(max_age=0) == ["w-test"]
+            cluster.kill(down)
+            created: set[str] = set()
+            for i in range(24):
+                with contextlib.suppress(RedisUnavailable):  # its own keys on the dead master
+                    created.add((await gateway.create(BODY, f"r{i}")).stream_id)
+            assert len(created) >= 8, created  # two masters of three still take streams
+            got: set[str] = set()
+            for _ in range(40):
+                with contextlib.suppress(redis.RedisError):
+                    got |= {r.stream_id for r in worker.read_requests(64, 50)}
+                if created <= got:
+                    break
+            assert created <= got
