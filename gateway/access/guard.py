@@ -65,11 +65,12 @@ class Guard:
             log.info("authentication failed", extra={"reason": str(exc), "client": address})
             raise
 
-    async def admit(self, who: Principal) -> None:
-        """Count one request against the caller's rate; raises :class:`RateLimited`."""
-        await self.rate.check(who.bucket)
+    async def admit(self, who: Principal, cost: int = 1) -> None:
+        """Count a request (``cost``: its streams, HTTP's ``n``) against the caller's rate;
+        raises :class:`RateLimited`."""
+        await self.rate.check(who.bucket, cost)
         if self.by_address(who):
-            await self.address_rate.check(who.bucket)
+            await self.address_rate.check(who.bucket, cost)
 
     def open_stream(self, who: Principal) -> str:
         """Take a stream slot for the caller; returns the bucket to release later.

@@ -59,9 +59,10 @@ class RateLimiter:
             return Verdict(True, 0.0, 0)
         return Verdict(allowed, wait, left)
 
-    async def check(self, bucket: str) -> None:
-        """Raise :class:`RateLimited` when ``bucket`` has no token left."""
-        verdict = await self.take(bucket)
+    async def check(self, bucket: str, cost: int = 1) -> None:
+        """Raise :class:`RateLimited` when ``bucket`` lacks ``cost`` tokens (a request of
+        more than the bucket holds costs the whole bucket)."""
+        verdict = await self.take(bucket, max(1, min(cost, self.capacity)))
         if not verdict.allowed:
             limit = f"{self.per_minute:g} requests per minute"
             raise RateLimited(f"rate limit of {limit} reached", verdict.retry_after)

@@ -117,10 +117,11 @@ class OpenAIApi:
         except AuthError as exc:
             raise error_for_code(ErrorCode.UNAUTHORIZED, str(exc)) from None
 
-    async def _admit(self, who: Principal) -> None:
-        """The caller's requests-per-minute budget (``--rate-limit``), or a 429."""
+    async def _admit(self, who: Principal, cost: int = 1) -> None:
+        """The caller's requests-per-minute budget (``--rate-limit``; ``n`` choices cost
+        ``n``), or a 429."""
         try:
-            await self.gw.guard.admit(who)
+            await self.gw.guard.admit(who, cost)
         except RateLimited as exc:
             raise error_for_code(
                 ErrorCode.RATE_LIMITED, str(exc), retry_after=exc.retry_after
@@ -220,7 +221,7 @@ class OpenAIApi:
             route = await self._route(body)
             req = parse(body, served_model=route.name, limits=self.gw.limits)
             client = self.take_slot(who)
-            await self._admit(who)
+            await self._admit(who, req.n)
             if req.n > 1:  # one stream per choice (gateway/http/openai_choices.py)
                 slot, client = client, None  # its slot goes with the answer
                 return await answer_choices(self, request, req, kind, rid, route.model, who, slot)
