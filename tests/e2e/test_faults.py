@@ -56,14 +56,7 @@ def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Faulty]:
 
 
 async def run_uninterrupted(addr: str) -> str:
-    c = await Client.open(addr)
-    try:
-        await c.send(generate_frame(PROMPT, "ref", **PARAMS))
-        frames = await c.recv_until(lambda f: f["type"] in ("done", "error"), 120)
-        assert frames[-1]["type"] == "done", frames[-1]
-        return "".join(f["text"] for f in frames if f["type"] == "token")
-    finally:
-        await c.close()
+    return await run_uninterrupted_with(addr, PARAMS)
 
 
 async def wait_ready_async(addr: str, proc: Proc, timeout: float = 30.0) -> None:
@@ -151,7 +144,7 @@ async def test_killed_worker_restarted_continues_its_stream(faulty: Faulty) -> N
 async def run_uninterrupted_with(addr: str, params: dict[str, Any]) -> str:
     c = await Client.open(addr)
     try:
-        await c.send(generate_frame(PROMPT, "ref2", **params))
+        await c.send(generate_frame(PROMPT, "ref", **params))
         frames = await c.recv_until(lambda f: f["type"] in ("done", "error"), 120)
         assert frames[-1]["type"] == "done", frames[-1]
         return "".join(f["text"] for f in frames if f["type"] == "token")

@@ -43,8 +43,8 @@ def native_engine() -> Any:
     return LLMEngine(EngineConfig(model="default", device="cpu", weights="native"))
 
 
-def _greedy(engine: Any, prompts: list[str]) -> list[list[int]]:
-    params = SamplingParams(max_tokens=TOKENS, temperature=0.0, ignore_eos=True)
+def _greedy(engine: Any, prompts: list[str], tokens: int = TOKENS) -> list[list[int]]:
+    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
     for i, p in enumerate(prompts):
         engine.add_request(f"g{i}", p, params)
     out: dict[str, list[int]] = {f"g{i}": [] for i in range(len(prompts))}

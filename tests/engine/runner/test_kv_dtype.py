@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 import torch
 
+from tests.engine.models.test_gguf_weights import _greedy as greedy
+from tests.engine.models.test_kquant_model import _top
 from tokenrelay.core.cli import build_parser
 from tokenrelay.core.serve import worker_command
-from tokenrelay.core.wire.params import SamplingParams
 from tokenrelay.engine import EngineConfig, LLMEngine
 from tokenrelay.engine.attention.registry import kv_cache_dtype
 from tokenrelay.engine.runner import model_runner
@@ -52,25 +53,7 @@ def pair(request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any]]:
 
 
 def _greedy(engine: Any, prompts: list[str]) -> list[list[int]]:
-    params = SamplingParams(max_tokens=TOKENS, temperature=0.0, ignore_eos=True)
-    for i, p in enumerate(prompts):
-        engine.add_request(f"g{i}", p, params)
-    out: dict[str, list[int]] = {f"g{i}": [] for i in range(len(prompts))}
-    while engine.has_unfinished():
-        for o in engine.step():
-            out[o.request_id].extend(o.new_token_ids)
-    return [out[f"g{i}"] for i in range(len(prompts))]
-
-
-def _top(engine: Any, ids: list[int]) -> Any:
-    """The engine's best next tokens after ``ids`` (its ``Logprobs``, five alternatives)."""
-    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, logprobs=5)
-    engine.add_request("top", ids, params)
-    found = []
-    while engine.has_unfinished():
-        for o in engine.step():
-            found.extend(o.new_logprobs or [])
-    return found[0]
+    return greedy(engine, prompts, TOKENS)
 
 
 def test_the_pools_dtypes(pair: tuple[Any, Any]) -> None:
