@@ -100,7 +100,7 @@ class Intake:
         if going_on is not None:
             a.events, a.written = going_on.events, len(going_on.events)
             a.continued, a.text_chars = going_on.token_ids, going_on.text_chars
-            a.text = list(going_on.text)  # kept for tool calls (cleared below without)
+            a.text = list(going_on.text)  # the text so far: read back for tool calls
         a.traceparent = req.traceparent
         self.active[a.stream_id] = a
         self.counters["requests"] += 1
@@ -120,8 +120,6 @@ class Intake:
             message = f"input is {size} characters; the limit is {limit} for this model's context"
             self.reject(a, ErrorCode.TOO_LARGE, message)
             return
-        if not params.offered_tools:
-            a.text = []
         self.preparing[a.stream_id] = (params, meta)
         if params.offered_tools:  # the template shows them (a key no client body has)
             body = {**body, "_tools": params.offered_tools}
@@ -249,10 +247,7 @@ class Intake:
             if prepared.error is not None:
                 raise prepared.error
             ids = prepared.token_ids or []
-            if going_on is None:
-                n = self.engine.add_request(a.stream_id, ids, params)
-            else:
-                n = self.engine.add_request(a.stream_id, ids, params, generated=going_on)
+            n = self.engine.add_request(a.stream_id, ids, params, generated=going_on or ())
         except EngineRefused as exc:
             self._refuse(a, exc.code, exc.message)
             return
