@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import secrets
 import shlex
+import shutil
 import subprocess
 import sys
 import tomllib
+from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from tests.gateway.procs import free_port
 from tests.root import ROOT
+from tests.test_k8s import redis_cli_check, start_redis, stop
 from tests.worker.test_health import make_worker
 from tokenrelay.core.redis.embedded import EmbeddedRedis
 from tokenrelay.worker.health import HealthServer
@@ -176,3 +181,41 @@ def test_nginx_passes_the_port_and_the_gateways_trust_it() -> None:
     assert ipaddress.ip_address(trusted) in ipaddress.ip_network(pool["subnet"])
     assert ipaddress.ip_address(trusted) not in ipaddress.ip_network(pool["ip_range"])
     assert "ports" not in gateway  # only nginx can reach it
+
+
+def test_compose_redis_needs_a_password_and_every_url_carries_it(tmp_path: Path) -> None:
+    """TOKENRELAY_REDIS_PASSWORD is required (never defaulted): Compose refuses to start
+    without it. Redis reads it from its environment, not its command line; the gateways'
+    and workers' URLs carry it. Redis's command runs here as Compose hands it over."""
+    text = (DOCKER / "compose.yaml").read_text()
+    uses = re.findall(r"\$\{TOKENRELAY_REDIS_PASSWORD(..)", text)
+    assert uses and set(uses) == {":?"}
+    services = _compose()["services"]
+    required = r"\$\{TOKENRELAY_REDIS_PASSWORD:\?[^}]*\}"
+    urls = {
+        name: svc["environment"]["TOKENRELAY_REDIS_URL"]
+        for name, svc in services.items()
+        if "TOKENRELAY_REDIS_URL" in svc.get("environment", {})
+    }
+    assert set(urls) == {"gateway", "worker", "worker-gpu"}
+    for url in urls.values():
+        assert re.fullmatch(rf"redis://:{required}@redis:6379/0", url), url
+    server = services["redis"]
+    assert re.fullmatch(required, server["environment"]["REDISCLI_AUTH"])
+    argv = [a.replace("$$", "$") for a in server["command"]]  # Compose's escape for `$`
+    assert not any("requirepass" in a for a in argv[3:]), "a password on the command line"
+    password = secrets.token_hex(16)
+    proc, port = start_redis(argv, password, tmp_path)
+    try:
+        with redis.Redis(port=port) as anonymous, pytest.raises(redis.AuthenticationError):
+            anonymous.ping()
+        with redis.Redis.from_url(f"redis://:{password}@127.0.0.1:{port}/0") as client:
+            assert client.ping()
+            assert client.config_get("appendonly") == {"appendonly": "yes"}
+        kind, shell = server["healthcheck"]["test"]
+        assert kind == "CMD-SHELL"
+        if shutil.which("redis-cli"):
+            assert redis_cli_check(shell, port, password)
+            assert not redis_cli_check(shell, port, "wrong")
+    finally:
+        stop(proc)
