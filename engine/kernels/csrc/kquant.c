@@ -20,7 +20,9 @@
  * fours into int32 (vpdpbusd, AVX512-VNNI), two quarters' sums packed into int16s and
  * multiplied by their sub-blocks' scales into int32 (vpdpwssd);
  * the mins (Q4_K, Q5_K) and Q6_K's -32 come from the 16-sums. Each super-block's integer
- * sum is exact; it is scaled into fp32 accumulators in super-block order. Row r of y
+ * sum is exact; it is scaled into fp32 accumulators in super-block order (the AVX-512
+ * tiles add Q4_K / Q5_K's mins there too, as fp32 products of the 16-sums in x's units
+ * and -dmin times each min: one fused multiply-add a row instead of integer ops). Row r of y
  * therefore depends only on row r of x, never on what else is in the batch or how the
  * rows are tiled (a sequence's logits do not change with its neighbours).
  *
@@ -52,9 +54,10 @@ enum { Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 #endif
 
 
-/* One row's 256 values of x, quantized. 320 bytes: rows of blocks stay 64-byte aligned. */
+/* One row's 256 values of x, quantized. 384 bytes: rows of blocks stay 64-byte aligned. */
 typedef struct {
     int8_t q[QK];  /* pair order (see above) */
+    float xs[16];   /* d * bs[i]: the 16-sums in x's units (the AVX-512 tiles' side term) */
     int16_t bs[16]; /* sum of q over natural positions 16i..16i+15 */
     float d;
     uint8_t pad[28];
@@ -188,6 +191,7 @@ static inline void kq_quantize_block512(const float *v, xq_block *o, int u8) {
         }
         _mm_storeu_si128((__m128i *)(o->q + kq_pair_pos(16 * g)), _mm512_cvtsepi32_epi8(n));
         o->bs[g] = (int16_t)_mm512_reduce_add_epi32(n);
+        o->xs[g] = o->d * (float)o->bs[g];
     }
 }
 #endif
@@ -215,6 +219,7 @@ static void kq_quantize_rows(const float *x, int64_t M, int64_t K, int64_t xs, x
                     sum += q[i];
                 }
                 o->bs[g] = (int16_t)sum;
+                o->xs[g] = o->d * (float)sum;
             }
         }
 }

@@ -3,18 +3,19 @@
  * inside #ifdef TR_KQ_VNNI; its entry point is kq_rows_by_tile. */
 /* Per super-block of one row of W: its 4 quarter vectors of u8 weights (pair order), the
  * s16 scale vectors of its two pairs of quarters (in the order vpackssdw leaves their sums),
- * the s16 vector its 16-sums are multiplied by (mins duplicated per 16, or Q6_K's scales)
- * and d, dmin. */
+ * d, and the fp32 factors of x's 16-sums (xq_block.xs): -dmin times the min of each 16
+ * (Q4_K, Q5_K), -32 d times the scale of each 16 (Q6_K, whose q are stored + 32). */
 typedef struct {
     __m512i w[4], s[2];
-    __m256i m;
-    __m512 dd; /* [d x 8 | -dmin x 8] (Q4_K, Q5_K), d x 16 (Q6_K) */
+    __m512 side; /* Q4_K, Q5_K */
+    __m256i m;   /* Q6_K: its s16 scales, which x's 16-sums (bs) multiply in integers */
+    __m512 d;
 } kq_wblock;
 
 typedef struct {
     __m512i sel[2];     /* packed lane -> sub-block, per pair of quarters (Q4_K/Q5_K) */
     __m512i sel6[2];    /* packed lane -> group of 16, per pair of quarters (Q6_K) */
-    __m256i mdup;       /* lane i -> min i / 2 (at 8 + i / 2 of the scales-mins vector) */
+    __m128i mdup;       /* byte i -> min i / 2 (byte 8 + i / 2 of the scales-mins vector) */
     __m512i bits5[4];   /* Q5_K: the qh bit of each byte, per quarter */
     __m512i shift4;     /* 0 in the low 256 bits, 4 in the high ones (16-bit lanes) */
     __m512i shift6[2];  /* Q6_K qh shifts per odd: [2 odd | 4 + 2 odd] */
@@ -41,9 +42,8 @@ static void kq_consts_init(kq_consts *k) {
         for (int i = 0; i < 64; i++) b[i] = (uint8_t)(1u << (4 * h + odd + (i < 32 ? 0 : 2)));
         k->bits5[qi] = _mm512_loadu_si512(b);
     }
-    int16_t m[16];
-    for (int i = 0; i < 16; i++) m[i] = (int16_t)(8 + i / 2);
-    k->mdup = _mm256_loadu_si256((const __m256i *)m);
+    for (int i = 0; i < 16; i++) b[i] = (uint8_t)(8 + i / 2);
+    k->mdup = _mm_loadu_si128((const __m128i *)b);
     for (int i = 0; i < 32; i++) a[i] = (int16_t)(i < 16 ? 0 : 4);
     k->shift4 = _mm512_loadu_si512(a);
     for (int odd = 0; odd < 2; odd++) {
@@ -72,10 +72,11 @@ static inline __attribute__((always_inline)) void kq_load(const uint8_t *b, cons
         o->s[0] = _mm512_permutexvar_epi16(k->sel6[0], sc5);
         o->s[1] = _mm512_permutexvar_epi16(k->sel6[1], sc5);
         o->m = sc;
-        o->dd = _mm512_set1_ps(kq_half(b + 208));
+        o->d = _mm512_set1_ps(kq_half(b + 208));
         return;
     }
-    const __m256i sm16 = _mm256_cvtepu8_epi16(kq_scales_mins_simd(b));
+    const __m128i sm = kq_scales_mins_simd(b);
+    const __m256i sm16 = _mm256_cvtepu8_epi16(sm);
     const __m512i sm5 = _mm512_castsi256_si512(sm16);
     const uint8_t *qs = b + (qt == Q5_K ? 48 : 16);
     __m512i qh = _mm512_setzero_si512();
@@ -92,8 +93,21 @@ static inline __attribute__((always_inline)) void kq_load(const uint8_t *b, cons
         }
     o->s[0] = _mm512_permutexvar_epi16(k->sel[0], sm5);
     o->s[1] = _mm512_permutexvar_epi16(k->sel[1], sm5);
-    o->m = _mm256_permutexvar_epi16(k->mdup, sm16);
-    o->dd = _mm512_insertf32x8(_mm512_set1_ps(kq_half(b)), _mm256_set1_ps(-kq_half(b + 2)), 1);
+    o->d = _mm512_set1_ps(kq_half(b));
+    /* opaque to the compiler, which would otherwise multiply d by x's scale as scalars and
+     * broadcast the product, two instructions per row where one vmulps with a broadcast
+     * operand does */
+    __asm__("" : "+v"(o->d));
+    o->side = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_shuffle_epi8(sm, k->mdup))),
+                            _mm512_set1_ps(-kq_half(b + 2)));
+}
+
+/* A zeroed register by the zero idiom (no execution port), where the compiler would copy
+ * one shared zero register into each accumulator (a move that takes a port). */
+static inline __attribute__((always_inline)) __m512i kq_zero(void) {
+    __m512i z;
+    __asm__ volatile("vpxord %0, %0, %0" : "=v"(z));
+    return z;
 }
 
 #define KQ_TILE_MOST 8 /* rows of x a kq_tile takes at most (more spill registers) */
@@ -105,26 +119,25 @@ static inline __attribute__((always_inline)) __m512 kq_step(const kq_wblock *wb,
                                                             __m512 acc) {
     /* per quarter, sums of 4 products (|sum| <= 4 * 63 * 127: an int16), two quarters packed
      * into int16s, times their sub-blocks' scales */
-    __m512i dot = _mm512_setzero_si512();
+    __m512i dot = kq_zero();
     for (int pq = 0; pq < 2; pq++) {
-        const __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wb->w[2 * pq],
+        const __m512i p0 = _mm512_dpbusd_epi32(kq_zero(), wb->w[2 * pq],
                                                _mm512_load_si512(xb->q + 128 * pq));
-        const __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wb->w[2 * pq + 1],
+        const __m512i p1 = _mm512_dpbusd_epi32(kq_zero(), wb->w[2 * pq + 1],
                                                _mm512_load_si512(xb->q + 128 * pq + 64));
         dot = _mm512_dpwssd_epi32(dot, _mm512_packs_epi32(p0, p1), wb->s[pq]);
     }
-    /* the 16-sums times the mins (Q4_K, Q5_K) or Q6_K's scales (its -32) */
-    const __m256i side =
-        _mm256_madd_epi16(_mm256_load_si256((const __m256i *)xb->bs), wb->m);
-    if (qt == Q6_K) {
+    if (qt == Q6_K) { /* its -32: the 16-sums times the scales, in integers */
+        const __m256i side =
+            _mm256_madd_epi16(_mm256_load_si256((const __m256i *)xb->bs), wb->m);
         dot = _mm512_sub_epi32(dot, _mm512_zextsi256_si512(_mm256_slli_epi32(side, 5)));
-    } else { /* one conversion: [the dot's two halves summed | the mins' side] */
-        const __m256i half = _mm256_add_epi32(_mm512_castsi512_si256(dot),
-                                              _mm512_extracti64x4_epi64(dot, 1));
-        dot = _mm512_inserti64x4(_mm512_castsi256_si512(half), side, 1);
     }
-    const __m512 scale = _mm512_mul_ps(wb->dd, _mm512_set1_ps(xb->d));
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc);
+    /* the exact sum scaled by d times x's scale; Q4_K, Q5_K: then x's 16-sums (in x's
+     * units) times the mins */
+    const __m512 scale = _mm512_mul_ps(wb->d, _mm512_set1_ps(xb->d));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc);
+    if (qt != Q6_K) acc = _mm512_fmadd_ps(_mm512_load_ps(xb->xs), wb->side, acc);
+    return acc;
 }
 
 /* y[r, c] for R (3..8) rows of x (xq, nb blocks a row) and C rows of W from w0 (rb bytes
@@ -141,6 +154,7 @@ static inline __attribute__((always_inline)) void kq_tile(const xq_block *xq, in
         for (int64_t b = 0; b < nb; b++) {
             kq_wblock wb;
             kq_load(w0 + c * rb + b * bb, qt, k, &wb);
+#pragma GCC unroll 8 /* acc[] in registers (GCC stops short of it for Q6_K's longer step) */
             for (int r = 0; r < R; r++) acc[r] = kq_step(&wb, xq + r * nb + b, qt, acc[r]);
         }
         for (int r = 0; r < R; r++) y0[r * ys + c] = _mm512_reduce_add_ps(acc[r]);
