@@ -1,20 +1,28 @@
 """One request's streaming HTTP exchange with the upstream, retries included.
 
 :class:`Call` posts the request (worker/upstream/openai.py), reads its server-sent
-events and puts each text delta and the finish into the
-inbox (worker/upstream/inbox.py) as they arrive. Failures follow
-worker/upstream/failures.py: before the first token, transient ones are tried again
-and then refuse the stream; after it, the stream ends
-with ``error`` and says why. Nothing waits forever: connecting, each read and the
-pool have the ``--upstream-timeout`` (connect at most 10 s). The HTTP client is
-worker/upstream/client.py; the bytes of the body become events in
-worker/upstream/openai.py (:class:`SSEStream`).
+events and puts each text delta and the finish into the inbox
+(worker/upstream/inbox.py) as they arrive. Failures follow worker/upstream/failures.py:
+before the first token, transient ones are tried again and then refuse the stream;
+after it, the stream ends with ``error`` and says why. Nothing waits forever:
+connecting, each read and the pool have the ``--upstream-timeout`` (connect at most
+10 s), and each attempt has three deadlines from its request's sending
+(worker/upstream/deadlines.py): its response headers, its first text, its end. The
+HTTP client is worker/upstream/client.py; the bytes of the body become events in
+worker/upstream/openai.py (:class:`SSEStream`, whose caps on lines, events and idle
+lines fail the call as a malformed event does).
+
+The call counts the tokens it forwards (the upstream's usage when a chunk carries it,
+else one per text delta): once ``max_tokens`` are out, the next text ends the stream
+with ``length`` and closes the upstream's answer, whatever the upstream goes on sending.
 
 Cancelling the call's task (an abort: a client's Stop, a detach timeout, a drain)
 closes its response, and with it the connection: vLLM and TGI stop generating
 when their client goes. A tokenrelay upstream only detaches then (its client may
 resume), so a call that has the upstream's ``X-Stream-Id`` and ``X-Resume-Token``
-also asks it to cancel that stream, as does a call that gives up on an answer.
+also asks it to cancel that stream, as does a call that gives up on an answer. Both
+headers are used only with the shapes tokenrelay gives them (core/wire/keys.py,
+core/wire/requests.py): others are logged and ignored, never put into a request.
 """
 
 from __future__ import annotations
@@ -26,7 +34,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenrelay.core.wire.errors import RequestError
+from tokenrelay.core.wire.keys import STREAM_ID_RE
 from tokenrelay.core.wire.params import SamplingParams
+from tokenrelay.core.wire.requests import validate_resume_token
 from tokenrelay.core.wire.vocabulary import ErrorCode, FinishReason
 from tokenrelay.worker.errors import (
     Broken,
@@ -38,6 +49,7 @@ from tokenrelay.worker.errors import (
 )
 from tokenrelay.worker.upstream.client import HttpClient, Response
 from tokenrelay.worker.upstream.config import UpstreamConfig
+from tokenrelay.worker.upstream.deadlines import Deadlines
 from tokenrelay.worker.upstream.failures import RetryPolicy, parse_retry_after
 from tokenrelay.worker.upstream.inbox import Inbox
 from tokenrelay.worker.upstream.openai import (
@@ -138,12 +150,15 @@ class Call:
         self.usage: tuple[int, int] | None = None
         self.remote: tuple[str, str] | None = None  # a tokenrelay upstream's stream id, token
         self.sent_at = 0.0  # when the attempt's request went out (monotonic)
+        self.max_tokens = 0  # the request's: no text is forwarded past them
+        self.deadlines = Deadlines(up.cfg)
 
     async def run(self) -> None:
         """Make the call until it opens and ends, or fails; the inbox hears either way."""
         policy = RetryPolicy()
         try:
             params = SamplingParams(**(self.body.get("params") or {}))
+            self.max_tokens = params.max_tokens
             if names := unrelayed(params):
                 said = ", ".join(names)
                 raise Refused(ErrorCode.BAD_REQUEST, f"not relayed to an upstream server: {said}")
@@ -199,15 +214,20 @@ class Call:
         up.count("upstream_requests")
         self.sent_at = time.monotonic()
         try:
-            async with up.http.stream("POST", path, body=content.encode(), headers=headers) as r:
+            async with (
+                self.deadlines.scope(),
+                up.http.stream("POST", path, body=content.encode(), headers=headers) as r,
+            ):
+                self.deadlines.headers_in()
                 if r.status_code != 200:
                     raw = await r.read_some(MAX_ERROR_BODY)
                     retry_after = parse_retry_after(r.headers.get("retry-after"))
                     raise status_error(r.status_code, raw, retry_after)
-                sid, token = r.headers.get("x-stream-id"), r.headers.get("x-resume-token")
-                if sid and token:
-                    self.remote = (sid, token)
+                self.remote = self._remote_ids(r.headers)
                 await self._read(r)
+        except TimeoutError:  # (the deadlines' scope; the client raises its own errors)
+            up.count("upstream_deadlines")
+            raise self.deadlines.missed() from None
         except ReadTimeout:
             silence = f"upstream sent nothing for {up.cfg.timeout:g} s"
             if self.started:
@@ -220,13 +240,41 @@ class Call:
                 ErrorCode.UNAVAILABLE, f"upstream unreachable: {describe(exc)}"
             ) from None
 
+    def _remote_ids(self, headers: dict[str, str]) -> tuple[str, str] | None:
+        """A tokenrelay upstream's ``X-Stream-Id`` and ``X-Resume-Token``, when both are
+        there and have the shapes tokenrelay gives them (else logged and ignored: they
+        would go into a cancel's path and headers)."""
+        sid, token = headers.get("x-stream-id"), headers.get("x-resume-token")
+        if not sid or not token:
+            return None
+        try:
+            validate_resume_token(token)
+        except RequestError:
+            token = ""
+        if STREAM_ID_RE.fullmatch(sid) is None or not token:
+            said = "upstream sent a malformed X-Stream-Id or X-Resume-Token; not used"
+            log.warning(said, extra={**self.extra, "id_chars": len(sid),
+                                     "token_chars": len(headers["x-resume-token"])})  # fmt: skip
+            return None
+        return sid, token
+
     async def _read(self, resp: Response) -> None:
-        events = SSEStream()
+        cfg = self.up.cfg
+        events = SSEStream(max_line=cfg.max_line_bytes, max_event=cfg.max_event_bytes,
+                           max_idle_run=cfg.max_idle_run,
+                           max_idle_lines=cfg.max_idle_lines)  # fmt: skip
         while body := await resp.read():
-            for data in events.feed(body):
+            try:
+                got = events.feed(body)
+            except ValueError as exc:  # past a cap of the event stream
+                raise self._unreadable(str(exc)) from None
+            for data in got:
                 if self._on_event(data):
                     return
-        last = events.close()
+        try:
+            last = events.close()
+        except ValueError as exc:
+            raise self._unreadable(str(exc)) from None
         if last is not None and self._on_event(last):
             return
         if self.finish_reason is not None:  # finished, but no [DONE]
@@ -241,18 +289,25 @@ class Call:
         try:
             chunk = parse_chunk(data)
         except ValueError:
-            said = f"upstream sent a malformed event: {data[:80]!r}"
-            raise (Broken(said) if self.started else Refused(ErrorCode.UNAVAILABLE, said)) from None
+            raise self._unreadable(f"upstream sent a malformed event: {data[:80]!r}") from None
         if chunk.error is not None:
             said = f"upstream error: {chunk.error}"
             raise Broken(said) if self.started else Retryable(ErrorCode.UNAVAILABLE, said)
         return self._take(chunk)
 
+    def _unreadable(self, said: str) -> UpstreamError:
+        """The error of an answer the relay will not read on (malformed, or past a cap)."""
+        return Broken(said) if self.started else Refused(ErrorCode.UNAVAILABLE, said)
+
     def _take(self, chunk: Chunk) -> bool:
+        if chunk.text and self._forwarded() >= self.max_tokens:
+            return self._cut()
         if chunk.usage is not None:
             self.usage = chunk.usage
         if chunk.text:
             ttft = None if self.started else time.monotonic() - self.sent_at
+            if not self.started:
+                self.deadlines.text_in()
             self.started = True
             self.chunks += 1
             self.up.inbox.text(self.stream_id, chunk.text, ttft)
@@ -264,6 +319,22 @@ class Call:
             self._finish()
             return True
         return False
+
+    def _forwarded(self) -> int:
+        """Tokens forwarded so far: the upstream's count when it gave one, else one a delta."""
+        counted = self.usage[1] if self.usage is not None else 0
+        return max(self.chunks, counted)
+
+    def _cut(self) -> bool:
+        """The upstream sends text past ``max_tokens``: the stream ends with ``length``, the
+        answer is closed (and a tokenrelay upstream's stream cancelled)."""
+        log.info("upstream went on past max_tokens; the stream ends with length",
+                 extra={**self.extra, "max_tokens": self.max_tokens})  # fmt: skip
+        self.up.count("upstream_cut_at_max_tokens")
+        self.finish_reason = FinishReason.LENGTH
+        self._finish()
+        self._cancel_remote()
+        return True
 
     def _finish(self) -> None:
         self.up.count("upstream_chunks", self.chunks)

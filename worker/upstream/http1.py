@@ -10,7 +10,9 @@ feeds it from an asyncio protocol.
 
 What it reads: ``HTTP/1.0`` and ``HTTP/1.1`` status lines, header fields (names
 case-insensitive, at most :data:`MAX_HEAD` bytes of them), informational ``1xx``
-answers skipped, chunk extensions and trailers read past. What it refuses with
+answers skipped (at most :data:`MAX_INTERIM` of them), chunk extensions and trailers
+read past. Each byte of a head is looked at once however the reads split it (a
+scan offset, not a rescan of the buffer). What it refuses with
 :class:`MalformedHttp`: anything else where a status line, a header or a chunk size
 should be, a ``Content-Encoding`` (the relay asks for ``identity``), a transfer coding
 other than ``chunked``.
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from tokenrelay.worker.errors import MalformedHttp
 
 MAX_HEAD = 65_536  # bytes of status line and headers
+MAX_INTERIM = 10  # informational (1xx) answers before the real one
 MAX_CHUNK_LINE = 4_096  # bytes of a chunk-size line (size and extensions)
 NO_BODY_STATUSES = frozenset((204, 304))
 
@@ -74,6 +77,9 @@ class ResponseParser:
         self.done = False
         self.extra = False  # bytes arrived beyond the response's end
         self._buf = b""
+        self._head = bytearray()  # the head's bytes so far
+        self._scanned = 0  # bytes of _head searched for its end already
+        self._interim = 0  # 1xx answers skipped
         self._framing = _NONE
         self._left = 0  # bytes left of the body (length) or of the chunk (chunked)
         self._state = _SIZE
@@ -89,10 +95,11 @@ class ResponseParser:
             self.extra = self.extra or bool(data)
             return b""
         if self.head is None:
-            self._buf += data
+            self._head += data
             if not self._read_head():
                 return b""
-            data, self._buf = self._buf, b""
+            data = bytes(self._head)
+            del self._head[:]
             if self.done:
                 self.extra = bool(data)
                 return b""
@@ -123,21 +130,32 @@ class ResponseParser:
     # --- the head --------------------------------------------------------------------
 
     def _read_head(self) -> bool:
-        """Parse the head if it is all in (skipping 1xx answers); False: wait for more."""
+        """Parse the head if it is all in (skipping 1xx answers); False: wait for more.
+        The head's bytes stay in ``_head``; what follows the head is left there."""
+        buf = self._head
         while True:
-            end = self._buf.find(b"\r\n\r\n")
-            if end < 0:
-                lf = self._buf.find(b"\n\n")  # a server that ends lines with LF alone
+            # a terminator may straddle the bytes already searched and the new ones
+            end = buf.find(b"\r\n\r\n", max(0, self._scanned - 3))
+            if end >= 0:
+                raw, skip = bytes(buf[:end]), end + 4
+            else:
+                lf = buf.find(b"\n\n", max(0, self._scanned - 1))  # lines ended by LF alone
                 if lf < 0:
-                    if len(self._buf) > MAX_HEAD:
+                    self._scanned = len(buf)
+                    if len(buf) > MAX_HEAD:
                         raise MalformedHttp(f"response headers over {MAX_HEAD} bytes")
                     return False
-                raw, self._buf = self._buf[:lf], self._buf[lf + 2 :]
-            else:
-                raw, self._buf = self._buf[:end], self._buf[end + 4 :]
+                raw, skip = bytes(buf[:lf]), lf + 2
+            if len(raw) > MAX_HEAD:
+                raise MalformedHttp(f"response headers over {MAX_HEAD} bytes")
+            del buf[:skip]
+            self._scanned = 0
             head = _parse_head(raw)
             if 100 <= head.status < 200 and head.status != 101:
-                continue  # 100 Continue, 103 Early Hints: the answer follows
+                self._interim += 1  # 100 Continue, 103 Early Hints: the answer follows
+                if self._interim > MAX_INTERIM:
+                    raise MalformedHttp(f"over {MAX_INTERIM} informational (1xx) answers")
+                continue
             self.head = head
             self._frame(head)
             return True

@@ -17,12 +17,20 @@ upstream sends in the stream (``{"error": {...}}``, as vLLM and tokenrelay do).
 The chunks come as server-sent events (the WHATWG event-stream format):
 ``data: {json}`` events separated by blank lines, ending with ``data: [DONE]``,
 with comments (``: keep-alive``, tokenrelay's gateway sends some) and ``id:``
-lines between. :class:`SSEDecoder` takes the lines (without their line ends)
-and gives back each event's data, multi-line data joined with ``\n``; event
-names, ids and retry hints are read past. :class:`SSEStream` takes the body's
-bytes as they arrive, splits them into lines (on ``\n``, ``\r\n`` and ``\r``
-alike, a line end split across two reads included), decodes each line as UTF-8
-and feeds the decoder.
+lines between. :class:`SSEDecoder` takes the lines (bytes, without their line
+ends) and gives back each event's data, multi-line data joined with ``\n`` and
+decoded as UTF-8; event names, ids and retry hints are read past.
+:class:`SSEStream` takes the body's bytes as they arrive and splits them into
+lines (on ``\n``, ``\r\n`` and ``\r`` alike, a line end split across two reads
+included), looking at each byte once: the start of a line not ended yet waits in
+a buffer that only grows, and is never scanned again.
+
+An upstream is not trusted to be sane: a line over :data:`MAX_LINE` bytes, an
+event's data over :data:`MAX_EVENT` bytes, more than :data:`MAX_IDLE_RUN` lines
+in a row that carry nothing (comments, blank lines, fields without data) or more
+than :data:`MAX_IDLE_LINES` comment and blank lines in one answer raise
+``ValueError`` with a one-line message (the call ends the stream with it), so
+neither memory nor a keep-alive trickle grows without end.
 """
 
 from __future__ import annotations
@@ -66,23 +74,55 @@ class Chunk:
     done: bool = False  # ``[DONE]``
 
 
+MAX_LINE = 1 << 20  # bytes of one line of the event stream
+MAX_EVENT = 1 << 20  # bytes of one event's data (its data lines and their line ends)
+MAX_IDLE_RUN = 1_000  # lines in a row that carry nothing (comments, blanks, other fields)
+MAX_IDLE_LINES = 10_000  # comment and blank (or empty data) lines in one answer
+
+
 class SSEDecoder:
-    """Accumulates ``data:`` lines; a blank line ends an event."""
+    """Accumulates ``data:`` lines; a blank line ends an event. Caps what it keeps and
+    how long it reads nothing (``ValueError`` past a cap)."""
 
-    def __init__(self) -> None:
-        self._data: list[str] = []
+    def __init__(
+        self,
+        *,
+        max_event: int = MAX_EVENT,
+        max_idle_run: int = MAX_IDLE_RUN,
+        max_idle_lines: int = MAX_IDLE_LINES,
+    ) -> None:
+        self.max_event = max_event
+        self.max_idle_run = max_idle_run
+        self.max_idle_lines = max_idle_lines
+        self._data: list[bytes] = []
+        self._size = 0  # bytes of the event so far (data and one line end each)
+        self._run = 0  # lines since the last event
+        self.idle = 0  # comment and blank lines so far
 
-    def feed(self, line: str) -> str | None:
+    def feed(self, line: bytes) -> str | None:
         """Take one line; the event's data when the line ends one (else ``None``)."""
         if not line:
-            return self._dispatch()
-        if line.startswith(":"):
-            return None  # a comment: a keep-alive
-        name, sep, value = line.partition(":")
-        if sep and value.startswith(" "):
+            if self._data:
+                return self._dispatch()
+            self._idle()
+            return None
+        if line[:1] == b":":
+            self._idle()  # a comment: a keep-alive
+            return None
+        name, sep, value = line.partition(b":")
+        if sep and value[:1] == b" ":
             value = value[1:]
-        if name == "data":
-            self._data.append(value)
+        if name != b"data":
+            self._run += 1  # id, event, retry: read past
+            if self._run > self.max_idle_run:
+                raise ValueError(self._run_said())
+            return None
+        if not value:
+            self._idle()
+        self._size += len(value) + 1
+        if self._size > self.max_event:
+            raise ValueError(f"upstream sent an event over {self.max_event} bytes")
+        self._data.append(value)
         return None
 
     def close(self) -> str | None:
@@ -93,36 +133,76 @@ class SSEDecoder:
         """
         return self._dispatch()
 
+    def _idle(self) -> None:
+        self._run += 1
+        self.idle += 1
+        if self._run > self.max_idle_run:
+            raise ValueError(self._run_said())
+        if self.idle > self.max_idle_lines:
+            raise ValueError(f"upstream sent over {self.max_idle_lines} comment or blank lines")
+
+    def _run_said(self) -> str:
+        return f"upstream sent over {self.max_idle_run} lines in a row without an event"
+
     def _dispatch(self) -> str | None:
+        self._run = 0
         if not self._data:
             return None
-        data, self._data = "\n".join(self._data), []
-        return data
+        data = self._data[0] if len(self._data) == 1 else b"\n".join(self._data)
+        self._data, self._size = [], 0
+        return data.decode("utf-8", "replace")
 
 
 class SSEStream:
     """Server-sent events from a body's bytes: the data of each event they complete."""
 
-    def __init__(self) -> None:
-        self.decoder = SSEDecoder()
-        self._rest = b""  # the start of a line not ended yet
+    def __init__(
+        self,
+        *,
+        max_line: int = MAX_LINE,
+        max_event: int = MAX_EVENT,
+        max_idle_run: int = MAX_IDLE_RUN,
+        max_idle_lines: int = MAX_IDLE_LINES,
+    ) -> None:
+        self.decoder = SSEDecoder(max_event=max_event, max_idle_run=max_idle_run,
+                                  max_idle_lines=max_idle_lines)  # fmt: skip
+        self.max_line = max_line
+        self._rest = bytearray()  # the start of a line not ended yet (appended to, not rebuilt)
         self._cr = False  # the last byte was a CR: a LF right after it ends nothing
 
     def feed(self, data: bytes) -> list[str]:
-        """Take the next bytes; the data of the events they end (often none or one)."""
+        """Take the next bytes; the data of the events they end (often none or one).
+
+        ``ValueError`` when they make a line longer than ``max_line`` bytes or break a
+        cap of the decoder's.
+        """
         if self._cr:
             self._cr = False
             if data[:1] == b"\n":
                 data = data[1:]
-        buf = self._rest + data if self._rest else data
-        if b"\r" in buf:
-            self._cr = buf.endswith(b"\r")
-            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        *lines, self._rest = buf.split(b"\n")
+        if b"\r" in data:  # (only the new bytes: the buffered ones hold no line end)
+            self._cr = data.endswith(b"\r")
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        rest = self._rest
+        if b"\n" not in data:
+            rest += data
+            if len(rest) > self.max_line:
+                raise ValueError(f"upstream sent a line over {self.max_line} bytes")
+            return []
+        lines = data.split(b"\n")
+        if rest:
+            rest += lines[0]
+            lines[0] = bytes(rest)
+            del rest[:]
+        rest += lines.pop()
+        if len(lines[0]) + len(data) + len(rest) > self.max_line and (
+            len(rest) > self.max_line or max(map(len, lines)) > self.max_line
+        ):
+            raise ValueError(f"upstream sent a line over {self.max_line} bytes")
         out = []
         feed = self.decoder.feed
         for line in lines:
-            got = feed(line.decode("utf-8", "replace"))
+            got = feed(line)
             if got is not None:
                 out.append(got)
         return out
@@ -130,8 +210,9 @@ class SSEStream:
     def close(self) -> str | None:
         """The body ended: what :meth:`SSEDecoder.close` gives, after a last unended line."""
         if self._rest:
-            rest, self._rest = self._rest, b""
-            got = self.decoder.feed(rest.decode("utf-8", "replace"))
+            rest = bytes(self._rest)
+            del self._rest[:]
+            got = self.decoder.feed(rest)
             if got is not None:
                 return got
         return self.decoder.close()

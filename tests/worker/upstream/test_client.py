@@ -10,70 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from tests.worker.upstream.fakeupstream import OK_HEAD, chunk, serving
 from tokenrelay.worker.errors import ConnectError, ReadTimeout, RemoteProtocolError
 from tokenrelay.worker.upstream.client import HttpClient
-
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
-
-
-class Server:
-    """A TCP server running ``handler(reader, writer, n)`` for its n-th connection."""
-
-    def __init__(self, handler: Handler) -> None:
-        self.handler = handler
-        self.connections = 0
-        self.requests: list[bytes] = []
-        self.closed = asyncio.Event()
-        self.server: asyncio.Server | None = None
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        try:
-            await self.handler(reader, writer, self.connections)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
-
-    async def read_request(self, reader: asyncio.StreamReader) -> bytes:
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = 0
-        for line in head.decode("latin-1").split("\r\n"):
-            name, _, value = line.partition(":")
-            if name.lower() == "content-length":
-                length = int(value)
-        raw = head + await reader.readexactly(length)
-        self.requests.append(raw)
-        return raw
-
-    @property
-    def port(self) -> int:
-        assert self.server is not None
-        return int(self.server.sockets[0].getsockname()[1])
-
-
-@contextlib.asynccontextmanager
-async def serving(handler: Handler, **kwargs: float) -> AsyncIterator[tuple[Server, HttpClient]]:
-    srv = Server(handler)
-    srv.server = await asyncio.start_server(srv._serve, "127.0.0.1", 0)
-    client = HttpClient(f"http://127.0.0.1:{srv.port}/v1", timeout=kwargs.get("timeout", 5.0),
-                        connect_timeout=2.0, max_connections=4)  # fmt: skip
-    try:
-        yield srv, client
-    finally:
-        await client.aclose()
-        srv.server.close()
-
-
-def chunk(data: bytes) -> bytes:
-    return b"%x\r\n%s\r\n" % (len(data), data)
-
-
-OK_HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
 
 
 async def test_a_whole_answer_leaves_its_connection_for_the_next_request() -> None:

@@ -41,3 +41,20 @@ def test_the_worker_flags_and_their_environment_make_the_config(
 def test_the_api_key_never_shows_in_a_repr() -> None:
     cfg = UpstreamConfig("http://up:8000/v1", api_key="sk-very-secret")
     assert "sk-very-secret" not in repr(cfg) and cfg.api_key == "sk-very-secret"
+
+
+def test_the_deadlines_and_caps_have_defaults_and_are_checked() -> None:
+    cfg = UpstreamConfig("http://h/v1")
+    assert cfg.head_timeout <= cfg.first_token_timeout <= cfg.total_timeout
+    assert cfg.max_line_bytes >= 1024 and cfg.max_event_bytes >= 1024
+    assert cfg.max_idle_run >= 1 and cfg.max_idle_lines >= cfg.max_idle_run
+    for bad in ({"head_timeout": 0}, {"total_timeout": float("inf")},
+                {"first_token_timeout": -1.0}, {"head_timeout": True}):  # fmt: skip
+        with pytest.raises(ValueError, match="must be"):
+            UpstreamConfig("http://h/v1", **bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="head_timeout <= first_token_timeout <= total_timeout"):
+        UpstreamConfig("http://h/v1", head_timeout=10, first_token_timeout=5)
+    for bad in ({"max_line_bytes": 100}, {"max_event_bytes": 2.5e6}, {"max_idle_run": 0},
+                {"max_idle_lines": 0}):  # fmt: skip
+        with pytest.raises(ValueError, match="must be an integer >="):
+            UpstreamConfig("http://h/v1", **bad)  # type: ignore[arg-type]

@@ -6,10 +6,12 @@ not change what comes out.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tokenrelay.worker.errors import MalformedHttp
-from tokenrelay.worker.upstream.http1 import ResponseParser, request_bytes
+from tokenrelay.worker.upstream.http1 import MAX_INTERIM, ResponseParser, request_bytes
 from tokenrelay.worker.upstream.openai import SSEStream
 
 CHUNKED = (
@@ -59,6 +61,21 @@ def test_a_body_without_length_lasts_until_the_connection_closes() -> None:
 def test_informational_answers_are_skipped() -> None:
     p, body = parse(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n", step=3)
     assert p.head is not None and p.head.status == 204 and p.done and body == b""
+
+
+def test_informational_answers_past_their_cap_are_a_protocol_error() -> None:
+    interim = b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n"
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    p, body = parse(interim * MAX_INTERIM + ok, step=5)
+    assert p.head is not None and p.head.status == 200 and body == b"ok"
+    with pytest.raises(MalformedHttp, match="informational"):
+        parse(interim * (MAX_INTERIM + 1) + ok)
+
+
+@pytest.mark.parametrize("step", [1, 2, 3])
+def test_a_head_ended_by_lf_alone_is_found_however_the_reads_split_it(step: int) -> None:
+    p, body = parse(b"HTTP/1.1 200 OK\nContent-Length: 4\n\nbody", step=step)
+    assert p.head is not None and p.head.get("content-length") == "4" and body == b"body"
 
 
 def test_connection_close_and_http10_are_not_reused() -> None:
@@ -127,3 +144,30 @@ def test_an_event_without_its_last_blank_line_still_counts() -> None:
     sse = SSEStream()
     assert sse.feed(b"data: [DONE]") == []
     assert sse.close() == "[DONE]"
+
+
+def test_a_line_past_its_cap_is_refused_whether_it_ends_or_not() -> None:
+    sse = SSEStream(max_line=1024)
+    assert sse.feed(b"data: " + b"x" * 1018) == []  # 1024 bytes, not ended yet: at the cap
+    with pytest.raises(ValueError, match="line over 1024 bytes"):
+        sse.feed(b"x")
+    with pytest.raises(ValueError, match="line over 1024 bytes"):
+        SSEStream(max_line=1024).feed(b"data: 1\n\n: " + b"c" * 1100 + b"\n\ndata: 2\n\n")
+    with pytest.raises(ValueError, match="line over 1024 bytes"):
+        sse = SSEStream(max_line=1024)
+        sse.feed(b"data: " + b"x" * 1000)
+        sse.feed(b"x" * 100 + b"\n\n")  # the line's end comes, past the cap
+
+
+def test_a_long_line_costs_time_in_proportion_to_its_length() -> None:
+    """Its bytes are not looked at again at each read: 16 MiB in 4 KiB reads stay far
+    below the bound (rescanning and rebuilding the buffer each read takes tens of s)."""
+    sse = SSEStream(max_line=32 << 20, max_event=32 << 20)
+    piece = b"x" * 4096
+    began = time.monotonic()
+    assert sse.feed(b"data: ") == []
+    for _ in range(4096):
+        assert sse.feed(piece) == []
+    (got,) = sse.feed(b"\r\n\r\n")
+    assert len(got) == 16 << 20
+    assert time.monotonic() - began < 5.0

@@ -87,7 +87,7 @@ def test_a_field_the_relay_cannot_pass_on_is_named_not_dropped() -> None:
 
 def feed(lines: list[str]) -> list[str]:
     d = SSEDecoder()
-    out = [data for line in lines if (data := d.feed(line)) is not None]
+    out = [data for line in lines if (data := d.feed(line.encode())) is not None]
     last = d.close()
     return [*out, last] if last is not None else out
 
@@ -105,3 +105,50 @@ def test_multi_line_data_is_joined_with_newlines_and_one_leading_space_is_droppe
 def test_an_event_the_stream_ends_without_a_blank_line_is_still_delivered() -> None:
     assert feed(["data: x", "", "data: [DONE]"]) == ["x", "[DONE]"]
     assert feed([]) == []
+
+
+def test_an_event_past_its_cap_is_refused_and_one_at_it_is_not() -> None:
+    d = SSEDecoder(max_event=1024)
+    assert d.feed(b"data: " + b"a" * 500) is None
+    assert d.feed(b"data: " + b"b" * 522) is None  # 500 + 522 + two line ends: 1024
+    assert d.feed(b"") == "a" * 500 + "\n" + "b" * 522
+    d.feed(b"data: " + b"a" * 1000)
+    with pytest.raises(ValueError, match="event over 1024 bytes"):
+        d.feed(b"data: " + b"a" * 100)
+
+
+def test_empty_data_lines_count_towards_the_event_cap_and_the_idle_caps() -> None:
+    d = SSEDecoder(max_idle_run=1_000_000, max_idle_lines=1_000_000, max_event=4096)
+    with pytest.raises(ValueError, match="event over 4096 bytes"):
+        for _ in range(5000):
+            d.feed(b"data:")
+    d = SSEDecoder(max_idle_run=100)
+    with pytest.raises(ValueError, match="over 100 lines in a row"):
+        for _ in range(101):
+            d.feed(b"data:")
+
+
+def test_lines_without_an_event_are_capped_in_a_row_and_in_total() -> None:
+    d = SSEDecoder(max_idle_run=10, max_idle_lines=1_000)
+    for _ in range(10):
+        d.feed(b": keep-alive")
+    assert d.feed(b"data: x") is None and d.feed(b"") == "x"  # an event: the run starts again
+    for _ in range(5):
+        d.feed(b"id: 7")
+        d.feed(b"")
+    with pytest.raises(ValueError, match="over 10 lines in a row without an event"):
+        d.feed(b"event: x")
+    d = SSEDecoder(max_idle_run=10, max_idle_lines=30)
+    with pytest.raises(ValueError, match="over 30 comment or blank lines"):
+        for _ in range(11):  # three such lines each
+            for line in (b": a", b": b", b"", b'data: {"choices":[]}', b""):
+                d.feed(line)
+
+
+def test_event_ids_and_names_never_count_towards_the_total_cap() -> None:
+    d = SSEDecoder(max_idle_lines=10)
+    events = 0
+    for i in range(20_000):  # what a long answer from a tokenrelay upstream looks like
+        for line in (b"id: %d" % i, b"event: message", b'data: {"choices":[]}', b""):
+            events += d.feed(line) is not None
+    assert events == 20_000
