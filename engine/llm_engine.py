@@ -62,10 +62,10 @@ class LLMEngine:
     backend = "engine"  # what a worker's stats call it (the worker's EngineClient)
 
     def __init__(self, config: EngineConfig) -> None:
-
         from tokenrelay.engine.attention.registry import choose
         from tokenrelay.engine.models.store import resolve_gguf, resolve_model
-        from tokenrelay.engine.runner.model_runner import ModelRunner, resolve_device, resolve_dtype
+        from tokenrelay.engine.runner.devices import resolve_device, resolve_dtype
+        from tokenrelay.engine.runner.model_runner import ModelRunner
         from tokenrelay.engine.text.detokenizer import IncrementalDetokenizer
         from tokenrelay.engine.text.token_text import TokenTexts
         from tokenrelay.engine.text.tokenizer import load_tokenizer

@@ -32,13 +32,21 @@ from tokenrelay.engine.attention.metadata import AttentionMetadata, build_metada
 from tokenrelay.engine.kernels import cpu_attention, decoder, quant
 from tokenrelay.engine.kernels.build import prebuild
 from tokenrelay.engine.models.config import ModelConfig
-from tokenrelay.engine.models.weights import default_dtype, load_model
+from tokenrelay.engine.models.weights import load_model
 from tokenrelay.engine.parallel.layout import local_config
+from tokenrelay.engine.runner.devices import (
+    DTYPES,
+    configure_threads,
+    kv_dtype_name,
+    resolve_device,
+    resolve_dtype,
+)
 from tokenrelay.engine.runner.graphs import DecodeGraphs, DecodeRows, graph_buckets
 from tokenrelay.engine.runner.kv_cache import KVCache, plan_num_blocks
 from tokenrelay.engine.runner.logprobs import SampleLogprobs
 from tokenrelay.engine.runner.sampler import Sampler
 from tokenrelay.engine.runner.step import StepInput
+from tokenrelay.engine.runner.twins import plan_twins
 from tokenrelay.engine.scheduling.batch import BatchItem
 
 if TYPE_CHECKING:
@@ -46,66 +54,6 @@ if TYPE_CHECKING:
     from tokenrelay.engine.parallel.group import Group
 
 log = logging.getLogger("tokenrelay.engine")
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    """``"auto"`` -> CUDA when available, else CPU; validates anything else."""
-    if isinstance(device, str) and device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"device: {device!r} is not a torch device") from exc
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device: {device!r} requested but CUDA is not available")
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"device: {device!r} is not supported (cpu, cuda or auto)")
-    return dev
-
-
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-}
-
-
-def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
-    """``None``/``"auto"`` -> fp32 on CPU, bf16 (or fp16) on CUDA; accepts names like ``"bf16"``."""
-    if dtype is None or dtype == "auto":
-        return default_dtype(device)
-    if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
-        return dtype
-    if isinstance(dtype, str) and dtype.lower() in _DTYPES:
-        return _DTYPES[dtype.lower()]
-    raise ValueError(f"dtype: {dtype!r} is not supported (float32, bfloat16, float16 or auto)")
-
-
-def kv_dtype_name(kv_cache_dtype: torch.dtype | str | None) -> str:
-    """``None``/``"auto"`` -> ``"auto"``; a dtype or its name (``"fp16"``...) -> its full name."""
-    if kv_cache_dtype is None or kv_cache_dtype == "auto":
-        return "auto"
-    if kv_cache_dtype in _DTYPES.values() or str(kv_cache_dtype).lower() in _DTYPES:
-        return str(resolve_dtype(kv_cache_dtype, torch.device("cpu"))).replace("torch.", "")
-    supported = "auto, float32, float16 or bfloat16"
-    raise ValueError(f"kv_cache_dtype: {kv_cache_dtype!r} is not supported ({supported})")
-
-
-def configure_threads(num_threads: int | None = None) -> int:
-    """Use ``num_threads``, else honour ``OMP_NUM_THREADS``/torch's default, capped at our CPUs."""
-    if num_threads is not None:
-        if num_threads <= 0:
-            raise ValueError(f"num_threads must be > 0, got {num_threads}")
-        torch.set_num_threads(num_threads)
-    elif "OMP_NUM_THREADS" not in os.environ:
-        available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-        if available and torch.get_num_threads() > available:
-            torch.set_num_threads(available)
-    return torch.get_num_threads()
 
 
 class ModelRunner:
@@ -177,7 +125,7 @@ class ModelRunner:
         shard = local_config(self.model_config, size)  # this rank's KV heads
         fused = self.model.fused is not None  # auto: float16 under the fused decoder
         kv_name = registry.kv_cache_dtype(kv_name, self.attention_backend, dtype_name, fused)
-        self.kv_dtype = _DTYPES[kv_name]
+        self.kv_dtype = DTYPES[kv_name]
         self.num_blocks = plan_num_blocks(
             shard,
             block_size=block_size,
@@ -266,7 +214,11 @@ class ModelRunner:
         step = StepInput.of(items)
         peers = self.group.peers if self.group is not None else None
         if peers is None:
-            logits = self.forward(step)
+            twins = plan_twins(step, self.block_size)  # identical chunks computed once
+            logits = self.forward(twins.reduced if twins is not None else step)
+            if twins is not None:
+                twins.copy_kv(self.kv_cache)
+                logits = None if logits is None else twins.expand(logits)
         else:
             try:
                 peers.publish(step)

@@ -19,7 +19,8 @@ from tokenrelay.core.serve import worker_command
 from tokenrelay.engine import EngineConfig, LLMEngine
 from tokenrelay.engine.attention.registry import kv_cache_dtype
 from tokenrelay.engine.runner import model_runner
-from tokenrelay.engine.runner.model_runner import ModelRunner, kv_dtype_name
+from tokenrelay.engine.runner.devices import kv_dtype_name
+from tokenrelay.engine.runner.model_runner import ModelRunner
 from tokenrelay.worker.engine_client import engine_config
 
 PROMPTS = [
