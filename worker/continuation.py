@@ -109,6 +109,8 @@ def finish_foreign(store: WorkerStore, stream_id: str, reason: FinishReason, mes
         first, events = plan_finish(last, int(pt or 0), reason, message)
         batch = Batch(stream_id, first, events, {M.FINISH_REASON: reason}, float(ttl or 3600.0))
         res = store.flush([batch])[0]
+        if res is None:
+            raise ConnectionError("the stream's redis master is down")
         if res.status == 1:
             return True
         if res.status != 0:

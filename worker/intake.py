@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from tokenrelay.core.redis.connection import is_outage
 from tokenrelay.core.wire.events import accepted_fields, done_fields, rejected_fields
 from tokenrelay.core.wire.params import SamplingParams
 from tokenrelay.core.wire.records import MetaField as M
@@ -79,7 +80,13 @@ class Intake:
 
     def admit_all(self, reqs: list[Request]) -> None:
         for req in reqs:
-            self.admit(req)
+            try:
+                self.admit(req)
+            except Exception as exc:  # its stream's master is down (a cluster): it waits
+                if not is_outage(exc):
+                    raise
+                extra = {"stream_id": req.stream_id, "request_id": req.request_id}
+                log.warning("request waits: its redis master is down (%r)", exc, extra=extra)
 
     def admit(self, req: Request) -> None:
         """Take one request: end it at once (see the module doc) or start tokenizing it."""

@@ -152,7 +152,7 @@ class Worker:
     def _iteration(self) -> None:
         if self.outbox.unwritten():
             self.outbox.flush()
-            if self.outbox.unwritten():  # Redis took only part: try again before more work
+            if self.outbox.blocked():  # Redis took only part: try again before more work
                 return
         busy = self.engine.has_unfinished() or self.intake.pending() > 0
         room = 0 if self.draining.is_set() else self.max_seqs - len(self.active)

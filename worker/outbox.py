@@ -100,12 +100,18 @@ class Outbox:
         self._abort = abort  # stops an engine request
         self.streams: dict[str, Active] = {}
         self.finished: list[Active] = []  # done and confirmed in Redis (see take_finished)
+        self.held: set[str] = set()  # streams the last flush could not write: master down
 
     def __len__(self) -> int:
         return len(self.streams)
 
     def unwritten(self) -> list[Active]:
         return [a for a in self.streams.values() if not a.silent and a.written < len(a.events)]
+
+    def blocked(self) -> bool:
+        """Whether events wait that Redis could take now: beyond those of streams whose
+        master was down at the last flush, which wait without holding up the others."""
+        return any(a.stream_id not in self.held for a in self.unwritten())
 
     def flush(self) -> None:
         """Write every stream's unconfirmed events; raises on a Redis outage (nothing lost)."""
@@ -123,8 +129,11 @@ class Outbox:
             )
             for a in todo
         ]
+        self.held = set()
         for a, res in zip(todo, self.store.flush(batches), strict=True):
-            if res.status == 1:
+            if res is None:  # its master is down (a cluster): kept for a later flush
+                self.held.add(a.stream_id)
+            elif res.status == 1:
                 a.written = len(a.events)
             else:
                 self._reconcile(a, res)

@@ -145,17 +145,17 @@ class ShardReader:
         except Exception as exc:
             if not is_outage(exc):
                 raise
-            replies = self._each(queues, count)  # a master is down: read the others' shards
+            return self.each(queues, count)  # a master is down: read the others' shards
         return [e for reply in replies for e in entries_of(reply)]
 
-    def _each(self, queues: list[str], count: int) -> list[Any]:
-        """One read per queue shard, leaving out those whose master does not answer (all
-        of them failing is the outage it is)."""
+    def each(self, queues: list[str], count: int, after: str = ">") -> list[tuple[str, Any, Any]]:
+        """The entries of one read per queue shard, leaving out those whose master does not
+        answer (all of them failing is the outage it is)."""
         out: list[Any] = []
         failed: Exception | None = None
         for queue in queues:
             pipe = self._cluster.pipeline(transaction=False)
-            self.queue(pipe, [queue], count)
+            self.queue(pipe, [queue], count, after)
             try:
                 out += pipe.execute()
             except Exception as exc:
@@ -164,7 +164,7 @@ class ShardReader:
                 failed = exc
         if failed is not None and len(out) == 0:
             raise failed
-        return out
+        return [e for reply in out for e in entries_of(reply)]
 
     def reset(self) -> None:
         """The worker's models changed: subscribe their wake channels at the next wait."""

@@ -21,7 +21,6 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -30,45 +29,33 @@ from tokenrelay.core.redis.connection import (
     atomic_pipeline,
     connect_sync,
     is_full,
+    is_outage,
     queue_script,
 )
 from tokenrelay.core.wire.keys import (
     DEFAULT_PREFIX,
     GROUP,
     HEARTBEAT_TTL,
-    MAXLEN,
     Keys,
 )
 from tokenrelay.core.wire.records import MetaField as M
 from tokenrelay.core.wire.records import RequestField, text
 from tokenrelay.core.wire.scripts import (
-    APPEND_CLUSTER_LUA,
-    APPEND_LUA,
     ATTACHED_LUA,
     RELEASE_LUA,
-    Append,
     AppendResult,
-    append_call,
-    append_groups,
-    decode_append,
 )
 from tokenrelay.core.wire.stats import STATS_FIELD, WorkerStats
+from tokenrelay.worker.appends import Appender, Batch
+from tokenrelay.worker.outage import Masters
 from tokenrelay.worker.requests import Request, entries_of, parse_request
 from tokenrelay.worker.shards import ShardReader
 
-log = logging.getLogger("tokenrelay.workerlog")
+log = logging.getLogger("tokenrelay.worker")
 
 # a request delivered this recently is not claimed even if its worker has no heartbeat yet
 # (a worker reads its first request a moment before its first beat lands)
 CLAIM_MIN_IDLE = 1.0
-
-
-@dataclass(frozen=True)
-class Batch(Append):
-    """A worker's :class:`Append`, with the request it finishes (if any)."""
-
-    ack_entry: str | None = None  # acknowledge (and drop) this request once written
-    ack_queue: str | None = None  # ... in this request queue (None: ``P requests``)
 
 
 class WorkerStore:
@@ -90,6 +77,8 @@ class WorkerStore:
         self.queues = [self.keys.requests]
         self.redis = connect_sync(url, cluster=cluster)
         self.shards = ShardReader(self.redis, url, worker_id) if cluster else None
+        self.masters = Masters(self.redis) if cluster else None
+        self.appender = Appender(self.redis, self.keys, self.masters)
         self.serve(models or [])
         self._release = self.redis.register_script(RELEASE_LUA)
         self._control_cursor: str | None = None
@@ -170,17 +159,34 @@ class WorkerStore:
         pipe = self.redis.pipeline(transaction=False)
         self._queue_reads(pipe, self._read_count(count))
         self._control_read(pipe)
-        *replies, control = pipe.execute(raise_on_error=False)
+        try:
+            *replies, control = pipe.execute(raise_on_error=False)
+        except Exception as exc:
+            if self.shards is None or not is_outage(exc):
+                raise
+            return self._read_new_apart(count)  # a master is down: read the others
         for reply in replies:
             if isinstance(reply, Exception):
+                if self.shards is not None and is_outage(reply):
+                    return self._read_new_apart(count)
                 raise reply
         requests = self._with_meta([e for reply in replies for e in entries_of(reply)])
         if not isinstance(control, Exception):  # the cursor moves only once nothing can fail
             self._control_ahead = (self._control_ahead or []) + self._control_taken(control)
         return requests
 
+    def _read_new_apart(self, count: int) -> list[Request]:
+        """:meth:`read_new` on a cluster with a master down: each shard and the control
+        stream on their own, those of the down master left out."""
+        assert self.shards is not None
+        self._control_ahead = (self._control_ahead or []) + self.read_control()
+        return self._with_meta(self.shards.read(self.queues, [], self._read_count(count), None))
+
     def read_own_pending(self) -> list[Request]:
         """Requests this worker id took before (a restart with a fixed ``--worker-id``)."""
+        if self.shards is not None:  # each shard on its own: a master may be down
+            found = self.shards.each(self.queues, 1000, after="0")
+            return self._with_meta([e for e in found if e[2]])
         pipe = self.redis.pipeline(transaction=False)
         self._queue_reads(pipe, 1000, after="0")
         return self._with_meta([e for r in pipe.execute() for e in entries_of(r) if e[2]])
@@ -189,10 +195,18 @@ class WorkerStore:
         """Requests of ``(queue, entry id, fields)`` entries, with their streams' metadata."""
         if not entries:
             return []
-        pipe = self.redis.pipeline(transaction=False)
-        for _, _, fields in entries:
-            pipe.hgetall(self.keys.meta(text(fields.get(RequestField.STREAM_ID.encode(), b""))))
-        metas = pipe.execute()
+        keys = [
+            self.keys.meta(text(f.get(RequestField.STREAM_ID.encode(), b""))) for *_, f in entries
+        ]
+        if self.masters is not None:  # those of a down master wait, pending (read_own_pending)
+            got = self.masters.each(keys, lambda pipe, key: pipe.hgetall(key))
+            entries = [e for e, k in zip(entries, keys, strict=True) if k in got]
+            metas = [got[k] for k in keys if k in got]
+        else:
+            pipe = self.redis.pipeline(transaction=False)
+            for key in keys:
+                pipe.hgetall(key)
+            metas = pipe.execute()
         plain = self.keys.requests  # Request.queue None: this one
         return [
             parse_request(None if queue == plain else queue, eid, fields, meta)
@@ -210,35 +224,9 @@ class WorkerStore:
 
     # --- appending -----------------------------------------------------------------------
 
-    def flush(self, batches: list[Batch]) -> list[AppendResult]:
-        """Append every batch in one pipelined round trip; one result per batch: a few
-        script calls of up to ``APPEND_CHUNK`` streams each (of one master each on a
-        cluster), every call publishing what it wrote."""
-        if not batches:
-            return []
-        pipe = self.redis.pipeline(transaction=False)
-        groups = append_groups(self.keys, batches, self._master_of if self.cluster else None)
-        for group in groups:
-            keys, args = append_call(self.keys, [batches[i] for i in group], maxlen=MAXLEN)
-            many = self.cluster and len(group) > 1  # one master's streams, several slots
-            queue_script(pipe, APPEND_CLUSTER_LUA if many else APPEND_LUA, keys, args)
-        acks: dict[str, list[str]] = {}
-        for b in batches:
-            if b.ack_entry:
-                acks.setdefault(self._queue(b.ack_queue), []).append(b.ack_entry)
-        for key, ids in acks.items():
-            pipe.xack(key, GROUP, *ids)
-            pipe.xdel(key, *ids)
-        replies = pipe.execute(raise_on_error=False)
-        out: dict[int, AppendResult] = {}
-        for group, raw in zip(groups, replies, strict=False):
-            if isinstance(raw, Exception):
-                raise raw
-            out.update((i, decode_append(answer)) for i, answer in zip(group, raw, strict=True))
-        return [out[i] for i in range(len(batches))]
-
-    def _master_of(self, slot: int) -> str:
-        return str(self.redis.nodes_manager.get_node_from_slot(slot).name)  # type: ignore[attr-defined]
+    def flush(self, batches: list[Batch]) -> list[AppendResult | None]:
+        """Append every batch (:meth:`Appender.flush`); one result per batch."""
+        return self.appender.flush(batches)
 
     # --- control -----------------------------------------------------------------------
 
@@ -247,7 +235,10 @@ class WorkerStore:
         if self._control_ahead is not None:  # read_new() read them already
             out, self._control_ahead = self._control_ahead, None
             return out
-        return self._control_taken(self._control_read(self.redis))
+        if self.masters is None:
+            return self._control_taken(self._control_read(self.redis))
+        replies = self.masters.run(self.masters.of_key(self.keys.control), self._control_read)
+        return [] if replies is None else self._control_taken(replies[0])  # down: later
 
     def _control_read(self, client: Any) -> Any:
         """Send (on a client) or queue (on a pipeline) the read of the control stream.
@@ -276,16 +267,21 @@ class WorkerStore:
         """``{stream_id: (live attachments, cancel requested)}`` in one round trip."""
         if not stream_ids:
             return {}
-        pipe = self.redis.pipeline(transaction=False)
         attach = [self.keys.attach(s) for s in stream_ids]
-        groups = [[k] for k in attach] if self.cluster else [attach]
-        for keys in groups:
-            queue_script(pipe, ATTACHED_LUA, keys, [])
+        if self.masters is not None:  # per master: the streams of a down master left out
+            n = self.masters.each(attach, lambda p, k: queue_script(p, ATTACHED_LUA, [k], []))
+            meta = [self.keys.meta(s) for s in stream_ids]
+            cancel = self.masters.each(meta, lambda p, k: p.hget(k, M.CANCEL))
+            return {
+                sid: (int(n[a][0]), cancel[m] == b"1")
+                for sid, a, m in zip(stream_ids, attach, meta, strict=True)
+                if a in n and m in cancel
+            }
+        pipe = self.redis.pipeline(transaction=False)
+        queue_script(pipe, ATTACHED_LUA, attach, [])
         for sid in stream_ids:
             pipe.hget(self.keys.meta(sid), M.CANCEL)
-        replies = pipe.execute()
-        counts = [n for reply in replies[: len(groups)] for n in reply]
-        flags = replies[len(groups) :]
+        counts, *flags = pipe.execute()
         return {
             sid: (int(n), flag == b"1")
             for sid, n, flag in zip(stream_ids, counts, flags, strict=True)
@@ -351,7 +347,11 @@ class WorkerStore:
         queues this worker reads (a dead worker's other models wait for their workers)."""
         out: list[Request] = []
         for queue in self.queues:
-            out += self._claim_dead(queue)
+            try:
+                out += self._claim_dead(queue)
+            except Exception as exc:  # a master down (a cluster): its queues' claims wait
+                if self.masters is None or not is_outage(exc):
+                    raise
         return out
 
     def _claim_dead(self, queue: str) -> list[Request]:
