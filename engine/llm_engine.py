@@ -6,7 +6,8 @@ or :class:`engine.LLM`) adds requests at any time and calls :meth:`step` in a
 loop; each step returns a :class:`RequestOutput` for every request that
 produced text or tokens, or finished, in that step.
 
-Threading: :meth:`abort` may be called from another thread, the rest from :meth:`step`'s.
+Threading: :meth:`abort`, :meth:`encode`, :meth:`apply_chat_template` and
+:meth:`guided_matcher` may be called from other threads, the rest from :meth:`step`'s.
 """
 
 from __future__ import annotations
@@ -19,16 +20,17 @@ from typing import TYPE_CHECKING, Any
 
 from tokenrelay.core.wire.logprobs import Logprobs, TokenLogprob
 from tokenrelay.core.wire.params import SamplingParams
+from tokenrelay.core.wire.response_format import ResponseFormat
 from tokenrelay.core.wire.tools import Tool
 from tokenrelay.core.wire.vocabulary import FinishReason
 from tokenrelay.engine.config import EngineConfig
+from tokenrelay.engine.guided.compiler import EngineGrammars
 from tokenrelay.engine.scheduling.block_manager import BlockManager
 from tokenrelay.engine.scheduling.scheduler import Scheduler
 from tokenrelay.engine.scheduling.sequence import Sequence
 from tokenrelay.engine.text.chat import render_chat
 
 if TYPE_CHECKING:
-    from tokenrelay.engine.guided.compiler import GrammarCompiler
     from tokenrelay.engine.guided.matcher import GuidedMatcher
     from tokenrelay.engine.runner.logprobs import SampleLogprobs
 
@@ -133,7 +135,7 @@ class LLMEngine:
             self.block_manager, config.max_num_seqs, self.max_num_batched_tokens
         )
         self._detok: dict[str, Any] = {}
-        self._grammars: GrammarCompiler | None = None  # built by the first guided request
+        self._grammars = EngineGrammars(self.tokenizer, self.vocab_size, self.eos_token_ids)
         self._matchers: dict[str, GuidedMatcher] = {}  # request id -> its grammar's state
         self._arrivals = 0
         self.num_steps = 0
@@ -148,12 +150,14 @@ class LLMEngine:
         params: SamplingParams | None = None,
         *,
         generated: Iterable[int] = (),
+        guide: GuidedMatcher | None = None,
     ) -> int:
         """Queue a request; returns its prompt token count.
 
         ``generated``: tokens it already produced elsewhere (its worker died), prefilled
         after the prompt and counted as output (max_tokens, seeded draws, penalties, stop
-        strings and the grammar go on from them).
+        strings and the grammar go on from them). ``guide``: its grammar state, made ahead
+        by :meth:`guided_matcher` (else it is made here, compiling on this thread).
 
         Raises ``ValueError`` naming the field for an empty or too long prompt,
         token ids outside the vocabulary, a duplicate ``request_id`` or bad
@@ -183,7 +187,7 @@ class LLMEngine:
         if output and (len(output) >= params.max_tokens or
                        len(token_ids) + len(output) >= self.max_model_len):  # fmt: skip
             raise ValueError(f"generated: {len(output)} tokens leave no room to generate")
-        matcher = self._matcher(params)
+        matcher = self._grammars.for_request(params, guide)
         detok = self._detokenizer_cls(self.tokenizer, list(params.stop))
         for token in output:  # the state they left: held-back text, the grammar's position
             detok.add(token)
@@ -198,21 +202,11 @@ class LLMEngine:
             self._matchers[request_id] = matcher
         return len(token_ids)
 
-    def _matcher(self, params: SamplingParams) -> GuidedMatcher | None:
-        """A guided request's grammar state (the compiler built on first use).
-
-        Raises ``ValueError`` (naming ``response_format``) for a grammar refused here.
-        """
-        fmt = params.guided
-        if fmt is None:
-            return None
-        if params.ignore_eos:
-            raise ValueError("ignore_eos: cannot be combined with a response_format")
-        if self._grammars is None:
-            from tokenrelay.engine.guided.compiler import GrammarCompiler
-
-            self._grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
-        return self._grammars.matcher(fmt)
+    def guided_matcher(self, fmt: ResponseFormat) -> GuidedMatcher:
+        """A new request's grammar state for ``fmt`` (``params.guided``), for
+        :meth:`add_request`'s ``guide``: compiled once per distinct grammar, then copied.
+        Thread-safe: a worker calls it beside the step loop. ``ValueError`` if refused."""
+        return self._grammars.compiler.matcher(fmt)
 
     def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):

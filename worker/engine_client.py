@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from tokenrelay.core.wire.logprobs import Logprobs
 from tokenrelay.core.wire.params import SamplingParams
+from tokenrelay.core.wire.response_format import ResponseFormat
 from tokenrelay.core.wire.stats import checked_models
 from tokenrelay.core.wire.tools import Tool
 from tokenrelay.core.wire.vocabulary import FinishReason
@@ -50,7 +51,8 @@ class EngineClient(Protocol):
     """The step-level engine interface a worker drives (one thread, one call at a time).
 
     Except :meth:`encode` and :meth:`apply_chat_template`: the worker tokenizes
-    long prompts on a second thread (worker/prepare.py), concurrently with the others.
+    long prompts on a second thread (worker/prepare.py), concurrently with the others
+    (and compiles grammars there, :class:`MakesGuides`).
     """
 
     def encode(self, text: str) -> list[int]:
@@ -71,13 +73,15 @@ class EngineClient(Protocol):
         params: SamplingParams | None = None,
         *,
         generated: Sequence[int] = (),
+        guide: Any = None,
     ) -> int:
         """Queue a request; its prompt token count. ``ValueError`` for a bad one.
 
         ``generated``: tokens the request already produced (a stream continued from
         another worker's log): they are prefilled after the prompt, count as output
         (``max_tokens``, seeded sampling, penalties, stop strings, the grammar) and are
-        not produced again.
+        not produced again. ``guide``: its grammar state, made on the preparer thread by
+        :meth:`MakesGuides.guided_matcher` (``None``: none, or made here).
         """
         ...
 
@@ -131,6 +135,17 @@ class Starter(Protocol):
     def wait(self, timeout: float) -> bool: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class MakesGuides(Protocol):
+    """An engine that makes a guided request's grammar state ahead of ``add_request``, on
+    another thread: the preparer compiles it there (seconds for a large schema), never
+    the step loop, and ``add_request`` takes it as ``guide``."""
+
+    def guided_matcher(self, fmt: ResponseFormat) -> Any:
+        """A new request's grammar state for ``fmt``; thread-safe; ``ValueError`` if refused."""
+        ...
 
 
 @runtime_checkable

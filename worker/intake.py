@@ -12,9 +12,14 @@ consumer group it decides what the stream log says first:
   (:meth:`core.wire.requests.Limits.for_context`, the bound gateways apply
   too): ``rejected`` then ``done error``, before any tokenizing;
 - else it is tokenized (worker/prepare.py: long inputs on a thread, off the
-  engine loop) and, once its token ids are back, added to the engine with an
+  engine loop, and guided requests there too: their grammar compiles there, once per
+  distinct schema) and, once its token ids are back, added to the engine with an
   ``accepted`` event (seq 0). A stream cancelled meanwhile ends as one
   cancelled before it ran.
+
+Reading a request's parameters here leaves llguidance's check of its schemas out
+(core/wire/schema_verdicts.py: deferred, and dropped): the gateway checked them, and the
+engine's compile on the preparer thread refuses what it cannot build.
 
 An engine with no tokenizer (:class:`worker.engine_client.TakesBody`: the upstream
 relay, worker/upstream/) takes the body as is through its own starter in place
@@ -33,13 +38,14 @@ from tokenrelay.core.wire.events import accepted_fields, done_fields, rejected_f
 from tokenrelay.core.wire.params import SamplingParams
 from tokenrelay.core.wire.records import MetaField as M
 from tokenrelay.core.wire.requests import Limits
+from tokenrelay.core.wire.schema_verdicts import deferred_verdicts
 from tokenrelay.core.wire.vocabulary import ErrorCode, FinishReason, StreamStatus
 from tokenrelay.worker import continuation
 from tokenrelay.worker.continuation import Continuation
-from tokenrelay.worker.engine_client import EngineClient, Starter, TakesBody
+from tokenrelay.worker.engine_client import EngineClient, MakesGuides, Starter, TakesBody
 from tokenrelay.worker.errors import EngineRefused
 from tokenrelay.worker.outbox import Active
-from tokenrelay.worker.prepare import Prepared, Preparer, input_chars
+from tokenrelay.worker.prepare import GUIDED, Prepared, Preparer, input_chars
 from tokenrelay.worker.store import Request, WorkerStore
 from tokenrelay.worker.telemetry import WorkerTelemetry
 
@@ -68,8 +74,11 @@ class Intake:
         self.worker_id = store.worker_id
         self.detach_timeout = detach_timeout
         self.stream_ttl = stream_ttl
+        guide = engine.guided_matcher if isinstance(engine, MakesGuides) else None
         self.preparer: Starter = (
-            engine.starter() if isinstance(engine, TakesBody) else Preparer(self.encode)
+            engine.starter()
+            if isinstance(engine, TakesBody)
+            else Preparer(self.encode, guide=guide)  # grammars compile on its thread
         )
         # streams being tokenized: their params and request metadata
         self.preparing: dict[str, tuple[SamplingParams, dict[str, str]]] = {}
@@ -118,7 +127,8 @@ class Intake:
             body = req.body
             if body is None:
                 raise ValueError("request body is not valid JSON")
-            params = SamplingParams(**(body.get("params") or {}))
+            with deferred_verdicts():  # not on this loop: see the module doc
+                params = SamplingParams(**(body.get("params") or {}))
         except (ValueError, TypeError) as exc:
             self.reject(a, ErrorCode.BAD_REQUEST, str(exc))
             return
@@ -130,6 +140,8 @@ class Intake:
         self.preparing[a.stream_id] = (params, meta)
         if params.offered_tools:  # the template shows them (a key no client body has)
             body = {**body, "_tools": params.offered_tools}
+        if params.guided is not None:  # its grammar compiles beside the loop
+            body = {**body, GUIDED: params.guided}
         self.preparer.submit(a.stream_id, body)
 
     def _take_over(self, req: Request, meta: dict[str, str]) -> Continuation | None:
@@ -254,7 +266,9 @@ class Intake:
             if prepared.error is not None:
                 raise prepared.error
             ids = prepared.token_ids or []
-            n = self.engine.add_request(a.stream_id, ids, params, generated=going_on or ())
+            n = self.engine.add_request(
+                a.stream_id, ids, params, generated=going_on or (), guide=prepared.guide
+            )
         except EngineRefused as exc:
             self._refuse(a, exc.code, exc.message)
             return

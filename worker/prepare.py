@@ -1,21 +1,26 @@
-"""Prompts tokenized beside the engine loop, so a long one never stalls running streams.
+"""Prompts tokenized and grammars compiled beside the engine loop, so that a long prompt
+or a large schema never stalls running streams.
 
-Tokenizing is the one per-request cost that grows with the input, and a burst of
-very long prompts run in the engine loop would hold every running stream's next
-token for seconds. The
+Tokenizing grows with the input and compiling a ``response_format`` or a required tool
+call's grammar with its schema (seconds for a hostile one): run in the engine loop, a
+burst of either would hold every running stream's next token for seconds. The
 loop hands a request's body to :class:`Preparer` and goes on stepping; a
 background thread turns the body into token ids (the chat template rendered, or
-the prompt encoded) and the loop picks the result up on a later iteration.
+the prompt encoded) and, for a guided request (the body's :data:`GUIDED` key: its
+:class:`~core.wire.response_format.ResponseFormat`), into its grammar state too (the
+``guide`` callable: the engine compiles each distinct grammar once, and the ``n``
+choices of a request share it), and the loop picks the result up on a later iteration.
 
-- A small input (under :data:`INLINE_CHARS`) is tokenized at once, in the
-  caller: a millisecond at most, and its first token does not wait for a thread.
+- A small input (under :data:`INLINE_CHARS`) without a grammar is tokenized at once, in
+  the caller: a millisecond at most, and its first token does not wait for a thread.
 - The thread runs at a lower scheduling priority where the OS allows it
   (Linux: a nice value per thread), so on a busy CPU the engine's own threads
-  win; the tokenizers library releases the GIL while it encodes.
+  win; the tokenizers library releases the GIL while it encodes, llguidance while it
+  compiles.
 - Results come back in completion order, one per submitted stream, each the
-  token ids or the exception the encoder raised (``ValueError`` for a bad
-  request). :meth:`Preparer.forget` drops a stream whose result is no longer
-  wanted (cancelled, handed back, shut down).
+  token ids (and grammar state) or the exception the encoder or the compiler raised
+  (``ValueError`` for a bad request). :meth:`Preparer.forget` drops a stream whose
+  result is no longer wanted (cancelled, handed back, shut down).
 """
 
 from __future__ import annotations
@@ -29,21 +34,27 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tokenrelay.core.wire.response_format import ResponseFormat
+
 log = logging.getLogger("tokenrelay.worker")
 
 INLINE_CHARS = 4096  # inputs up to this many characters are tokenized in the caller
 THREAD_NICE = 10  # the tokenizer thread's nice value over the process (Linux)
+GUIDED = "_guided"  # the body's key for its grammar's format (a key no client body has)
 
 Encode = Callable[[dict[str, Any]], list[int]]
+Guide = Callable[[ResponseFormat], Any]  # a format -> a new request's grammar state
 
 
 @dataclass
 class Prepared:
-    """One stream's prompt: ``token_ids``, or the ``error`` its encoding raised."""
+    """One stream's prompt: ``token_ids`` (and the ``guide`` of a guided request), or the
+    ``error`` its encoding or its grammar's compile raised."""
 
     stream_id: str
     token_ids: list[int] | None = None
     error: BaseException | None = None
+    guide: Any = None
 
 
 def input_chars(body: dict[str, Any]) -> int:
@@ -60,10 +71,16 @@ def input_chars(body: dict[str, Any]) -> int:
 
 
 class Preparer:
-    """Turns request bodies into token ids on one background thread (see the module doc)."""
+    """Turns request bodies into token ids (and grammar states) on one background thread
+    (see the module doc)."""
 
-    def __init__(self, encode: Encode, *, inline_chars: int = INLINE_CHARS) -> None:
+    def __init__(
+        self, encode: Encode, *, guide: Guide | None = None, inline_chars: int = INLINE_CHARS
+    ) -> None:
+        """``guide``: makes a guided request's grammar state (``None``: the engine makes
+        it when the request is added)."""
         self._encode = encode
+        self._guide = guide
         self.inline_chars = inline_chars
         self._jobs: queue.SimpleQueue[tuple[str, dict[str, Any]] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -73,10 +90,12 @@ class Preparer:
         self._thread: threading.Thread | None = None
 
     def submit(self, stream_id: str, body: dict[str, Any]) -> None:
-        """Tokenize ``body`` for ``stream_id``: now if it is small, else on the thread."""
+        """Tokenize ``body`` for ``stream_id``: now if it is small and has no grammar to
+        compile, else on the thread."""
         with self._lock:
             self._pending.add(stream_id)
-        if input_chars(body) <= self.inline_chars:
+        compiles = self._guide is not None and body.get(GUIDED) is not None
+        if input_chars(body) <= self.inline_chars and not compiles:
             self._finish(self._run(stream_id, body))
             return
         if self._thread is None:
@@ -120,7 +139,10 @@ class Preparer:
 
     def _run(self, stream_id: str, body: dict[str, Any]) -> Prepared:
         try:
-            return Prepared(stream_id, token_ids=self._encode(body))
+            token_ids = self._encode(body)
+            fmt = body.get(GUIDED)
+            guide = self._guide(fmt) if self._guide is not None and fmt is not None else None
+            return Prepared(stream_id, token_ids=token_ids, guide=guide)
         except Exception as exc:  # the loop turns it into the stream's error
             return Prepared(stream_id, error=exc)
 

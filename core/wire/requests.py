@@ -30,6 +30,7 @@ from tokenrelay.core.wire.params import (
     MAX_TOP_LOGPROBS,
     SamplingParams,
 )
+from tokenrelay.core.wire.schema_budget import SchemaBudget
 from tokenrelay.core.wire.structured import message_tool_fields, structured_params
 from tokenrelay.core.wire.vocabulary import ErrorCode
 
@@ -74,6 +75,7 @@ class Limits:
     max_tokens: int = DEFAULT_MAX_TOKENS_LIMIT
     max_stop_token_ids: int = 64
     max_output_entries: int = DEFAULT_MAX_OUTPUT_ENTRIES
+    schemas: SchemaBudget = dataclasses.field(default_factory=SchemaBudget)  # all schemas
     context_tokens: int | None = None  # the served model's context, when known
     vocab_size: int | None = None  # the served model's vocabulary, when known
 
@@ -106,11 +108,8 @@ class Message:
 
 
 def _got(value: Any) -> str:
-    if isinstance(value, bool):
-        return "a boolean"
-    if value is None:
-        return "null"
-    return type(value).__name__
+    names = {bool: "a boolean", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
 
 
 def _bad(name: str, message: str) -> RequestError:
@@ -207,7 +206,7 @@ def validate_params(
         kw["ignore_eos"] = raw["ignore_eos"]
     kw.update(_penalties(raw, limits, names))
     try:  # response_format, tools, tool_choice, parallel_tool_calls
-        kw.update(structured_params(raw, names, bool(kw.get("ignore_eos"))))
+        kw.update(structured_params(raw, names, bool(kw.get("ignore_eos")), limits.schemas))
     except ResponseFormatError as exc:
         raise RequestError(exc.code, str(exc), exc.field) from None
     check_output_budget(kw.get("max_tokens", SamplingParams.max_tokens), kw.get("logprobs"), 1,

@@ -27,7 +27,10 @@ The checks are the ones a user can act on before a grammar is built:
   of ``items`` (use ``prefixItems``); keyword values of the wrong type;
 * last, llguidance's own check of the schema without a tokenizer (what it cannot
   express exactly, such as an overlapping ``oneOf``, or an unsatisfiable schema), so
-  that what passes here compiles in the engine.
+  that what passes here compiles in the engine: one verdict per distinct schema, cached
+  for the process, and deferred off the caller's event loop where it asks
+  (core/wire/schema_verdicts.py). All of a request's schemas together are bounded
+  before any of this (core/wire/schema_budget.py).
 
 ``ResponseFormat.schema`` keeps the schema as compact JSON text with its key order
 (the order of ``properties`` is the order the fields are generated in): that text is
@@ -42,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenrelay.core.wire.errors import ResponseFormatError
+from tokenrelay.core.wire.schema_verdicts import GRAMMAR_OPTIONS, verdict
 from tokenrelay.core.wire.vocabulary import ErrorCode
 
 __all__ = [
@@ -57,13 +61,6 @@ __all__ = [
     "parse_response_format",
 ]
 
-# The JSON a guided output is: compact, on one line, ", " and ": " as separators (no run
-# of whitespace a small model could get lost in). llguidance's JSON compile options.
-GRAMMAR_OPTIONS: Any = {
-    "whitespace_flexible": False,
-    "item_separator": ", ",
-    "key_separator": ": ",
-}
 MAX_SCHEMA_BYTES = 64 * 1024
 MAX_SCHEMA_DEPTH = 32
 MAX_SCHEMA_NODES = 4096
@@ -192,21 +189,12 @@ def check_schema(schema: dict[str, Any], field: str) -> str:
 
 
 def _check_compiles(text: str, field: str) -> None:
-    """llguidance's own verdict on the schema, without a tokenizer (cheap): what passes
-    here, the engine compiles."""
-    try:
-        import llguidance
-    except ImportError:  # pragma: no cover - a runtime dependency; the engine checks again
-        return
-    matcher_cls = llguidance.LLMatcher
-    try:
-        grammar = matcher_cls.grammar_from_json_schema(text, overrides=GRAMMAR_OPTIONS)
-        error = matcher_cls.validate_grammar(grammar, None)
-    except ValueError as exc:
-        error = str(exc)
+    """llguidance's own verdict on the schema, without a tokenizer: what passes here, the
+    engine compiles. Cached per schema, and deferred where the caller asked
+    (core/wire/schema_verdicts.py)."""
+    error = verdict(text, field)
     if error:
-        lines = error.strip().splitlines() or ["refused"]
-        raise ResponseFormatError(lines[0], field)
+        raise ResponseFormatError(error, field)
 
 
 def _check_size(schema: Any, field: str) -> None:

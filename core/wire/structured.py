@@ -5,7 +5,8 @@
 takes them, and the tool fields of chat messages (an assistant turn's ``tool_calls``, a
 ``tool`` turn's ``tool_call_id``) as :func:`core.wire.requests.validate_messages` takes
 them. Errors are :class:`~core.wire.response_format.ResponseFormatError` s naming the
-field (the validators turn them into ``RequestError`` s).
+field (the validators turn them into ``RequestError`` s). All of a request's schemas
+together are held to a :class:`~core.wire.schema_budget.SchemaBudget` first.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from tokenrelay.core.wire.errors import ResponseFormatError, ToolError
 from tokenrelay.core.wire.response_format import parse_response_format
+from tokenrelay.core.wire.schema_budget import SchemaBudget, check_schema_budget
 from tokenrelay.core.wire.tools import parse_tool_choice, parse_tools
 
 __all__ = ["MAX_CALLS_PER_MESSAGE", "message_tool_fields", "structured_params"]
@@ -25,9 +27,17 @@ MAX_CALL_ID = 128
 
 
 def structured_params(
-    raw: Mapping[str, Any], names: Mapping[str, str], ignore_eos: bool
+    raw: Mapping[str, Any],
+    names: Mapping[str, str],
+    ignore_eos: bool,
+    budget: SchemaBudget | None = None,
 ) -> dict[str, Any]:
-    """The SamplingParams keyword arguments of these fields in ``raw`` (checked)."""
+    """The SamplingParams keyword arguments of these fields in ``raw`` (checked).
+
+    ``budget``: what the schemas of ``tools`` and ``response_format`` may cost together,
+    checked first, before any schema is compiled (core/wire/schema_budget.py).
+    """
+    check_schema_budget(raw, budget or SchemaBudget(), names)
     kw: dict[str, Any] = {}
     fmt_name = names.get("response_format", "response_format")
     if raw.get("response_format") is not None:

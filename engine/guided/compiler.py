@@ -5,7 +5,13 @@ for llguidance once (costly for a large vocabulary: build it when the first guid
 request comes, not per request) and turns each :class:`~core.wire.response_format.ResponseFormat`
 into a validated :class:`Grammar`, kept in an LRU cache keyed by the format's type and
 compact schema text. :meth:`GrammarCompiler.matcher` then starts a sequence's
-:class:`~engine.guided.matcher.GuidedMatcher` on it (cheap).
+:class:`~engine.guided.matcher.GuidedMatcher` on it: llguidance builds a matcher's parser
+and lexer when it starts one, which costs as much as the compile again, so the cache also
+keeps one matcher per grammar, never advanced, and each sequence gets a copy of it (tens
+of microseconds): the ``n`` choices of a request, or the requests that share a schema,
+compile it once. Both may take seconds for a large schema: a worker calls them on its
+preparer thread, off the engine's step loop (worker/prepare.py), and llguidance releases
+the GIL meanwhile.
 
 Why llguidance (``python -m bench.grammar_choice``, docs/benchmarks.md "Grammar engine
 for structured outputs"): among xgrammar, llguidance and outlines-core it is the only one
@@ -29,6 +35,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tokenrelay.core.wire.params import SamplingParams
 from tokenrelay.core.wire.response_format import GRAMMAR_OPTIONS, ResponseFormat
 
 if TYPE_CHECKING:
@@ -44,6 +51,14 @@ class Grammar:
 
     key: str
     text: str
+
+
+@dataclass
+class _Entry:
+    """A cached grammar and, once a sequence asked for it, its matcher at the start."""
+
+    grammar: Grammar
+    start: GuidedMatcher | None = None
 
 
 class GrammarCompiler:
@@ -82,10 +97,11 @@ class GrammarCompiler:
         self.vocab_size = vocab_size
         self.eos_token_ids = tuple(eos)
         self.cache_size = cache_size
-        self._cache: OrderedDict[str, Grammar] = OrderedDict()
-        self._lock = threading.Lock()
+        self._cache: OrderedDict[str, _Entry] = OrderedDict()
+        self._lock = threading.Lock()  # the cache and the counters
+        self._build_lock = threading.Lock()  # one build at a time: the next one may hit
         self.hits = 0
-        self.misses = 0
+        self.misses = 0  # grammars compiled
 
     def compile(self, fmt: ResponseFormat) -> Grammar:
         """The grammar of ``fmt``, from the cache or built and validated now.
@@ -93,20 +109,33 @@ class GrammarCompiler:
         Raises ``ValueError`` (naming ``response_format``) for a schema llguidance
         refuses: an unimplemented keyword, an unsatisfiable or too large grammar.
         """
+        return self._entry(fmt).grammar
+
+    def _cached(self, key: str) -> _Entry | None:
         with self._lock:
-            grammar = self._cache.get(fmt.key)
-            if grammar is not None:
-                self._cache.move_to_end(fmt.key)
+            entry = self._cache.get(key)
+            if entry is not None:
+                self._cache.move_to_end(key)
                 self.hits += 1
-                return grammar
-        grammar = Grammar(fmt.key, self._build(fmt))  # outside the lock: may take ms
-        with self._lock:
-            self.misses += 1
-            self._cache[fmt.key] = grammar
-            self._cache.move_to_end(fmt.key)
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
-        return grammar
+            return entry
+
+    def _entry(self, fmt: ResponseFormat) -> _Entry:
+        """The cache entry of ``fmt``, compiled now if it is not cached (one build at a
+        time, outside the cache's lock: a thread that waited for the same grammar hits)."""
+        entry = self._cached(fmt.key)
+        if entry is not None:
+            return entry
+        with self._build_lock:
+            entry = self._cached(fmt.key)
+            if entry is not None:
+                return entry
+            entry = _Entry(Grammar(fmt.key, self._build(fmt)))
+            with self._lock:
+                self.misses += 1
+                self._cache[fmt.key] = entry
+                while len(self._cache) > self.cache_size:
+                    self._cache.popitem(last=False)
+        return entry
 
     def _build(self, fmt: ResponseFormat) -> str:
         matcher_cls = self._llg.LLMatcher
@@ -128,15 +157,63 @@ class GrammarCompiler:
         return str(text)
 
     def matcher(self, fmt: ResponseFormat) -> GuidedMatcher:
-        """A new sequence's matcher for ``fmt`` (compiling it if not cached)."""
+        """A new sequence's matcher for ``fmt``: a copy of the cached one at the grammar's
+        start (compiling the grammar and starting that one first if not cached)."""
         from tokenrelay.engine.guided.matcher import GuidedMatcher
 
-        return GuidedMatcher(self.tokenizer, self.compile(fmt))
+        entry = self._entry(fmt)
+        start = entry.start
+        if start is None:
+            with self._build_lock:
+                if entry.start is None:  # llguidance builds the parser: as costly as a compile
+                    entry.start = GuidedMatcher(self.tokenizer, entry.grammar)
+                start = entry.start
+        return start.fork()
 
     def cache_info(self) -> dict[str, int]:
         """Entries, hits and misses of the compile cache."""
         with self._lock:
             return {"entries": len(self._cache), "hits": self.hits, "misses": self.misses}
+
+
+class EngineGrammars:
+    """An engine's :class:`GrammarCompiler`, built by its first guided request (about a
+    second for a large vocabulary) in whichever thread asks first; thread-safe."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: Iterable[int]) -> None:
+        self._args = (tokenizer, vocab_size, eos_token_ids)
+        self._compiler: GrammarCompiler | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def compiler(self) -> GrammarCompiler:
+        """The compiler (built now if this is the first call)."""
+        with self._lock:
+            if self._compiler is None:
+                self._compiler = GrammarCompiler(*self._args)
+            return self._compiler
+
+    def for_request(
+        self, params: SamplingParams, guide: GuidedMatcher | None = None
+    ) -> GuidedMatcher | None:
+        """The grammar state a new request starts in (``None``: free text): ``guide``, a
+        matcher made ahead for its format (:meth:`GrammarCompiler.matcher`), else a new one.
+
+        Raises ``ValueError`` for a grammar refused here, a ``guide`` of another grammar,
+        or a guided request with ``ignore_eos``.
+        """
+        fmt = params.guided
+        if fmt is None:
+            if guide is not None:
+                raise ValueError("guide: the request has no response_format")
+            return None
+        if params.ignore_eos:
+            raise ValueError("ignore_eos: cannot be combined with a response_format")
+        if guide is None:
+            return self.compiler.matcher(fmt)
+        if guide.grammar.key != fmt.key:
+            raise ValueError("guide: made for another response_format")
+        return guide
 
 
 def _first_line(message: str) -> str:

@@ -32,6 +32,7 @@ from tokenrelay.core.wire.events import Event
 from tokenrelay.core.wire.vocabulary import ErrorCode, EventKind, FinishReason
 from tokenrelay.gateway.access.cors import EXPOSE_HEADERS
 from tokenrelay.gateway.access.guard import Principal
+from tokenrelay.gateway.access.schema_pool import SCHEMAS
 from tokenrelay.gateway.errors import (
     STORE_ERRORS,
     AuthError,
@@ -62,6 +63,7 @@ from tokenrelay.gateway.http.openai_request import (
     parse_chat,
     parse_completion,
     parse_json,
+    request_error,
     request_id_header,
 )
 from tokenrelay.gateway.http.sse_response import GONE, Pump, SSEResponse, watch_disconnect
@@ -219,7 +221,10 @@ class OpenAIApi:
             body = parse_json(await read_body(request, self.gw.settings.max_frame_bytes))
             parse = parse_chat if kind == "chat" else parse_completion
             route = await self._route(body)
-            req = parse(body, served_model=route.name, limits=self.gw.limits)
+            req = await SCHEMAS.parse(  # the schemas are checked off the loop
+                lambda: parse(body, served_model=route.name, limits=self.gw.limits),
+                lambda _, exc: request_error(exc),
+            )
             client = self.take_slot(who)
             await self._admit(who, req.n)
             if req.n > 1:  # one stream per choice (gateway/http/openai_choices.py)

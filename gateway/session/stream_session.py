@@ -19,9 +19,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tokenrelay.core.wire.errors import NO_SUCH_STREAM, as_code
+from tokenrelay.core.wire.errors import NO_SUCH_STREAM, RequestError, as_code, lookup
 from tokenrelay.core.wire.vocabulary import ErrorCode, EventKind, FinishReason, StreamStatus
 from tokenrelay.gateway.access.guard import Principal
+from tokenrelay.gateway.access.schema_pool import SCHEMAS
 from tokenrelay.gateway.errors import (
     STORE_ERRORS,
     RateLimited,
@@ -55,6 +56,13 @@ def refused(
     r = refusal(exc, streaming=streaming)
     retry = r.retry_after
     return p.ProtocolError(r.code, r.message, request_id=rid, stream_id=sid, retry_after=retry)
+
+
+def _schema_refused(frame: p.ClientFrame, exc: RequestError) -> p.ProtocolError:
+    """The ``error`` of a frame whose schema was refused, or came to a busy pool."""
+    rid = getattr(frame, "request_id", None)
+    return p.ProtocolError(exc.code, exc.message, request_id=rid,
+                           retry_after=lookup(exc.code).retry_after)  # fmt: skip
 
 
 class FrameRate:
@@ -122,9 +130,12 @@ class StreamSession:
     # --- frames ------------------------------------------------------------------------
 
     async def answer(self, parse: Callable[[], p.ClientFrame]) -> None:
-        """Parse one client frame and handle it; every failure becomes an ``error`` frame."""
+        """Parse one client frame and handle it; every failure becomes an ``error`` frame.
+
+        Its JSON schemas are checked off the loop (gateway/access/schema_pool.py).
+        """
         try:
-            await self.handle(parse())
+            await self.handle(await SCHEMAS.parse(parse, _schema_refused))
         except p.ProtocolError as exc:
             refused_ = {"code": exc.code, "request_id": exc.request_id,
                         "stream_id": exc.stream_id, "reason": exc.message[:200],

@@ -1,4 +1,4 @@
-"""The preparer: small inputs tokenized at once, long ones on a niced thread."""
+"""The preparer: small inputs tokenized at once, long ones and grammars on a niced thread."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from tokenrelay.worker.prepare import INLINE_CHARS, THREAD_NICE, Preparer, input_chars
+from tokenrelay.core.wire.response_format import ResponseFormat
+from tokenrelay.worker.prepare import GUIDED, INLINE_CHARS, THREAD_NICE, Preparer, input_chars
 
 
 class Recorder:
@@ -121,4 +122,58 @@ def test_the_inline_threshold_is_inclusive(chars: int) -> None:
     enc = Recorder()
     prep = Preparer(enc)
     prep.submit("s", {"prompt": "y" * chars})
+    assert enc.threads == [threading.current_thread().name]
+
+
+class Guides:
+    """A ``guide`` callable that records the thread it ran on and the formats it got."""
+
+    def __init__(self) -> None:
+        self.threads: list[str] = []
+        self.formats: list[ResponseFormat] = []
+
+    def __call__(self, fmt: ResponseFormat) -> Any:
+        self.threads.append(threading.current_thread().name)
+        self.formats.append(fmt)
+        if fmt.type == "json_schema" and fmt.schema == "bad":
+            raise ValueError("response_format: refused")
+        return ("guide", fmt.key)
+
+
+def test_a_guided_request_compiles_on_the_thread_even_when_small() -> None:
+    enc, guides = Recorder(), Guides()
+    prep = Preparer(enc, guide=guides)
+    fmt = ResponseFormat("json_object")
+    try:
+        prep.submit("g", {"prompt": "hi", GUIDED: fmt})
+        assert prep.wait(10)
+        (got,) = prep.take()
+        assert (got.token_ids, got.guide, got.error) == ([2], ("guide", fmt.key), None)
+        assert guides.threads == ["tokenizer"] and guides.formats == [fmt]
+        assert enc.threads == ["tokenizer"]  # the caller (the step loop) did neither
+        prep.submit("free", {"prompt": "hi"})  # no grammar: still at once, in the caller
+        (free,) = prep.take()
+        assert free.guide is None and enc.threads[-1] == threading.current_thread().name
+    finally:
+        prep.close()
+
+
+def test_a_refused_grammar_comes_back_as_the_result() -> None:
+    prep = Preparer(Recorder(), guide=Guides())
+    try:
+        prep.submit("g", {"prompt": "hi", GUIDED: ResponseFormat("json_schema", "bad")})
+        assert prep.wait(10)
+        (got,) = prep.take()
+        assert got.token_ids is None and got.guide is None
+        assert isinstance(got.error, ValueError) and "refused" in str(got.error)
+    finally:
+        prep.close()
+
+
+def test_without_a_guide_callable_a_guided_body_is_only_tokenized() -> None:
+    enc = Recorder()
+    prep = Preparer(enc)  # an engine that makes its grammar state itself
+    prep.submit("g", {"prompt": "hi", GUIDED: ResponseFormat("json_object")})
+    (got,) = prep.take()
+    assert got.token_ids == [2] and got.guide is None
     assert enc.threads == [threading.current_thread().name]

@@ -38,6 +38,7 @@ from tokenrelay.core.wire.errors import RequestError
 from tokenrelay.core.wire.keys import STREAM_ID_RE
 from tokenrelay.core.wire.params import SamplingParams
 from tokenrelay.core.wire.requests import validate_resume_token
+from tokenrelay.core.wire.schema_verdicts import deferred_verdicts
 from tokenrelay.core.wire.vocabulary import ErrorCode, FinishReason
 from tokenrelay.worker.errors import (
     Broken,
@@ -157,7 +158,8 @@ class Call:
         """Make the call until it opens and ends, or fails; the inbox hears either way."""
         policy = RetryPolicy()
         try:
-            params = SamplingParams(**(self.body.get("params") or {}))
+            with deferred_verdicts():  # the gateway checked the schemas; not on this loop
+                params = SamplingParams(**(self.body.get("params") or {}))
             self.max_tokens = params.max_tokens
             if names := unrelayed(params):
                 said = ", ".join(names)

@@ -149,10 +149,12 @@ class UpstreamEngine:
         params: SamplingParams | None = None,
         *,
         generated: Sequence[int] = (),
+        guide: Any = None,
     ) -> int:
         """Attach an opened call (the body went in through the starter); its prompt tokens
         when the upstream has said (else 0). ``ValueError`` for a call not opened, or for
-        ``generated`` tokens (an upstream cannot continue another's answer)."""
+        ``generated`` tokens (an upstream cannot continue another's answer). No ``guide``:
+        the upstream enforces a ``response_format`` itself."""
         if generated:
             raise ValueError("a relayed answer cannot be continued from another worker's log")
         return self.inbox.attach(request_id)

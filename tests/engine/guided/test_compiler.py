@@ -70,3 +70,49 @@ def test_bad_construction(tokenizer: Any) -> None:
         GrammarCompiler(tokenizer, 49152, [2], cache_size=0)
     with pytest.raises(ValueError, match="cannot compile"):
         GrammarCompiler(tokenizer, 49152, [2]).compile(ResponseFormat("json_schema"))
+
+
+def test_the_matchers_of_one_format_come_from_one_compile(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``n`` choices (or requests sharing a schema) compile it once and start llguidance's
+    matcher once: each sequence gets a copy of the cached start, in its own state."""
+    from tokenrelay.engine.guided import matcher as matcher_module
+
+    started: list[str] = []
+    real_init = matcher_module.GuidedMatcher.__init__
+
+    def counted(self: Any, tok: Any, grammar: Any, *, _matcher: Any = None) -> None:
+        started.append(grammar.key)
+        real_init(self, tok, grammar, _matcher=_matcher)
+
+    monkeypatch.setattr(matcher_module.GuidedMatcher, "__init__", counted)
+    own = GrammarCompiler(tokenizer, 49152, [tokenizer.eos_token_id])
+    fmt = json_schema({"type": "object", "properties": {"a": {"type": "integer"}}})
+    first, second, third = (own.matcher(fmt) for _ in range(3))
+    assert own.cache_info()["misses"] == 1 and len(started) == 1
+    for token in tokenizer('{"a": 1}', add_special_tokens=False)["input_ids"]:
+        assert first.accept(token)
+    assert first.stopped and not second.stopped and not third.stopped
+    assert second.grammar is third.grammar is own.compile(fmt)
+
+
+def test_engine_grammars_take_a_guide_made_ahead(tokenizer: Any) -> None:
+    from tokenrelay.core.wire.params import SamplingParams
+    from tokenrelay.engine.guided.compiler import EngineGrammars
+
+    grammars = EngineGrammars(tokenizer, 49152, [tokenizer.eos_token_id])
+    schema = {"type": "object", "properties": {"b": {"type": "string"}}}
+    params = SamplingParams(response_format={"type": "json_schema",
+                                             "json_schema": {"schema": schema}})  # fmt: skip
+    assert params.guided is not None
+    guide = grammars.compiler.matcher(params.guided)
+    assert grammars.for_request(params, guide) is guide
+    fresh = grammars.for_request(params)
+    assert fresh is not None and fresh is not guide and fresh.grammar is guide.grammar
+    other = grammars.compiler.matcher(ResponseFormat("json_object"))
+    with pytest.raises(ValueError, match="another response_format"):
+        grammars.for_request(params, other)
+    with pytest.raises(ValueError, match="no response_format"):
+        grammars.for_request(SamplingParams(), guide)
+    assert grammars.for_request(SamplingParams()) is None
