@@ -33,8 +33,12 @@ def test_equal_chunks_over_the_same_blocks_are_twins() -> None:
     assert plan.reduced.sampling == [0, 1]
     assert plan.rows == [0, 0, 1, 0]
     # positions 4..8 are blocks 1 and 2 of each: the source's, into each twin's
-    assert list(zip(plan.src_blocks, plan.dst_blocks, strict=True)) == [(1, 3), (2, 4),
-                                                                        (1, 6), (2, 7)]
+    assert list(zip(plan.src_blocks, plan.dst_blocks, strict=True)) == [
+        (1, 3),
+        (2, 4),
+        (1, 6),
+        (2, 7),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -69,8 +73,10 @@ def engine() -> LLMEngine:
     return LLMEngine(EngineConfig(model="default", device="cpu", weights="native"))
 
 
-SAME = ("Write a short story about a lighthouse keeper and a comet. Keep it to three lines, "
-        "give the keeper a name, and end on the comet's tail over the sea.")
+SAME = (
+    "Write a short story about a lighthouse keeper and a comet. Keep it to three lines, "
+    "give the keeper a name, and end on the comet's tail over the sea."
+)
 OTHER = "List three uses of a paperclip."
 
 
