@@ -76,7 +76,7 @@ lint: $(STAMP)
 TYPING := build/typing/tokenrelay
 typecheck: $(STAMP)
 	@mkdir -p $(TYPING)
-	@for d in core gateway worker engine; do ln -sfn ../../../$$d $(TYPING)/$$d; done
+	@for d in core gateway worker engine client; do ln -sfn ../../../$$d $(TYPING)/$$d; done
 	$(VENV)/bin/mypy
 
 pytest: $(STAMP) model browser js redis

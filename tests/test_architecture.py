@@ -1,6 +1,6 @@
 """The dependency rules of docs/architecture.md, checked from the source.
 
-Every import in core/, gateway/, worker/ and engine/ counts (module level or
+Every import in core/, gateway/, worker/, engine/ and client/ counts (module level or
 inside a function), except those under ``if TYPE_CHECKING:``, which never run.
 The folders are the packages ``tokenrelay.core``, ``tokenrelay.gateway``, ... (one
 import namespace, pyproject's package-dir); nothing imports or names them by their
@@ -18,7 +18,7 @@ import pytest
 from tests.root import ROOT
 
 NS = "tokenrelay"  # the one import namespace: core/ is tokenrelay.core, ...
-PACKAGES = ("core", "gateway", "worker", "engine")
+PACKAGES = ("core", "gateway", "worker", "engine", "client")
 OLD_NAMES = PACKAGES  # the bare top-level names they had before the namespace
 MAX_LINES = 400  # a longer module says why in its docstring ("Long: ...")
 
@@ -39,6 +39,16 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         *("redis", *WEB),
         *(f"{NS}.core.{m}" for m in ("redis", "cli", "serve", "options", "entry")),
     ),
+    # the Python client: the base install's protocol, over a socket; nothing of the servers
+    f"{NS}.client": (
+        *_ns("gateway", "worker", "engine", "v1"),
+        *("torch", "transformers", "redis", "grpc", *WEB),
+        *(f"{NS}.core.{m}" for m in ("redis", "cli", "serve", "options", "entry")),
+    ),
+    f"{NS}.client.frames": (*SANS_IO, "websockets"),
+    f"{NS}.client.state": (*SANS_IO, "websockets"),
+    f"{NS}.client.retry": (*SANS_IO, "websockets"),
+    f"{NS}.client.errors": (*SANS_IO, "websockets"),
     # torch-free bookkeeping (unit-tested fast and exactly)
     f"{NS}.engine.scheduling": ("torch",),
     # sans-I/O: no sockets, no event loop, no web framework, no Redis
@@ -143,6 +153,24 @@ def test_a_relay_worker_never_loads_torch() -> None:
         "import sys, tokenrelay.worker.main, tokenrelay.worker.upstream.engine;"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
         "('torch', 'transformers', 'numpy') or m.startswith('tokenrelay.engine'));"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_python_client_loads_no_server_part() -> None:
+    """``import tokenrelay.client``, run for real in a fresh interpreter: no torch, no web
+    framework, no Redis, nothing of the gateway, the worker or the engine."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, tokenrelay.client;"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('torch', 'transformers', 'numpy', 'starlette', 'uvicorn', 'redis', 'grpc') or "
+        "m.startswith(('tokenrelay.gateway', 'tokenrelay.worker', 'tokenrelay.engine')));"
         "print(bad); sys.exit(1 if bad else 0)"
     )
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True,

@@ -53,10 +53,10 @@ def test_every_environment_variable_the_code_reads_is_documented() -> None:
 # --- Paths, links and section names the docs and comments give ------------------------
 
 TOP_FOLDERS = (
-    "core", "gateway", "worker", "engine", "web", "static", "proto", "docs", "bench",
-    "tests", "docker",
+    "core", "gateway", "worker", "engine", "client", "web", "static", "proto", "docs",
+    "bench", "tests", "docker",
 )  # fmt: skip
-CODE_FOLDERS = ("core", "gateway", "worker", "engine", "bench", "tests")
+CODE_FOLDERS = ("core", "gateway", "worker", "engine", "client", "bench", "tests")
 # A repository path: a top-level folder, "/", then path characters. Not when glued to a
 # longer path or name ("share/tokenrelay/static/...", "$OUT/docs/...", "/tmp/bench/..."
 # or "tokenrelay.engine/...": inside a wheel, a temp dir or a URL, not this tree).

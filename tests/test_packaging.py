@@ -1,7 +1,8 @@
 """The package a pip user gets: one ``tokenrelay.`` namespace, extras by deployment.
 
 - pyproject lists every folder with an ``__init__.py`` under its ``tokenrelay.`` name;
-- the base install (the gateway, the relay worker) has no torch, transformers or grpc;
+- the base install (the gateway, the relay worker, the Python client) has no torch,
+  transformers or grpc;
   the engine, gRPC and tracing come with extras;
 - a wheel built from this checkout holds only ``tokenrelay/`` (the gRPC code built in,
   the LICENSE beside its metadata), and in a fresh venv with its base dependencies
@@ -28,7 +29,7 @@ import pytest
 
 from tests.root import ROOT
 
-FOLDERS = ("core", "gateway", "worker", "engine")
+FOLDERS = ("core", "gateway", "worker", "engine", "client")
 ENGINE_ONLY = ("torch", "transformers", "accelerate", "safetensors", "gguf", "tokenizers")
 
 
@@ -61,6 +62,7 @@ def test_the_base_install_is_a_gateway_and_a_relay() -> None:
     extras = {k: _names(v) for k, v in project["optional-dependencies"].items()}
     assert not base & {*ENGINE_ONLY, "numpy", "grpcio", "grpcio-tools", "opentelemetry-sdk"}
     assert {"starlette", "uvicorn", "redis", "llguidance"} <= base
+    assert "websockets" in base  # the Python client (tokenrelay.client)
     assert set(ENGINE_ONLY) <= extras["engine"]
     assert {"grpcio", "protobuf", "grpcio-health-checking"} <= extras["grpc"]
     assert "grpcio-tools" not in extras["grpc"]  # the code is generated when building
@@ -95,7 +97,8 @@ def test_the_wheel_holds_one_namespace_the_grpc_code_and_the_license(wheel: Path
     tops = {n.split("/")[0] for n in names if "/" in n and ".dist-info/" not in n}
     assert tops == {"tokenrelay", "tokenrelay-0.1.0.data"}, tops
     for module in ("core/cli.py", "gateway/app.py", "worker/main.py", "engine/llm.py",
-                   "v1/relay_pb2.py", "v1/relay_pb2_grpc.py", "engine/kernels/csrc"):  # fmt: skip
+                   "v1/relay_pb2.py", "v1/relay_pb2_grpc.py", "engine/kernels/csrc",
+                   "client/__init__.py", "client/py.typed"):  # fmt: skip
         assert any(n.startswith(f"tokenrelay/{module}") for n in names), module
     assert not any(n.startswith("tokenrelay/__init__") for n in names)  # a namespace
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
@@ -130,6 +133,8 @@ def test_a_base_venv_runs_the_gateway_without_torch(
     assert subprocess.run([str(tr), "gateway", "--help"], **run).returncode == 0
     probe = "import torch"
     assert subprocess.run([str(py), "-c", probe], **run).returncode != 0
+    client = "from tokenrelay.client import AsyncClient, Client"  # the Python client
+    assert subprocess.run([str(py), "-c", client], **run).returncode == 0
     refused = subprocess.run(
         [str(tr), "worker", "--redis-url", redis_server.url, "--model", "default"], **run
     )
