@@ -1,6 +1,9 @@
-"""The architecture of a Llama-family checkpoint, read from its ``config.json``.
+"""The architecture of a checkpoint, read from its ``config.json``.
 
-Supported ``model_type`` values: ``llama``, ``mistral``, ``qwen2``, ``qwen3``.
+Supported ``model_type`` values: ``llama``, ``mistral``, ``qwen2``, ``qwen3`` (the Llama
+decoder, ``llama.py``), ``granite`` (Llama's layer with four scalar multipliers,
+``granite.py``) and ``olmo2`` (norms after the sublayers, q/k norms over the whole
+projections, ``olmo2.py``); anything else is refused in one line naming that list.
 RoPE scaling types: ``default``, ``linear``, ``llama3`` and ``yarn`` (the
 ``dynamic`` NTK variant depends on the running sequence length and is rejected).
 Sliding-window attention (Mistral, Qwen2 ``use_sliding_window``) is ignored:
@@ -11,11 +14,12 @@ for sequences shorter than the window.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "granite", "olmo2")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
@@ -59,13 +63,26 @@ class ModelConfig:
     o_bias: bool = False  # bias on the output projection (Llama/Qwen3 attention_bias)
     mlp_bias: bool = False  # bias on gate/up/down (Llama mlp_bias)
     qk_norm: bool = False  # RMSNorm on q and k per head (Qwen3)
+    qk_norm_full: bool = False  # RMSNorm over the whole q and k projections (OLMo 2)
     eos_token_ids: frozenset[int] = field(default_factory=frozenset)
     bos_token_id: int | None = None
+    # Granite's scalars (the identity elsewhere)
+    embedding_multiplier: float = 1.0  # the token embeddings are multiplied by it
+    residual_multiplier: float = 1.0  # each sublayer's output, before the residual add
+    attention_multiplier: float | None = None  # the softmax scale; None: 1 / sqrt(head_dim)
+    logits_scaling: float = 1.0  # the logits are divided by it
 
     @property
     def num_kv_groups(self) -> int:
         """Query heads per KV head (grouped-query attention)."""
         return self.num_heads // self.num_kv_heads
+
+    @property
+    def attention_scale(self) -> float:
+        """What q.k is multiplied by before the softmax."""
+        if self.attention_multiplier is not None:
+            return self.attention_multiplier
+        return self.head_dim**-0.5
 
     @classmethod
     def from_dict(
@@ -90,6 +107,9 @@ class ModelConfig:
         if act not in ("silu", "swish"):
             raise ValueError(f"hidden_act: {act!r} is not supported (only silu)")
         max_pos = int(cfg.get("max_position_embeddings") or 4096)
+        eps = float(cfg.get("rms_norm_eps", 1e-6))
+        if not eps > 0:
+            raise ValueError(f"rms_norm_eps: expected a positive number in config.json, got {eps}")
         attn_bias = model_type != "mistral" and bool(cfg.get("attention_bias", False))
         eos = _ids(cfg.get("eos_token_id"))
         if generation_config:
@@ -103,17 +123,19 @@ class ModelConfig:
             num_kv_heads=kv_heads,
             head_dim=head_dim,
             intermediate_size=_int(cfg, "intermediate_size"),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=eps,
             rope=_rope(cfg, max_pos),
             max_position_embeddings=max_pos,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             # Qwen2 always has a qkv bias (and none on o_proj); Llama/Qwen3 use attention_bias.
             qkv_bias=model_type == "qwen2" or attn_bias,
             o_bias=model_type != "qwen2" and attn_bias,
-            mlp_bias=model_type == "llama" and bool(cfg.get("mlp_bias", False)),
+            mlp_bias=model_type in ("llama", "granite") and bool(cfg.get("mlp_bias", False)),
             qk_norm=model_type == "qwen3",
+            qk_norm_full=model_type == "olmo2",
             eos_token_ids=frozenset(eos),
             bos_token_id=cfg.get("bos_token_id"),
+            **(_granite(cfg) if model_type == "granite" else {}),
         )
 
     @classmethod
@@ -134,6 +156,26 @@ def _int(cfg: dict[str, Any], key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{key}: expected a positive integer in config.json, got {value!r}")
     return value
+
+
+def _positive(cfg: dict[str, Any], key: str, default: float) -> float:
+    """A positive finite number (an int or a float) in ``config.json``, else ``default``."""
+    value = cfg.get(key, default)
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{key}: expected a positive number in config.json, got {value!r}")
+    return float(value)
+
+
+def _granite(cfg: dict[str, Any]) -> dict[str, float]:
+    """Granite's multipliers (transformers' ``GraniteConfig`` defaults: all 1.0; the
+    attention multiplier replaces ``1 / sqrt(head_dim)``, so its default 1.0 is no scale)."""
+    return {
+        "embedding_multiplier": _positive(cfg, "embedding_multiplier", 1.0),
+        "residual_multiplier": _positive(cfg, "residual_multiplier", 1.0),
+        "attention_multiplier": _positive(cfg, "attention_multiplier", 1.0),
+        "logits_scaling": _positive(cfg, "logits_scaling", 1.0),
+    }
 
 
 def _ids(value: Any) -> set[int]:

@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from tokenrelay.engine.models.config import SUPPORTED_MODEL_TYPES
 from tokenrelay.engine.models.gguf_file import GGUFIndex
 
-# GGUF general.architecture -> HF model_type (the ones engine/models/config.py runs)
+# GGUF general.architecture -> HF model_type (the Llama-shaped ones engine/models/config.py
+# runs; Granite and OLMo 2 run from Hugging Face folders only, so far)
 ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
 _CLASSES = {
     "llama": "LlamaForCausalLM",
@@ -49,7 +49,7 @@ def model_type(index: GGUFIndex) -> str:
     if arch not in ARCHITECTURES:
         raise ValueError(
             f"model: {index.path.name} has architecture {arch!r}, which is not supported "
-            f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+            f"(supported: {', '.join(ARCHITECTURES)})"
         )
     return ARCHITECTURES[arch]
 

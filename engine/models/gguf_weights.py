@@ -33,6 +33,7 @@ import torch
 
 from tokenrelay.engine.kernels.quant import QUANT_TYPES, QuantStack, QuantWeight
 from tokenrelay.engine.models.config import ModelConfig
+from tokenrelay.engine.models.families import model_class
 from tokenrelay.engine.models.gguf_file import GGUFIndex
 from tokenrelay.engine.models.llama import CausalLM
 
@@ -133,7 +134,10 @@ def _projection(g: GGUFTensors, prefix: str, name: str, heads: int | None) -> Qu
 
 
 def load_gguf_model(path: Path, cfg: ModelConfig) -> CausalLM:
-    """Build :class:`CausalLM` for ``cfg`` on the CPU with ``path``'s quantized weights."""
+    """Build :class:`CausalLM` for ``cfg`` on the CPU with ``path``'s quantized weights
+    (Llama-shaped families only: gguf_meta.py's ``ARCHITECTURES``)."""
+    if model_class(cfg) is not CausalLM:
+        raise ValueError(f"model: GGUF weights of model_type {cfg.model_type} are not supported")
     g = GGUFTensors(path)
     with torch.device("meta"):
         model = CausalLM(cfg)

@@ -1,4 +1,4 @@
-"""Load a Hugging Face safetensors checkpoint into :class:`engine.models.llama.CausalLM`.
+"""Load a Hugging Face safetensors checkpoint into its family's :class:`CausalLM`.
 
 Reads a single ``model.safetensors``, a sharded ``model.safetensors.index.json``
 or every ``*.safetensors`` in the folder, renames the tensors to our module's
@@ -18,17 +18,19 @@ from safetensors import safe_open
 
 from tokenrelay.engine.kernels import cpu_linear
 from tokenrelay.engine.models.config import ModelConfig
+from tokenrelay.engine.models.families import model_class
 from tokenrelay.engine.models.llama import CausalLM
 from tokenrelay.engine.parallel.layout import local_config
 from tokenrelay.engine.parallel.sharding import shard_state
 
 if TYPE_CHECKING:
-    from tokenrelay.engine.models.llama import Collectives
+    from tokenrelay.engine.models.blocks import Collectives
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _LAYER_NAMES = {
     "input_layernorm.weight": "input_norm.weight",
     "post_attention_layernorm.weight": "post_attn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ff_norm.weight",  # OLMo 2
     "self_attn.o_proj.weight": "attn.o_weight",
     "self_attn.o_proj.bias": "attn.o_bias",
     "self_attn.q_norm.weight": "attn.q_norm.weight",
@@ -88,14 +90,18 @@ def load_model(
     dtype: torch.dtype,
     tp: Collectives | None = None,
 ) -> CausalLM:
-    """Build :class:`CausalLM` for ``cfg`` with the checkpoint's weights on ``device``.
+    """Build ``cfg``'s family (engine/models/families.py) with the checkpoint's weights on
+    ``device``.
 
     ``tp``: this process is one rank of a tensor-parallel group; the model holds only
     this rank's shard of the weights (engine/parallel/sharding.py).
     """
     size = 1 if tp is None else tp.size
+    cls = model_class(cfg)
+    if size > 1 and not cls.tensor_parallel:
+        raise ValueError(f"tensor_parallel_size: model_type {cfg.model_type} runs on one rank only")
     with torch.device("meta"):
-        model = CausalLM(local_config(cfg, size))
+        model = cls(local_config(cfg, size))
     hf = read_checkpoint(folder, device)
     state: dict[str, torch.Tensor] = {}
     per_layer: dict[int, dict[str, torch.Tensor]] = {}

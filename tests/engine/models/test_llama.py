@@ -173,7 +173,8 @@ def test_tiny_random_checkpoint_matches_transformers(tmp_path: Path, kind: str) 
     cache = KVCache(
         cfg, num_blocks=64, block_size=8, dtype=torch.float32, device=torch.device("cpu")
     )
-    ids = [random.Random(1).randrange(cfg.vocab_size) for _ in range(150)]
+    rng = random.Random(1)  # one generator: 150 different ids, not one id 150 times
+    ids = [rng.randrange(cfg.vocab_size) for _ in range(150)]
     table = shuffled_blocks(64, -(-len(ids) // 8), seed=3)
     ours = run_chunks(model, cache, ids, [70, 3, 70, 1, 1, 1, 1, 1, 1, 1], table)
     ref = hf_logits(hf, ids)
@@ -242,7 +243,8 @@ def test_cuda_bf16_logits_close_to_transformers(model_path: Path) -> None:
     cfg = ModelConfig.from_pretrained(model_path)
     model = load_model(model_path, cfg, device, torch.bfloat16)
     cache = KVCache(cfg, num_blocks=32, block_size=16, dtype=torch.bfloat16, device=device)
-    ids = [random.Random(5).randrange(cfg.vocab_size) for _ in range(100)]
+    rng = random.Random(5)
+    ids = [rng.randrange(cfg.vocab_size) for _ in range(100)]
     table = shuffled_blocks(32, 7, seed=5)
     out, pos = [], 0
     with torch.inference_mode():
