@@ -55,7 +55,8 @@ redis:
 		echo "no redis-server >= 7 could be installed: Redis Cluster tests will be skipped"; \
 	else echo "redis-server >= 7 missing and apt-get unavailable (not root): Redis Cluster tests will be skipped"; fi
 
-# Pinned JS tooling for the tests (tests/js/package-lock.json): tsc and the openai SDK.
+# Pinned JS tooling for the tests (tests/js/package-lock.json): tsc, the openai SDK, the AI SDK
+# (`ai`) and esbuild.
 JS_STAMP := tests/js/node_modules/.installed
 $(JS_STAMP): tests/js/package.json tests/js/package-lock.json
 	@if command -v npm >/dev/null; then \
