@@ -22,6 +22,7 @@ HEARTBEAT = 20.0
 MAX_FRAME_BYTES = 1 << 20
 MAX_CONNECTIONS = 10_000
 MAX_STREAMS_PER_CONNECTION = 64
+MAX_RESUMES_PER_STREAM = 4  # resumes reading one stream at once, one gateway
 MAX_PENDING = 4096
 HTTP_MAX_STREAMS_PER_CLIENT = 256
 SSE_KEEPALIVE = 10.0
@@ -104,6 +105,9 @@ def add_http_options(p: argparse.ArgumentParser) -> None:
         help="WebSockets accepted at once (more are closed with 1013)")  # fmt: skip
     add(p, "--max-streams-per-connection", default=MAX_STREAMS_PER_CONNECTION, type=int,
         help="concurrent streams one WebSocket may carry")  # fmt: skip
+    add(p, "--max-resumes-per-stream", default=MAX_RESUMES_PER_STREAM, type=int,
+        help="resumes reading one stream at once through this gateway; more get "
+        "'overloaded', but one replaces the oldest after it has read for 2 s")  # fmt: skip
     add(p, "--max-pending", default=MAX_PENDING, type=int,
         help="queued + running requests before new ones get 'overloaded'")  # fmt: skip
     add(p, "--http-max-streams-per-client", default=HTTP_MAX_STREAMS_PER_CLIENT, type=int,

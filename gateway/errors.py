@@ -1,7 +1,8 @@
 """The gateway's exceptions, and what each of the stream store's tells the client.
 
 The access layer's (:class:`AuthError`, :class:`RateLimited`, :class:`TooManyStreams`,
-:class:`BadPreflight`), gRPC's :class:`GrpcUnavailable`, and the stream store's below.
+:class:`BadPreflight`), gRPC's :class:`GrpcUnavailable`, the per-stream reader cap's
+(:class:`TooManyReaders`, :class:`ReaderReplaced`), and the stream store's below.
 The two that render themselves stay with their format: ``ProtocolError`` (a WebSocket
 ``error`` frame, gateway/session/protocol.py) and ``ApiError`` (an OpenAI error body,
 gateway/http/openai_request.py).
@@ -37,12 +38,14 @@ __all__ = [
     "NoWorker",
     "Overloaded",
     "RateLimited",
+    "ReaderReplaced",
     "RedisFull",
     "RedisUnavailable",
     "Refusal",
     "ShuttingDown",
     "StreamForbidden",
     "StreamNotFound",
+    "TooManyReaders",
     "TooManyStreams",
     "UnknownModel",
     "refusal",
@@ -78,7 +81,22 @@ class BadOffset(ValueError):
 
 
 class Overloaded(Exception):
-    """Too many requests are waiting for an engine worker."""
+    """Too many requests are waiting for an engine worker (``retry_after``: seconds, when
+    the refusal knows better than the code's own hint)."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class TooManyReaders(Overloaded):
+    """A resume of a stream whose ``--max-resumes-per-stream`` readers here are all too
+    young to give way (gateway/streams/readers.py): ``overloaded``."""
+
+
+class ReaderReplaced(Exception):
+    """A newer resume of the stream took this reader's seat: it stops reading. ``forbidden``
+    (not retried: the newer resume is the stream's reader now)."""
 
 
 class NoWorker(Exception):
@@ -119,7 +137,7 @@ class GrpcUnavailable(RuntimeError):
 
 STORE_ERRORS = (
     NoWorker,
-    Overloaded,
+    Overloaded,  # TooManyReaders too
     UnknownModel,
     StreamNotFound,
     StreamForbidden,
@@ -153,8 +171,12 @@ def refusal(exc: BaseException, *, streaming: bool = False) -> Refusal:
     E = ErrorCode
     if isinstance(exc, NoWorker):  # ShuttingDown too
         return Refusal.of(E.UNAVAILABLE, str(exc))
-    if isinstance(exc, Overloaded):
+    if isinstance(exc, Overloaded):  # TooManyReaders too
+        if exc.retry_after is not None:
+            return Refusal(E.OVERLOADED, str(exc), retry_after=exc.retry_after)
         return Refusal.of(E.OVERLOADED, str(exc))
+    if isinstance(exc, ReaderReplaced):
+        return Refusal.of(E.FORBIDDEN, str(exc))
     if isinstance(exc, UnknownModel):
         return Refusal.of(E.NOT_FOUND, str(exc), param="model")
     if isinstance(exc, StreamNotFound):  # EventsTrimmed too

@@ -1,8 +1,8 @@
 """The state one gateway process shares: its :class:`Settings` and the :class:`Gateway`.
 
 Routes find the :class:`Gateway` on ``request.app.state.gateway`` (gateway/app.py
-puts it there): the stream store, the access guard, the metrics and the open
-WebSockets.
+puts it there): the stream store, the access guard, the resumes reading each stream,
+the metrics and the open WebSockets.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from tokenrelay.gateway.observe.metrics import GatewayMetrics
 from tokenrelay.gateway.observe.readiness import ReadinessWatch
 from tokenrelay.gateway.session import protocol as p
 from tokenrelay.gateway.session.stream_session import SessionParts
+from tokenrelay.gateway.streams.readers import StreamReaders
 from tokenrelay.gateway.streams.routing import ModelDirectory
 from tokenrelay.gateway.streams.store import StreamStore
 
@@ -43,6 +44,7 @@ class Settings:
     stream_ttl: float = options.STREAM_TTL
     max_connections: int = options.MAX_CONNECTIONS
     max_streams_per_connection: int = options.MAX_STREAMS_PER_CONNECTION
+    max_resumes_per_stream: int = options.MAX_RESUMES_PER_STREAM
     max_pending: int = options.MAX_PENDING
     send_queue: int = 256
     model_name: str | None = None
@@ -74,6 +76,9 @@ class Settings:
             raise ValueError("--detach-timeout must be >= 0 and --stream-ttl >= 1")
         if not self.drain_timeout >= 0:
             raise ValueError("--drain-timeout must be >= 0")
+        n = self.max_resumes_per_stream
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"--max-resumes-per-stream must be an integer >= 1, got {n!r}")
         if self.http_max_streams_per_client < 1 or not self.sse_keepalive > 0:
             raise ValueError("--http-max-streams-per-client must be >= 1, --sse-keepalive > 0")
         check_endpoint(self.otlp_endpoint)
@@ -104,8 +109,13 @@ class Gateway:
         self.models = ModelDirectory(self.streams, settings.model_name)  # who serves what
         self.guard = Guard(settings.security, self.streams.draw_tokens)
         self.connections: set[ClientSocket] = set()  # the open WebSockets
+        self.readers = StreamReaders(settings.max_resumes_per_stream)  # resumes per stream
         self.session_parts = SessionParts(
-            self.streams, self.guard, self.models, settings.max_streams_per_connection
+            self.streams,
+            self.guard,
+            self.models,
+            settings.max_streams_per_connection,
+            self.readers,
         )
         self.shutting_down = False
         self.metrics = GatewayMetrics(self.streams, self.connections, lambda: self.shutting_down)

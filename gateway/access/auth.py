@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote_plus
 
 from tokenrelay.core import options
 from tokenrelay.core.wire.requests import DEFAULT_MAX_OUTPUT_ENTRIES, DEFAULT_MAX_TOKENS_LIMIT
@@ -150,20 +151,32 @@ class Authenticator:
         raise AuthError("Missing API key: send 'Authorization: Bearer <key>'.")
 
 
-_SECRET_QUERY = re.compile(r"([?&](?:resume_)?token=)[^&\s\"']*")
+_QUERY_PARAM = re.compile(r"([?&])([^=&\s\"'#?]*)=([^&\s\"']*)")
+SECRET_PARAMS = frozenset({"token", "resume_token"})  # query parameters that hold a secret
+
+
+def _redact_param(match: re.Match[str]) -> str:
+    if unquote_plus(match.group(2)).lower() not in SECRET_PARAMS:
+        return match.group()
+    return f"{match.group(1)}{match.group(2)}=[redacted]"
+
+
+def redact_query(text: str) -> str:
+    """``text`` with the value of every ``token`` / ``resume_token`` query parameter
+    replaced by ``[redacted]``, however the name is spelled (``resume%5Ftoken`` is the
+    same parameter to the gateway)."""
+    return _QUERY_PARAM.sub(_redact_param, text) if "=" in text else text
 
 
 class RedactSecrets(logging.Filter):
-    """Hides ``?token=`` and ``?resume_token=`` values in log lines (uvicorn logs WS URLs)."""
+    """Hides ``?token=`` and ``?resume_token=`` values in log lines (uvicorn's access log and
+    its WebSocket lines carry the request's query)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple) and record.args:
-            record.args = tuple(
-                _SECRET_QUERY.sub(r"\1[redacted]", a) if isinstance(a, str) else a
-                for a in record.args
-            )
-        if isinstance(record.msg, str) and "token=" in record.msg:
-            record.msg = _SECRET_QUERY.sub(r"\1[redacted]", record.msg)
+            record.args = tuple(redact_query(a) if isinstance(a, str) else a for a in record.args)
+        if isinstance(record.msg, str):
+            record.msg = redact_query(record.msg)
         return True
 
 

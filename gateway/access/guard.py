@@ -14,6 +14,9 @@ gets ``--max-streams-per-address`` concurrent streams here and
 default, so one client cannot fill the queue. Loopback addresses are not counted:
 they are this machine's users, or a proxy whose forwarded addresses are not
 trusted (``--forwarded-allow-ips``), which would make the limit one for everyone.
+
+A resume is admitted like a new stream: a rate-limit token and a stream slot of its
+caller (:meth:`Guard.resumer` over HTTP, the socket's or call's principal otherwise).
 """
 
 from __future__ import annotations
@@ -65,12 +68,23 @@ class Guard:
             log.info("authentication failed", extra={"reason": str(exc), "client": address})
             raise
 
+    def resumer(self, headers: Mapping[str, str], address: str = "?") -> Principal:
+        """Who resumes a stream over HTTP: the key it sends (checked), else its address.
+
+        The stream's resume token authorises the resume (a browser ``EventSource``
+        cannot send a key); the key, when one is sent, names the limits it counts
+        against. A wrong key raises :class:`AuthError`.
+        """
+        if not headers.get("authorization"):
+            return Principal(None, address)
+        return self.authenticate(headers, {}, address)
+
     async def admit(self, who: Principal, cost: int = 1) -> None:
         """Count a request (``cost``: its streams, HTTP's ``n``) against the caller's rate;
         raises :class:`RateLimited`."""
         await self.rate.check(who.bucket, cost)
-        if self.by_address(who):
-            await self.address_rate.check(who.bucket, cost)
+        if self.by_address(who):  # a bucket of its own: not drawn from twice per request
+            await self.address_rate.check(f"{who.bucket}:per-address", cost)
 
     def open_stream(self, who: Principal) -> str:
         """Take a stream slot for the caller; returns the bucket to release later.

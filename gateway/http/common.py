@@ -7,6 +7,7 @@ gateway/http/openai.py (completions, models) and gateway/http/streams.py
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -18,10 +19,11 @@ from starlette.responses import JSONResponse
 from tokenrelay.core import options
 from tokenrelay.core.wire.events import Event
 from tokenrelay.core.wire.vocabulary import ErrorCode
-from tokenrelay.gateway.errors import RedisUnavailable, StreamNotFound, refusal
+from tokenrelay.gateway.errors import ReaderReplaced, RedisUnavailable, StreamNotFound, refusal
 from tokenrelay.gateway.http.openai_render import ChunkEncoder, StreamFormat
 from tokenrelay.gateway.http.openai_request import ApiError, error_for_code
-from tokenrelay.gateway.http.sse_response import Pump
+from tokenrelay.gateway.http.sse_response import GONE, Pump
+from tokenrelay.gateway.streams.readers import REPLACED
 from tokenrelay.gateway.streams.store import StreamStore
 
 if TYPE_CHECKING:
@@ -93,15 +95,24 @@ async def event_frames(
     first: list[Event],
     extra: Mapping[str, Any],
     cleanup: Callable[[], Awaitable[None]],
+    replaced: asyncio.Future[None] | None = None,
 ) -> AsyncGenerator[bytes, None]:
-    """SSE bytes for every event until the end; ``cleanup`` runs however it ends."""
+    """SSE bytes for every event until the end; ``cleanup`` runs however it ends.
+
+    ``replaced`` (a resume's seat, gateway/streams/readers.py): once done, a newer resume
+    of the stream took this reader's place, and the answer ends with a ``forbidden`` error.
+    """
     try:
         for ev in first:
             yield encoder.encode(ev)
         while not encoder.finished:
             try:
-                item = await pump.next(None)
+                item = await pump.next(None, replaced)
             except StopAsyncIteration:
+                return
+            if item is GONE:
+                log.info("resume replaced by a newer one", extra=dict(extra))
+                yield encoder.error(store_error(ReaderReplaced(REPLACED), streaming=True))
                 return
             if isinstance(item, Event):
                 yield encoder.encode(item)

@@ -2,7 +2,10 @@
 
 A :class:`StreamSession` answers parsed client frames (gateway/session/protocol.py:
 ``generate``, ``resume``, ``cancel``, ``ping``) with server frames as dicts, and runs one
-tail task per stream (replay + live events from the Redis log). A transport supplies
+tail task per stream (replay + live events from the Redis log). A ``resume`` is admitted
+as a ``generate`` is (a stream slot and a rate-limit request of the caller) and takes a
+seat among its stream's readers (gateway/streams/readers.py); a reader a newer resume
+replaces ends with ``forbidden``. A transport supplies
 :meth:`StreamSession.send` (and, for a cheaper token frame, :meth:`StreamSession.send_token`).
 The WebSocket's ``Connection`` (gateway/ws/connection.py) and the gRPC API's calls
 (gateway/grpc/service.py) are the two. :class:`FrameRate` is the per-channel frame budget
@@ -16,7 +19,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tokenrelay.core.wire.errors import NO_SUCH_STREAM, RequestError, as_code, lookup
@@ -26,13 +29,16 @@ from tokenrelay.gateway.access.schema_pool import SCHEMAS
 from tokenrelay.gateway.errors import (
     STORE_ERRORS,
     RateLimited,
+    ReaderReplaced,
     RedisUnavailable,
     StreamForbidden,
     StreamNotFound,
+    TooManyReaders,
     TooManyStreams,
     refusal,
 )
 from tokenrelay.gateway.session import protocol as p
+from tokenrelay.gateway.streams.readers import REPLACED, Seat, StreamReaders
 
 if TYPE_CHECKING:
     from tokenrelay.gateway.access.guard import Guard
@@ -47,6 +53,7 @@ Started = tuple[str | None, str, int | None]
 RATE_PER_S = 50.0  # client frames per second, sustained
 RATE_BURST = 200.0
 MAX_VIOLATIONS = 200  # rate-limited frames (with no calm spell between) before the channel ends
+REPLACED_SEND_WAIT = 2.0  # seconds a replaced reader's error frame may wait for room
 
 
 def refused(
@@ -94,12 +101,14 @@ class FrameRate:
 
 @dataclass(frozen=True)
 class SessionParts:
-    """What a session uses of its gateway: the stream store, the guard, model routing."""
+    """What a session uses of its gateway: the stream store, the guard, model routing, the
+    resumes reading each stream."""
 
     streams: StreamStore
     guard: Guard
     models: ModelDirectory
     max_streams: int  # --max-streams-per-connection
+    readers: StreamReaders = field(default_factory=StreamReaders)  # --max-resumes-per-stream
 
 
 class StreamSession:
@@ -115,6 +124,7 @@ class StreamSession:
         self.owned: set[str] = set()  # streams this channel started or resumed
         self.slot_of: dict[str, str] = {}  # stream id -> --max-streams-per-key bucket
         self.attach_of: dict[str, str | None] = {}  # stream id -> attachment its tail holds
+        self.seat_of: dict[str, Seat] = {}  # stream id -> its resume's seat (readers.py)
         self.waiting_for_worker = False  # hello said no worker was ready: tell it when one is
 
     # --- what a transport supplies ---------------------------------------------------
@@ -166,15 +176,11 @@ class StreamSession:
         created = False
         try:
             _, route = await self.parts.models.resolve(g.model)
-            await self.parts.guard.admit(self.principal)
+            await self._admit(rid, None)
             new = await self.parts.streams.create(
                 g.body(index), rid, model=route.model, traceparent=g.traceparent
             )
             created = True
-        except RateLimited as exc:
-            raise p.ProtocolError(
-                ErrorCode.RATE_LIMITED, str(exc), request_id=rid, retry_after=exc.retry_after
-            ) from None
         except STORE_ERRORS as exc:  # no worker, overloaded, Redis down, unknown model
             raise refused(exc, rid) from None
         finally:
@@ -200,7 +206,9 @@ class StreamSession:
             await asyncio.gather(old, return_exceptions=True)
             await self.release(sid)  # in case it was cancelled before it ran
         self.slot_of[sid] = self._open_slot(None, sid, new_tail=old is None)
-        try:  # the slot and the attachment go back on every way out but a started tail
+        try:  # slot, seat and attachment go back on every way out but a started tail
+            await self._admit(None, sid)  # a resume is admitted as a new stream is
+            seat = self._take_seat(sid)
             attach_id = None
             if info.status != StreamStatus.DONE:
                 with contextlib.suppress(RedisUnavailable):
@@ -211,10 +219,35 @@ class StreamSession:
                      "transport": self.transport}  # fmt: skip
             log.info("resume", extra=extra)
             await self.send(p.resumed_frame(sid, r.after))
+            if seat.replaced:  # a newer resume took the seat meanwhile
+                raise refused(ReaderReplaced(REPLACED), sid=sid)
         except BaseException:  # cancelled meanwhile, say (the channel went away)
             await self.release(sid)
             raise
         self._start_tail(sid, r.after, attach_id, None)
+
+    async def _admit(self, rid: str | None, sid: str | None) -> None:
+        """Spend a request of the caller's rate limit (``--rate-limit``, per address)."""
+        try:
+            await self.parts.guard.admit(self.principal)
+        except RateLimited as exc:
+            raise p.ProtocolError(ErrorCode.RATE_LIMITED, str(exc), request_id=rid,
+                                  stream_id=sid, retry_after=exc.retry_after) from None  # fmt: skip
+
+    def _take_seat(self, sid: str) -> Seat:
+        """A seat among the resumes reading ``sid`` (``--max-resumes-per-stream``)."""
+        try:
+            seat = self.parts.readers.take(sid, lambda: self._replaced(sid))
+        except TooManyReaders as exc:
+            raise refused(exc, sid=sid) from None
+        self.seat_of[sid] = seat
+        return seat
+
+    def _replaced(self, sid: str) -> None:
+        """A newer resume took this channel's seat of ``sid``: end its tail, which says so."""
+        seat, task = self.seat_of.get(sid), self.tails.get(sid)
+        if seat is not None and seat.replaced and task is not None:
+            task.cancel()
 
     def _open_slot(self, rid: str | None, sid: str | None, new_tail: bool = True) -> str:
         """A ``--max-streams-per-key`` slot for a tail (one more here: ``new_tail``)."""
@@ -259,10 +292,11 @@ class StreamSession:
         self.tails[sid] = task
 
     async def release(self, sid: str) -> None:
-        """Give back a tail's per-key slot and remove its attachment (once per tail)."""
+        """Give back a tail's per-key slot and seat, remove its attachment (once per tail)."""
         bucket = self.slot_of.pop(sid, None)
         if bucket is not None:
             self.parts.guard.close_stream(bucket)
+        self.parts.readers.leave(self.seat_of.pop(sid, None))
         if sid in self.attach_of:
             await self.parts.streams.detach(sid, self.attach_of.pop(sid))
 
@@ -273,12 +307,22 @@ class StreamSession:
             task.cancel()
         await asyncio.gather(*tails, return_exceptions=True)
         # a tail cancelled before it first ran never reached its `finally`
-        left = self.slot_of.keys() | self.attach_of.keys()
+        left = self.slot_of.keys() | self.attach_of.keys() | self.seat_of.keys()
         await asyncio.gather(*(self.release(sid) for sid in left))
 
     async def _tail(self, sid: str, after: int, started: Started | None) -> None:
+        seat = self.seat_of.get(sid)
         try:
             await tail_frames(self.parts.streams, sid, after, started, self.send, self.send_token)
+        except asyncio.CancelledError:
+            if seat is None or not seat.replaced:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # cancelled by the replacement, not by whoever awaits the tail
+            frame = refused(ReaderReplaced(REPLACED), sid=sid).frame()
+            with contextlib.suppress(asyncio.TimeoutError):  # a half-open socket: no room
+                await asyncio.wait_for(self.send(frame), REPLACED_SEND_WAIT)
         finally:
             if self.tails.get(sid) is asyncio.current_task():
                 del self.tails[sid]

@@ -15,8 +15,11 @@ import pytest
 from starlette.requests import Request
 from starlette.types import Message
 
+from tokenrelay.gateway.access.auth import SecuritySettings
+from tokenrelay.gateway.access.guard import Guard
 from tokenrelay.gateway.http.common import HttpSettings
 from tokenrelay.gateway.http.streams import StreamsApi
+from tokenrelay.gateway.streams.readers import StreamReaders
 from tokenrelay.gateway.streams.store import StreamStore
 from tokenrelay.worker.store import WorkerStore
 
@@ -44,7 +47,10 @@ class Client:
 
 def api_of(stream_store: StreamStore) -> StreamsApi:
     gw: Any = SimpleNamespace(
-        streams=stream_store, settings=SimpleNamespace(model_name="m", max_frame_bytes=1 << 16)
+        streams=stream_store,
+        settings=SimpleNamespace(model_name="m", max_frame_bytes=1 << 16),
+        guard=Guard(SecuritySettings(), stream_store.draw_tokens),
+        readers=StreamReaders(),
     )
     return StreamsApi(gw, HttpSettings(keepalive=30))
 
@@ -126,7 +132,8 @@ async def test_resume_token_in_a_header_or_the_query(
     new = await stream_store.create(BODY, "r1", attach=False)
     sid, token = new.stream_id, new.resume_token
     api = api_of(stream_store)
-    for query, headers in (("", {"X-Resume-Token": token}), (f"resume_token={token}", {})):
+    both = ("resume_token=not-the-token", {"X-Resume-Token": token})  # the header wins
+    for query, headers in (("", {"X-Resume-Token": token}), (f"resume_token={token}", {}), both):
         client = Client()
         client.left.set()
         req = request(sid, client, query, **headers)

@@ -21,10 +21,13 @@ from tokenrelay.worker.store import WorkerStore
 
 
 class Guard:
-    """Counts the per-key stream slots a connection holds."""
+    """Counts the per-key stream slots a connection holds (and admits every request)."""
 
     def __init__(self) -> None:
         self.open = 0
+
+    async def admit(self, principal: object, cost: int = 1) -> None:
+        pass
 
     def open_stream(self, principal: object) -> str:
         self.open += 1
@@ -58,5 +61,6 @@ async def test_resume_failing_before_its_tail_releases_the_attachment(
         await conn._resume(p.Resume(new.stream_id, new.resume_token, 0))
     assert not conn.tails and not conn.slot_of and not conn.attach_of
     assert guard.open == 0, "the per-key slot was kept"
+    assert conn.parts.readers.count(new.stream_id) == 0, "the seat was kept"
     assert not stream_store.attachments.tracked, "the attachment outlived the resume"
     assert await stream_store.redis.zcard(stream_store.keys.attach(new.stream_id)) == 0
