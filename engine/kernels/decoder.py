@@ -20,18 +20,30 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import mmap
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from tokenrelay.core.runtime import env_switch
 from tokenrelay.engine.kernels.build import BUILD_ERRORS, CSRC, ENV_SWITCH, load
-from tokenrelay.engine.kernels.quant import QuantStack, QuantWeight
+from tokenrelay.engine.kernels.quant import (
+    KBLOCK,
+    Q4_KX_ID,
+    QuantStack,
+    QuantWeight,
+    quant_kernel,
+)
 
 log = logging.getLogger("tokenrelay.engine")
 
 SOURCE = CSRC / "decoder.c"
 FUSED_SWITCH = "TOKENRELAY_FUSED_DECODER"  # 0: the PyTorch decoder, kernel by kernel
+# 0: Q4_K products on the file's own blocks, not repacked 16 rows at a time (kquant_x16.c)
+REPACK_SWITCH = "TOKENRELAY_KQ_REPACK"
 # Fewer rows than this many per thread: split each row's KV heads over attention tasks too
 # (as engine/kernels/cpu_attention.py).
 ROWS_PER_THREAD_FOR_WHOLE_HEADS = 4
@@ -145,14 +157,58 @@ def _vector(t: torch.Tensor | None, n: int, what: str) -> torch.Tensor | None:
 Projection = QuantWeight | QuantStack
 
 
-def _qmat(w: Projection, n: int, k: int, what: str) -> _QMat:
+def _qmat(
+    w: Projection, n: int, k: int, what: str, repack: Callable[[QuantWeight], Any] | None = None
+) -> _QMat:
+    """The C view of ``w``; ``repack`` may give a part another form (``(blocks, type id)``)."""
     if not isinstance(w, QuantWeight | QuantStack) or w.shape != (n, k):
         raise ValueError(f"fused decoder: {what} must be a QuantWeight or QuantStack [{n}, {k}]")
     parts = w.parts if isinstance(w, QuantStack) else (w,)
     mat = _QMat(parts=len(parts), n=n, k=k)
     for i, part in enumerate(parts):
-        mat.part[i] = _QPart(part.data_ptr, part.n, part.type_id)
+        other = repack(part) if repack is not None else None
+        if other is not None:
+            mat.part[i] = _QPart(other[0].data_ptr(), part.n, other[1])
+        else:
+            mat.part[i] = _QPart(part.data_ptr, part.n, part.type_id)
     return mat
+
+
+class _Repacker:
+    """Q4_K projections repacked 16 rows at a time for the AVX512-VNNI kernel, where the
+    build has it: a copy in the kernel's order; the file's pages of the original are
+    handed back to the OS (they are read again only if something else multiplies them)."""
+
+    def __init__(self) -> None:
+        self.kernel = quant_kernel() if env_switch(REPACK_SWITCH) else None
+        self.copies: list[torch.Tensor] = []
+        self.seconds = 0.0
+
+    def __call__(self, w: QuantWeight) -> tuple[torch.Tensor, int] | None:
+        if self.kernel is None or w.qtype != "Q4_K" or w.n % 16 or w.k % KBLOCK:
+            return None
+        started = time.perf_counter()
+        out = self.kernel.interleave(w)
+        self.seconds += time.perf_counter() - started
+        if out is None:  # no such form in this build (no AVX512-VNNI)
+            self.kernel = None
+            return None
+        self.copies.append(out)
+        _page_out(w.blocks)
+        return out, Q4_KX_ID
+
+
+def _page_out(t: torch.Tensor) -> None:
+    """Ask the OS to reclaim the whole pages of ``t`` (a hint: the data stays valid)."""
+    advice = getattr(mmap, "MADV_PAGEOUT", None)
+    if advice is None:
+        return
+    page = mmap.PAGESIZE
+    start = -(-t.data_ptr() // page) * page
+    end = (t.data_ptr() + t.numel() * t.element_size()) // page * page
+    if end > start:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), ctypes.c_int(advice))
 
 
 class FusedDecoder:
@@ -177,6 +233,7 @@ class FusedDecoder:
             keep.append(v)
             return v.data_ptr()
 
+        repack = _Repacker()
         structs = []
         for i, lw in enumerate(layers):
             if (lw.q_norm is None) != (lw.k_norm is None):
@@ -184,16 +241,16 @@ class FusedDecoder:
             keep.extend((lw.qkv, lw.o, lw.gate_up, lw.down))
             structs.append(_Layer(
                 ptr(lw.input_norm, s.hidden, "input_norm"),
-                _qmat(lw.qkv, qkv_n, s.hidden, "qkv"),
+                _qmat(lw.qkv, qkv_n, s.hidden, "qkv", repack),
                 ptr(lw.qkv_bias, qkv_n, "qkv_bias"),
                 ptr(lw.q_norm, s.head_dim, "q_norm"),
                 ptr(lw.k_norm, s.head_dim, "k_norm"),
-                _qmat(lw.o, s.hidden, s.num_heads * s.head_dim, "o"),
+                _qmat(lw.o, s.hidden, s.num_heads * s.head_dim, "o", repack),
                 ptr(lw.o_bias, s.hidden, "o_bias"),
                 ptr(lw.post_norm, s.hidden, "post_norm"),
-                _qmat(lw.gate_up, 2 * s.intermediate, s.hidden, "gate_up"),
+                _qmat(lw.gate_up, 2 * s.intermediate, s.hidden, "gate_up", repack),
                 ptr(lw.gate_up_bias, 2 * s.intermediate, "gate_up_bias"),
-                _qmat(lw.down, s.hidden, s.intermediate, "down"),
+                _qmat(lw.down, s.hidden, s.intermediate, "down", repack),
                 ptr(lw.down_bias, s.hidden, "down_bias"),
             ))  # fmt: skip
         self._layers = (_Layer * len(structs))(*structs)
@@ -204,8 +261,13 @@ class FusedDecoder:
         # the LM head, if quantized: a step can end with every row's logits
         self.vocab = head.n if isinstance(head, QuantWeight) else None
         if isinstance(head, QuantWeight):
-            self._model.head = _qmat(head, head.n, s.hidden, "head")
+            self._model.head = _qmat(head, head.n, s.hidden, "head", repack)
             keep.append(head)
+        keep.extend(repack.copies)
+        if repack.copies:
+            gib = sum(c.numel() for c in repack.copies) / 2**30
+            log.info("Q4_K projections repacked for the AVX-512 kernel",
+                     extra={"gib": round(gib, 3), "seconds": round(repack.seconds, 2)})  # fmt: skip
         self._keep = keep
         self.kv: torch.Tensor | None = None  # the pool bound by bind_cache()
 

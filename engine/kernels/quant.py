@@ -57,6 +57,9 @@ _FORMATS = {
     **{name: (tid, size, BLOCK) for name, (tid, size) in QTYPES.items()},
     **{name: (tid, size, KBLOCK) for name, (tid, size) in KQTYPES.items()},
 }
+# Q4_K repacked 16 rows at a time (engine/kernels/csrc/kquant_x16.c): our own type id,
+# never in a file; bytes per group of 16 rows and 256 columns
+Q4_KX_ID, Q4_KX_GROUP_BYTES = 112, 2368
 QUANT_TYPES: tuple[str, ...] = tuple(_FORMATS)  # the names, for messages and membership
 _BY_ID = {type_id: name for name, (type_id, _, _) in _FORMATS.items()}
 
@@ -79,27 +82,33 @@ class QuantKernel:
         self._kq_x = library.tr_kq_quantized_x
         self._kq_x.restype = ctypes.c_int
         self._kq_x.argtypes = [_ptr, _i64, _i64, _i64, _ptr]
+        self._interleave = library.tr_kq_interleave
+        self._interleave.restype = ctypes.c_int
+        self._interleave.argtypes = [_ptr, _i64, _i64, _ptr]
+
+    def interleave(self, w: QuantWeight) -> torch.Tensor | None:
+        """A Q4_K ``w`` repacked 16 rows at a time (``Q4_KX_ID``, the AVX512-VNNI kernel's
+        form, a copy), or ``None`` where this build or ``w``'s shape has none."""
+        if w.qtype != "Q4_K" or w.n % 16 or w.k % KBLOCK:
+            return None
+        out = torch.empty(w.n // 16 * (w.k // KBLOCK) * Q4_KX_GROUP_BYTES, dtype=torch.uint8)
+        return out if self._interleave(w.data_ptr, w.n, w.k, out.data_ptr()) == 0 else None
 
     def matmul(self, x: torch.Tensor, w: QuantWeight, y: torch.Tensor) -> None:
         """``y`` ``[M, N]`` (contiguous) = ``x @ W^T``; ``x`` ``[M, K]`` with contiguous rows.
 
         Shapes, dtypes and strides are checked by the caller (:meth:`QuantWeight.matmul`).
         """
-        rc = self._matmul(
-            x.data_ptr(),
-            x.shape[0],
-            w.k,
-            x.stride(0),
-            w.data_ptr,
-            w.n,
-            w.type_id,
-            y.data_ptr(),
-            w.n,
-        )
+        self.matmul_raw(x, w.data_ptr, w.n, w.type_id, y)
+
+    def matmul_raw(self, x: torch.Tensor, w: int, n: int, type_id: int, y: torch.Tensor) -> None:
+        """:meth:`matmul` for the blocks at address ``w`` of ``type_id`` (e.g. ``Q4_KX_ID``)."""
+        rc = self._matmul(x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), w, n, type_id,
+                          y.data_ptr(), n)  # fmt: skip
         if rc == -2:
             raise MemoryError("quant matmul kernel: no memory for its panel scratch")
         if rc != 0:
-            raise ValueError(f"quant matmul kernel: refused qtype {w.qtype}")
+            raise ValueError(f"quant matmul kernel: refused type {_BY_ID.get(type_id, type_id)}")
 
     def int8_activations(self, w: QuantWeight) -> bool:
         """Whether products with ``w`` quantize ``x`` to int8 per 256 values: the K-quants,

@@ -26,6 +26,9 @@
  * therefore depends only on row r of x, never on what else is in the batch or how the
  * rows are tiled (a sequence's logits do not change with its neighbours).
  *
+ * With AVX512-VNNI, Q4_K matrices whose rows come in 16s may also be repacked once
+ * (kquant_x16.c, type KQ_Q4_KX): 16 rows per vector, the same sums, fewer instructions.
+ *
  * x's int8 values are stored in "pair order": within each 128, [0..31, 64..95, 32..63,
  * 96..127], so that one 64-byte load matches one load of Q4_K/Q5_K nibbles (and, with a
  * broadcast and shifts, of Q6_K's). The tiles: kquant_avx512.c with AVX512-VNNI/BW/VL,
@@ -54,24 +57,27 @@ enum { Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 #endif
 
 
-/* One row's 256 values of x, quantized. 384 bytes: rows of blocks stay 64-byte aligned. */
+/* One row's 256 values of x, quantized. 448 bytes: rows of blocks stay 64-byte aligned. */
 typedef struct {
     int8_t q[QK];  /* pair order (see above) */
     float xs[16];   /* d * bs[i]: the 16-sums in x's units (the AVX-512 tiles' side term) */
+    float qs32[8];  /* sum of q over stored positions 32c..32c+31 (kquant_x16.c) */
     int16_t bs[16]; /* sum of q over natural positions 16i..16i+15 */
     float d;
-    uint8_t pad[28];
+    uint8_t pad[60];
 } xq_block;
 
 static inline int is_kquant(int qt) { return qt == Q4_K || qt == Q5_K || qt == Q6_K; }
 
 #define KQ_Q8_0 8 /* ggml's Q8_0: fp16 d, 32 int8 q; 8 blocks per 256 values of x */
+#define KQ_Q4_KX 112 /* Q4_K repacked 16 rows at a time (kquant_x16.c, AVX512-VNNI only) */
 
 /* Whether kq_part multiplies qt at this K: the K-quants always; Q8_0 where the int8 dot
  * products are there and K is whole 256-blocks of x (else quant_matmul.c's fp32 path). */
 static inline int kq_takes(int qt, int64_t K) {
 #ifdef TR_KQ_VNNI
     if (qt == KQ_Q8_0) return K % QK == 0;
+    if (qt == KQ_Q4_KX) return 1;
 #endif
     (void)K;
     return is_kquant(qt);
@@ -79,7 +85,7 @@ static inline int kq_takes(int qt, int64_t K) {
 
 /* Bytes of W per 256 weights of a row. */
 static inline int kq_block_bytes(int qt) {
-    return qt == Q4_K ? 144 : qt == Q5_K ? 176 : qt == Q6_K ? 210 : 8 * 34;
+    return qt == Q4_K || qt == KQ_Q4_KX ? 144 : qt == Q5_K ? 176 : qt == Q6_K ? 210 : 8 * 34;
 }
 
 /* Natural position i of a 256-block <-> its place in pair order (the map is its own inverse). */
@@ -151,6 +157,15 @@ static inline __m128i kq_scales_mins_simd(const uint8_t *b) {
 }
 #endif
 
+/* qs32 of a quantized block from its 16-sums: stored chunk c is natural sub-block
+ * (c & 4) | (c & 1) << 1 | (c & 2) >> 1, the 16-groups twice that and one more. */
+static inline void kq_chunk_sums(xq_block *o) {
+    for (int c = 0; c < 8; c++) {
+        const int j = (c & 4) | (c & 1) << 1 | (c & 2) >> 1;
+        o->qs32[c] = (float)(o->bs[2 * j] + o->bs[2 * j + 1]);
+    }
+}
+
 /* 256 values v as int8: q[i] = round(v[i] / d) (to nearest even, as the AVX-512 conversion
  * does), d = max|v| / 127 (returned; 0 for a block of zeros). */
 static inline float kq_quantize_block(const float *v, int q[QK]) {
@@ -193,6 +208,7 @@ static inline void kq_quantize_block512(const float *v, xq_block *o, int u8) {
         o->bs[g] = (int16_t)_mm512_reduce_add_epi32(n);
         o->xs[g] = o->d * (float)o->bs[g];
     }
+    if (!u8) kq_chunk_sums(o);
 }
 #endif
 
@@ -221,6 +237,7 @@ static void kq_quantize_rows(const float *x, int64_t M, int64_t K, int64_t xs, x
                 o->bs[g] = (int16_t)sum;
                 o->xs[g] = o->d * (float)sum;
             }
+            kq_chunk_sums(o);
         }
 }
 
@@ -310,6 +327,7 @@ static __attribute__((unused)) void kq_block_portable(const xq_block *xq, int64_
 
 #if defined(TR_KQ_VNNI)
 #include "kquant_avx512.c"
+#include "kquant_x16.c"
 #elif defined(TR_KQ_AVX2)
 #include "kquant_avx2.c"
 #else
@@ -329,6 +347,12 @@ static int64_t kq_scratch_bytes(int64_t M, int64_t K) {
 static inline void kq_tiles(const xq_block *xq, int64_t m0, int64_t m1, int64_t nb, int64_t rb,
                             const uint8_t *w, int64_t N, int qt, float *y, int64_t ys,
                             int64_t t0, int64_t t1, const void *consts) {
+#ifdef TR_KQ_VNNI
+    if (qt == KQ_Q4_KX) {
+        kqx_tiles(xq, m0, m1, nb, w, y, ys, t0, t1);
+        return;
+    }
+#endif
     for (int64_t t = t0; t < t1; t++) {
         const int64_t n0 = t * KQ_C;
         const int64_t cols = N - n0 < KQ_C ? N - n0 : KQ_C;
@@ -358,7 +382,8 @@ static inline void kq_tiles(const xq_block *xq, int64_t m0, int64_t m1, int64_t 
 static void kq_part(const float *x, int64_t M, int64_t K, int64_t xs, const uint8_t *w,
                     int64_t N, int qt, float *y, int64_t ys, xq_block *xq, int tid, int nth,
                     int64_t *next) {
-    const int64_t nb = K / QK, rb = nb * kq_block_bytes(qt), tiles = (N + KQ_C - 1) / KQ_C;
+    const int64_t nb = K / QK, rb = nb * kq_block_bytes(qt);
+    const int64_t tiles = qt == KQ_Q4_KX ? N / 16 : (N + KQ_C - 1) / KQ_C;
 #if defined(TR_KQ_VNNI) || defined(TR_KQ_AVX2)
     kq_consts k;
     kq_consts_init(&k);

@@ -87,7 +87,8 @@ static inline int tr_max_threads(void) { return 1; }
 
 /* Every ggml type this file multiplies. */
 static inline int qm_known(int64_t qt) {
-    return qt == Q4_0 || qt == Q4_1 || qt == Q8_0 || is_kquant((int)qt);
+    return qt == Q4_0 || qt == Q4_1 || qt == Q8_0 || is_kquant((int)qt) ||
+           (qt == KQ_Q4_KX && kq_takes(KQ_Q4_KX, QK));
 }
 
 static inline float half_to_float(const uint8_t *p) { return kq_half(p); }
@@ -737,6 +738,19 @@ int tr_kq_quantized_x(const float *x, int64_t M, int64_t K, int64_t xs, float *o
     }
     free(xq);
     return 0;
+}
+
+/* W [n, k] Q4_K -> out (n / 16 * k / 256 * 2368 bytes) repacked as Q4_KX (kquant_x16.c);
+ * -1 where this build has no Q4_KX (no AVX512-VNNI) or n, k are not multiples of 16, 256. */
+int tr_kq_interleave(const uint8_t *w, int64_t n, int64_t k, uint8_t *out) {
+#ifdef TR_KQ_VNNI
+    if (n > 0 && k > 0 && n % 16 == 0 && k % QK == 0) {
+        kqx_repack(w, n, k, out);
+        return 0;
+    }
+#endif
+    (void)w, (void)n, (void)k, (void)out;
+    return -1;
 }
 
 /* 1 when products with a qt matrix of K columns quantize x to int8 (kquant.c), else 0. */

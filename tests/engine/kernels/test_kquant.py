@@ -225,3 +225,27 @@ def test_q8_0_in_whole_blocks_takes_the_int8_path(kernel: QuantKernel) -> None:
     y = w.matmul(x)
     check(y, x, kernel.quantized_x(x), w64)
     assert torch.equal(torch.cat([w.matmul(x[i : i + 1]) for i in range(21)]), y)
+
+
+def test_q4_k_repacked_16_rows_at_a_time(kernel: QuantKernel) -> None:
+    """The AVX512-VNNI kernel's own form of Q4_K (kquant_x16.c): the same products, exact
+    against the reference like the file's form, rows independent of their batch."""
+    rng = np.random.default_rng(21)
+    gen = torch.Generator().manual_seed(21)
+    for n, k in ((16, 256), (48, 512), (64, 2048)):
+        raw = random_kblocks(n, k, "Q4_K", rng)
+        w, w64 = QuantWeight(torch.from_numpy(raw), "Q4_K"), reference(raw, "Q4_K")
+        packed = kernel.interleave(w)
+        if packed is None:
+            pytest.skip("no repacked Q4_K form in this build (no AVX512-VNNI)")
+        assert packed.numel() == n // 16 * k // 256 * quant.Q4_KX_GROUP_BYTES
+        for m in ROWS:
+            x = torch.randn(m, k, generator=gen) * torch.rand(m, 1, generator=gen) * 4
+            y = torch.empty(m, n)
+            kernel.matmul_raw(x, packed.data_ptr(), n, quant.Q4_KX_ID, y)
+            check(y, x, kernel.quantized_x(x), w64)
+            alone = torch.empty(1, n)
+            kernel.matmul_raw(x[m - 1 :], packed.data_ptr(), n, quant.Q4_KX_ID, alone)
+            assert torch.equal(alone, y[m - 1 :])
+    odd = QuantWeight(torch.from_numpy(random_kblocks(20, 256, "Q4_K", rng)), "Q4_K")
+    assert kernel.interleave(odd) is None  # not whole groups of 16 rows: the file's form

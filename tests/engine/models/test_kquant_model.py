@@ -25,7 +25,8 @@ from tests.engine.kernels.test_kquant import random_kblocks
 from tests.engine.models.test_gguf_weights import TOKENS, _greedy
 from tokenrelay.core.wire.params import SamplingParams
 from tokenrelay.engine import EngineConfig, LLMEngine
-from tokenrelay.engine.kernels.quant import QuantStack, QuantWeight
+from tokenrelay.engine.kernels.decoder import REPACK_SWITCH
+from tokenrelay.engine.kernels.quant import QuantStack, QuantWeight, quant_kernel
 from tokenrelay.engine.models.gguf_weights import native_unsupported
 from tokenrelay.engine.models.store import default_gguf_path, locate_model
 
@@ -239,3 +240,22 @@ def test_logits_do_not_change_with_threads(native: Any, threads: int) -> None:
     finally:
         torch.set_num_threads(before)
     assert got == want
+
+
+def test_q4_k_repacked_for_the_kernel_gives_the_same_tokens(
+    native: Any, kquant_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the build has AVX512-VNNI, the fused decoder multiplies Q4_K projections
+    repacked 16 rows at a time; the file's own blocks (the switch off) give the same
+    greedy tokens (the same integer sums, the fp32 scaling in another order)."""
+    kernel, gate = quant_kernel(), native.runner.model.layers[0].mlp.gate_up_packed.parts[0]
+    if kernel is None or kernel.interleave(gate) is None:
+        pytest.skip("no repacked Q4_K form in this build (no AVX512-VNNI)")
+    copies = [t for t in native.runner.model.fused._keep if isinstance(t, torch.Tensor)
+              and t.dtype == torch.uint8]  # fmt: skip
+    assert copies  # q, k, o, gate and up of each layer
+    monkeypatch.setenv(REPACK_SWITCH, "0")
+    plain = LLMEngine(EngineConfig(model=str(kquant_file), device="cpu"))
+    assert not [t for t in plain.runner.model.fused._keep if isinstance(t, torch.Tensor)
+                and t.dtype == torch.uint8]  # fmt: skip
+    assert _greedy(native, PROMPTS) == _greedy(plain, PROMPTS)
