@@ -28,12 +28,6 @@ typedef struct {
 /* Natural sub-block of x's stored chunk c (pair order swaps the middle two of each 4). */
 static inline int kqx_sub(int c) { return (c & 4) | (c & 1) << 1 | (c & 2) >> 1; }
 
-/* Weight p (0..255) of a Q4_K super-block. */
-static inline int kqx_weight(const uint8_t *blk, int p) {
-    const uint8_t byte = blk[16 + 32 * (p / 64) + p % 32];
-    return p % 64 < 32 ? byte & 15 : byte >> 4;
-}
-
 /* W [n, k] Q4_K (n a multiple of 16, k of 256) -> out in Q4_KX. */
 static void kqx_repack(const uint8_t *w, int64_t n, int64_t k, uint8_t *out) {
     const int64_t nb = k / QK, rb = nb * 144;
@@ -48,14 +42,15 @@ static void kqx_repack(const uint8_t *w, int64_t n, int64_t k, uint8_t *out) {
                 memcpy(&o->d[i], blk, 2);
                 memcpy(&o->dm[i], blk + 2, 2);
                 for (int c = 0; c < 8; c++) {
-                    const int j = kqx_sub(c);
+                    const int j = kqx_sub(c), shift = 4 * (j & 1);
                     o->sc[c][i] = sm[j];
                     o->mn[c][i] = sm[8 + j];
-                    for (int l = 0; l < 4; l++)
-                        for (int q = 0; q < 4; q++)
-                            o->nib[c][l][4 * i + q] =
-                                (uint8_t)(kqx_weight(blk, 32 * j + 4 * l + q) |
-                                          kqx_weight(blk, 32 * j + 16 + 4 * l + q) << 4);
+                    /* sub-block j: the low (even j) or high nibbles of qs[32 (j / 2) ..+32] */
+                    const uint8_t *qs = blk + 16 + 32 * (j / 2);
+                    uint8_t v[16];
+                    for (int t = 0; t < 16; t++)
+                        v[t] = (uint8_t)((qs[t] >> shift & 15) | (qs[16 + t] >> shift & 15) << 4);
+                    for (int l = 0; l < 4; l++) memcpy(&o->nib[c][l][4 * i], v + 4 * l, 4);
                 }
             }
         }
