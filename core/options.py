@@ -11,11 +11,16 @@ import os
 from typing import Any
 
 from tokenrelay.core.wire.keys import DEFAULT_PREFIX
-from tokenrelay.core.wire.requests import DEFAULT_MAX_OUTPUT_ENTRIES, DEFAULT_MAX_TOKENS_LIMIT
+from tokenrelay.core.wire.requests import (
+    DEFAULT_MAX_DETACH_TIMEOUT,
+    DEFAULT_MAX_OUTPUT_ENTRIES,
+    DEFAULT_MAX_TOKENS_LIMIT,
+)
 
 # Defaults that settings dataclasses share with their flags (gateway/state.py,
 # gateway/access/auth.py, gateway/http/common.py): one definition each.
 DETACH_TIMEOUT = 30.0
+MAX_DETACH_TIMEOUT = DEFAULT_MAX_DETACH_TIMEOUT  # the most a request's detach_timeout asks
 STREAM_TTL = 3600.0
 DRAIN_TIMEOUT = 30.0
 HEARTBEAT = 20.0
@@ -108,6 +113,9 @@ def add_http_options(p: argparse.ArgumentParser) -> None:
     add(p, "--max-resumes-per-stream", default=MAX_RESUMES_PER_STREAM, type=int,
         help="resumes reading one stream at once through this gateway; more get "
         "'overloaded', but one replaces the oldest after it has read for 2 s")  # fmt: skip
+    add(p, "--max-detach-timeout", default=MAX_DETACH_TIMEOUT, type=float,
+        help="most seconds a request's detach_timeout may keep its stream generating with "
+        "no client attached (at least --detach-timeout)")  # fmt: skip
     add(p, "--max-pending", default=MAX_PENDING, type=int,
         help="queued + running requests before new ones get 'overloaded'")  # fmt: skip
     add(p, "--http-max-streams-per-client", default=HTTP_MAX_STREAMS_PER_CLIENT, type=int,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -41,6 +42,7 @@ class Settings:
     heartbeat: float = options.HEARTBEAT
     max_frame_bytes: int = options.MAX_FRAME_BYTES
     detach_timeout: float = options.DETACH_TIMEOUT
+    max_detach_timeout: float = options.MAX_DETACH_TIMEOUT  # a request's detach_timeout
     stream_ttl: float = options.STREAM_TTL
     max_connections: int = options.MAX_CONNECTIONS
     max_streams_per_connection: int = options.MAX_STREAMS_PER_CONNECTION
@@ -74,6 +76,12 @@ class Settings:
             raise ValueError("--max-frame-bytes must be >= 1024")
         if self.detach_timeout < 0 or self.stream_ttl < 1:
             raise ValueError("--detach-timeout must be >= 0 and --stream-ttl >= 1")
+        most = self.max_detach_timeout
+        if not 0 < most < math.inf or most < self.detach_timeout:
+            raise ValueError(
+                f"--max-detach-timeout must be a finite number > 0 and >= "
+                f"--detach-timeout ({self.detach_timeout:g}), got {most:g}"
+            )
         if not self.drain_timeout >= 0:
             raise ValueError("--drain-timeout must be >= 0")
         n = self.max_resumes_per_stream
@@ -92,6 +100,7 @@ class Gateway:
         self.base_limits = p.Limits(
             max_tokens=settings.security.max_tokens,
             max_output_entries=settings.security.max_output_entries,
+            max_detach_timeout=settings.max_detach_timeout,
         )
         self.limits = self.base_limits  # bounded by the model's context once a worker says it
         self.streams = StreamStore(
@@ -132,6 +141,7 @@ class Gateway:
             max_frame_bytes=self.settings.max_frame_bytes,
             server=self.server_name,
             worker_ready=self.readiness.ready,
+            detach=(self.settings.detach_timeout, self.settings.max_detach_timeout),
         )
 
     def follow_context(self, context_tokens: int | None, vocab_size: int | None = None) -> None:

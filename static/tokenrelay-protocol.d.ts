@@ -65,6 +65,10 @@ export interface GenerateParams {
   parallel_tool_calls?: boolean;
   /** choices: 1 only with this client (one stream per generate()) */
   n?: 1;
+  /** seconds the stream keeps generating with no client attached, so that it can be resumed
+   * (above 0, at most the gateway's `max_detach_timeout`, which its hello gives); left out:
+   * the gateway's `detach_timeout` (30 s by default) */
+  detach_timeout?: number;
 }
 
 export interface GenerateRequest {

@@ -52,7 +52,9 @@ export const PROTOCOL_VERSION = 1;
  *   tools?: {type: "function", function: {name: string, description?: string,
  *   parameters?: Record<string, unknown>, strict?: boolean}}[],
  *   tool_choice?: "none"|"auto"|"required"|{type: "function", function: {name: string}},
- *   parallel_tool_calls?: boolean, n?: 1}} GenerateParams
+ *   parallel_tool_calls?: boolean, n?: 1, detach_timeout?: number}} GenerateParams
+ *   `detach_timeout`: seconds the stream keeps generating with no client attached (at most
+ *   the hello's `max_detach_timeout`; default: its `detach_timeout`)
  * @typedef {{messages?: ChatMessage[], prompt?: string, params?: GenerateParams,
  *   requestId?: string, traceparent?: string}} GenerateRequest
  * @typedef {{streamId: string, resumeToken: string, after?: number, text?: string}} ResumeRequest

@@ -12,6 +12,14 @@ Ids a client chooses travel into HTTP headers, log lines and Redis:
 
 An input that cannot fit the model's context is refused before anyone tokenizes it
 (:meth:`Limits.for_context`: :data:`CHARS_PER_TOKEN` per context token).
+
+:func:`validate_detach_timeout` checks a request's ``detach_timeout``: how long its
+stream keeps generating with no client attached (the gateway's ``--detach-timeout``
+when none is given), at most ``--max-detach-timeout``. It travels beside the sampling
+parameters but is none: the gateway writes it into the request record, not the body.
+
+Long: the limits and every check of a request's fields, in the one place every transport
+calls; split, each part would import the limits and the error helpers from the other.
 """
 
 from __future__ import annotations
@@ -36,11 +44,11 @@ from tokenrelay.core.wire.vocabulary import ErrorCode
 
 # fmt: off
 __all__ = [
-    "CHARS_PER_TOKEN", "DEFAULT_MAX_OUTPUT_ENTRIES", "DEFAULT_MAX_TOKENS_LIMIT",
-    "MAX_RESUME_TOKEN", "MAX_SEED", "MAX_TEMPERATURE", "PARAM_NAMES", "REQUEST_ID_CHARS",
-    "ROLES", "Limits", "Message", "RequestError", "check_input_size", "check_output_budget",
-    "is_request_id", "validate_messages", "validate_params", "validate_request_id",
-    "validate_resume_token",
+    "CHARS_PER_TOKEN", "DEFAULT_MAX_DETACH_TIMEOUT", "DEFAULT_MAX_OUTPUT_ENTRIES",
+    "DEFAULT_MAX_TOKENS_LIMIT", "MAX_RESUME_TOKEN", "MAX_SEED", "MAX_TEMPERATURE",
+    "PARAM_NAMES", "REQUEST_ID_CHARS", "ROLES", "Limits", "Message", "RequestError",
+    "check_input_size", "check_output_budget", "is_request_id", "validate_detach_timeout",
+    "validate_messages", "validate_params", "validate_request_id", "validate_resume_token",
 ]
 # fmt: on
 
@@ -48,6 +56,8 @@ DEFAULT_MAX_TOKENS_LIMIT = 8192  # --max-tokens-limit: the largest max_tokens ac
 # --max-output-entries: n x max_tokens x (1 + top_logprobs) at most; at ~300 bytes an entry
 # in a non-streaming body, one request stays under ~64 MB of gateway memory
 DEFAULT_MAX_OUTPUT_ENTRIES = 200_000
+# --max-detach-timeout: the longest detach_timeout a request may ask for, in seconds
+DEFAULT_MAX_DETACH_TIMEOUT = 600.0
 # Characters per token above which an input is refused as too long for the context. Text
 # averages 2.2-4.5 characters per token with the default model's tokenizer (English prose,
 # code, markup); only long runs of one character (64 spaces are one token) go beyond 8.
@@ -75,6 +85,7 @@ class Limits:
     max_tokens: int = DEFAULT_MAX_TOKENS_LIMIT
     max_stop_token_ids: int = 64
     max_output_entries: int = DEFAULT_MAX_OUTPUT_ENTRIES
+    max_detach_timeout: float = DEFAULT_MAX_DETACH_TIMEOUT
     schemas: SchemaBudget = dataclasses.field(default_factory=SchemaBudget)  # all schemas
     context_tokens: int | None = None  # the served model's context, when known
     vocab_size: int | None = None  # the served model's vocabulary, when known
@@ -299,6 +310,21 @@ def check_output_budget(
         raise _too_large(name, f"this request could return {entries} token entries ({parts}); "
                          f"the limit is {limits.max_output_entries} (--max-output-entries): "
                          f"lower {name}{more}")  # fmt: skip
+
+
+def validate_detach_timeout(
+    value: Any, limits: Limits, name: str = "detach_timeout"
+) -> float | None:
+    """A request's detach timeout in seconds (``None``: not given, the gateway's
+    ``--detach-timeout`` applies), or ``bad_request`` naming ``name``: a number above 0
+    and at most ``limits.max_detach_timeout`` (``--max-detach-timeout``)."""
+    if value is None:
+        return None
+    seconds, most = _number(value, name), limits.max_detach_timeout
+    if not 0 < seconds <= most:
+        message = f"{name} must be above 0 and at most {most:g} seconds (--max-detach-timeout)"
+        raise _bad(name, f"{message}, got {seconds}")
+    return float(seconds)
 
 
 # --- ids ----------------------------------------------------------------------------

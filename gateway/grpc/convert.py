@@ -33,6 +33,7 @@ _OPTIONAL_PARAMS = (
     "logprobs",
     "parallel_tool_calls",
     "n",
+    "detach_timeout",  # not a SamplingParams field: protocol v1 takes it in params too
 )
 _JSON_PARAMS = {"response_format_json": "response_format", "tools_json": "tools",
                 "tool_choice_json": "tool_choice"}  # fmt: skip
@@ -160,7 +161,8 @@ def server_frame(pb2: Any, frame: dict[str, Any]) -> Any:
         return pb2.ServerFrame(error=error)
     if kind == "hello":
         fields = ("protocol", "heartbeat_s", "max_frame_bytes", "server", "worker_ready")
-        return pb2.ServerFrame(hello=pb2.Hello(**{f: frame[f] for f in fields}))
+        detach = {f: frame[f] for f in ("detach_timeout", "max_detach_timeout") if f in frame}
+        return pb2.ServerFrame(hello=pb2.Hello(**{f: frame[f] for f in fields}, **detach))
     if kind == "resumed":
         resumed = pb2.Resumed(stream_id=frame["stream_id"], after=frame["after"])
         return pb2.ServerFrame(resumed=resumed)

@@ -237,6 +237,7 @@ class OpenAIApi:
                     model=route.model,
                     traceparent=request.headers.get("traceparent"),
                     received_ns=received,
+                    detach_timeout=req.detach_timeout,
                 )
             except STORE_ERRORS as exc:
                 raise store_error(exc) from None

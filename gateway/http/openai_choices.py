@@ -202,6 +202,7 @@ async def answer_choices(
                     rid,
                     model=model,
                     traceparent=request.headers.get("traceparent"),
+                    detach_timeout=req.detach_timeout,
                 )
             )
     except (ApiError, *STORE_ERRORS) as exc:

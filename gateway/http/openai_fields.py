@@ -32,12 +32,15 @@ __all__ = [
 
 # vLLM's sampling extensions this server honours on both endpoints
 EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids")
+# tokenrelay's own, both endpoints: seconds the stream keeps generating with no client attached
+DETACH_FIELDS = ("detach_timeout",)
 TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")  # chat only (core/wire/tools.py)
 COMMON = (
     *("model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "n"),
     *("stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs"),
     "response_format",  # structured outputs (vLLM takes it on completions too)
     *EXTENSIONS,
+    *DETACH_FIELDS,
 )
 CHAT_SUPPORTED = frozenset(
     (*COMMON, "messages", "max_completion_tokens", "top_logprobs", *TOOL_FIELDS)

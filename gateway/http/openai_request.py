@@ -27,6 +27,7 @@ from tokenrelay.core.wire.requests import (
     Limits,
     check_input_size,
     check_output_budget,
+    validate_detach_timeout,
     validate_messages,
     validate_params,
     validate_request_id,
@@ -170,6 +171,7 @@ class ApiRequest:
     logprobs: bool = False  # the answer carries logprobs
     tools: bool = False  # tools were offered: calls are parsed from the text
     n: int = 1  # choices (gateway/http/openai_choices.py)
+    detach_timeout: float | None = None  # None: the gateway's --detach-timeout
 
 
 # --- field checks ---------------------------------------------------------------
@@ -269,6 +271,14 @@ def _params(obj: dict[str, Any], limits: Limits, kind: str = "chat") -> dict[str
     return dataclasses.asdict(params)
 
 
+def _detach_timeout(obj: dict[str, Any], limits: Limits) -> float | None:
+    """tokenrelay's ``detach_timeout`` (seconds; None: not given), checked as on the WebSocket."""
+    try:
+        return validate_detach_timeout(obj.get("detach_timeout"), limits)
+    except RequestError as exc:
+        raise request_error(exc) from None
+
+
 def _stream_options(obj: dict[str, Any]) -> tuple[bool, bool]:
     stream = bool(_opt(obj, "stream", (bool,), "a boolean"))
     opts = _opt(obj, "stream_options", (dict,), "an object")
@@ -336,7 +346,8 @@ def parse_chat(obj: dict[str, Any], *, served_model: str, limits: Limits) -> Api
     logprobs = params["logprobs"] is not None
     tools = bool(params["tools"]) and params["tool_choice"] != "none"
     return ApiRequest("chat", model, body, stream, include_usage, user, logprobs=logprobs,
-                      tools=tools, n=_budget(params, _choices(obj), limits))  # fmt: skip
+                      tools=tools, n=_budget(params, _choices(obj), limits),
+                      detach_timeout=_detach_timeout(obj, limits))  # fmt: skip
 
 
 def _prompt(raw: Any) -> str | list[int]:
@@ -375,4 +386,5 @@ def parse_completion(obj: dict[str, Any], *, served_model: str, limits: Limits) 
     body = {"params": params, "prompt": prompt}
     logprobs = params["logprobs"] is not None
     return ApiRequest("completion", model, body, stream, include_usage, user, logprobs=logprobs,
-                      n=_budget(params, _choices(obj), limits))  # fmt: skip
+                      n=_budget(params, _choices(obj), limits),
+                      detach_timeout=_detach_timeout(obj, limits))  # fmt: skip

@@ -27,6 +27,7 @@ from tokenrelay.core.wire.params import MAX_CHOICES, SamplingParams
 from tokenrelay.core.wire.requests import (
     MAX_SEED,
     check_input_size,
+    validate_detach_timeout,
     validate_messages,
     validate_params,
     validate_request_id,
@@ -94,6 +95,8 @@ class Generate:
     # W3C trace context of the client (checked where it is used, core/tracing.py: a bad
     # one starts a new trace, never an error)
     traceparent: str | None = None
+    # seconds of generating with no client attached (None: --detach-timeout): not in body()
+    detach_timeout: float | None = None
 
     def body(self, index: int = 0) -> dict[str, Any]:
         """The request of choice ``index`` as JSON-able data for the engine worker (with
@@ -243,6 +246,7 @@ def _parse_generate(obj: dict[str, Any], limits: Limits) -> Generate:
             raise RequestError(
                 ErrorCode.BAD_REQUEST, f"n must be an integer from 1 to {MAX_CHOICES}", "n"
             )
+        detach = validate_detach_timeout(raw.pop("detach_timeout", None), limits)
         params = validate_params(raw, limits)
     except RequestError as exc:
         raise ProtocolError(exc.code, exc.message, request_id=rid) from None
@@ -252,7 +256,8 @@ def _parse_generate(obj: dict[str, Any], limits: Limits) -> Generate:
         raise ProtocolError(ErrorCode.BAD_REQUEST, message, request_id=rid)
     tp = obj.get("traceparent")
     traceparent = tp if isinstance(tp, str) else None
-    return Generate(rid, params, parsed, prompt if parsed is None else None, model, n, traceparent)
+    return Generate(rid, params, parsed, prompt if parsed is None else None, model, n, traceparent,
+                    detach)  # fmt: skip
 
 
 # --- server frames ---------------------------------------------------------
@@ -268,9 +273,12 @@ def encode(frame: dict[str, Any]) -> str:
 
 
 def hello_frame(
-    heartbeat_s: float, *, max_frame_bytes: int, server: str, worker_ready: bool = True
-) -> dict[str, Any]:
-    return {
+    heartbeat_s: float, *, max_frame_bytes: int, server: str, worker_ready: bool = True,
+    detach: tuple[float, float] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """The ``hello`` frame; ``detach``: the gateway's ``--detach-timeout`` and
+    ``--max-detach-timeout`` (the default and the most of a ``detach_timeout`` param)."""
+    out: dict[str, Any] = {
         "type": "hello",
         "protocol": PROTOCOL_VERSION,
         "heartbeat_s": heartbeat_s,
@@ -278,6 +286,9 @@ def hello_frame(
         "server": server,
         "worker_ready": worker_ready,  # else a ``worker_ready`` notice follows when one is
     }
+    if detach is not None:
+        out["detach_timeout"], out["max_detach_timeout"] = detach
+    return out
 
 
 def started_frame(

@@ -178,7 +178,11 @@ class StreamSession:
             _, route = await self.parts.models.resolve(g.model)
             await self._admit(rid, None)
             new = await self.parts.streams.create(
-                g.body(index), rid, model=route.model, traceparent=g.traceparent
+                g.body(index),
+                rid,
+                model=route.model,
+                traceparent=g.traceparent,
+                detach_timeout=g.detach_timeout,
             )
             created = True
         except STORE_ERRORS as exc:  # no worker, overloaded, Redis down, unknown model

@@ -258,9 +258,14 @@ class StreamStore:
         model: str | None = None,
         traceparent: str | None = None,
         received_ns: int | None = None,
+        detach_timeout: float | None = None,
     ) -> NewStream:
         """Create a stream and queue its request for ``model`` (gateway/streams/routing.py;
         ``None``: on ``P requests``, for workers that name no model).
+
+        ``detach_timeout``: the seconds the request asked its stream to keep generating
+        with no client attached (checked by the transport against ``--max-detach-timeout``);
+        ``None``: this gateway's ``--detach-timeout``. It goes into the request record.
 
         With tracing on, the ``gateway.receive`` span (child of the client's
         ``traceparent`` when it is a valid one; from ``received_ns``, epoch ns, when the
@@ -269,8 +274,9 @@ class StreamStore:
         Raises :class:`Overloaded` or :class:`RedisFull` (Redis is at ``admit_memory`` of
         its maxmemory, or refused the write), :class:`NoWorker`, :class:`RedisUnavailable`.
         """
+        dt = self.detach_timeout if detach_timeout is None else detach_timeout
         if self.tracing is None:
-            return await self._create(body, request_id, attach, model, None)
+            return await self._create(body, request_id, attach, model, dt, None)
         attrs = {"tokenrelay.request_id": request_id, "tokenrelay.model": model}
         receive = self.tracing.start(
             "gateway.receive", traceparent, start_ns=received_ns, kind="server", attributes=attrs
@@ -278,7 +284,7 @@ class StreamStore:
         enqueue = self.tracing.start("gateway.enqueue", receive.traceparent, kind="producer")
         try:
             new = await self._create(
-                body, request_id, attach, model, (receive.traceparent, enqueue.traceparent)
+                body, request_id, attach, model, dt, (receive.traceparent, enqueue.traceparent)
             )
         except Exception as exc:
             enqueue.fail(type(exc).__name__)
@@ -297,6 +303,7 @@ class StreamStore:
         request_id: str | None,
         attach: bool,
         model: str | None,
+        detach_timeout: float,
         trace: tuple[str, str] | None,  # traceparents: the stream's (receive), the worker's
     ) -> NewStream:
         if not self.accepting:
@@ -328,7 +335,7 @@ class StreamStore:
             stream_id=sid,
             request_id=request_id,
             body={**body, "model": model} if model else body,
-            detach_timeout=self.detach_timeout,
+            detach_timeout=detach_timeout,
             stream_ttl=self.stream_ttl,
             traceparent=None if trace is None else trace[1],
         ).encode()

@@ -56,6 +56,19 @@ function historyFor(conv, uptoIndex) {
   return out;
 }
 
+// An answer keeps generating while the page is away (a locked phone, a hidden tab) for
+// 5 minutes, so that it can be resumed: the gateway's default when longer, its most when
+// shorter (both in its hello; docs/protocol.md, `detach_timeout`).
+const DETACH_TIMEOUT_S = 300;
+
+/** The `detach_timeout` param of a generate, in seconds. */
+function detachTimeout() {
+  /** @type {Record<string, unknown>} */
+  const hello = client.hello ?? {};
+  const most = Number(hello.max_detach_timeout) || Infinity;
+  return Math.min(Math.max(DETACH_TIMEOUT_S, Number(hello.detach_timeout) || 0), most);
+}
+
 function startAnswer(conv, history) {
   const { params } = generationParams();
   /** @type {Msg} */
@@ -70,7 +83,10 @@ function startAnswer(conv, history) {
   conv.messages.push(msg);
   conv.updatedAt = Date.now();
   saveConversations();
-  const stream = client.generate({ messages: history, params });
+  const stream = client.generate({
+    messages: history,
+    params: { ...params, detach_timeout: detachTimeout() },
+  });
   /** @type {Inflight} */
   const record = {
     convId: conv.id,

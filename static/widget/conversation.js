@@ -26,6 +26,11 @@ export function withConversation(Base, { renderMarkdown, messageNode }) {
       if (t !== null && t !== "" && Number.isFinite(Number(t))) params.temperature = Number(t);
       if (m !== null && m !== "" && Number.isInteger(Number(m))) params.max_tokens = Number(m);
       if (s !== null && s !== "" && Number.isInteger(Number(s))) params.seed = Number(s);
+      // the answer keeps generating while the page is away (a locked phone): 5 minutes, the
+      // gateway's default when longer, its most when shorter (its hello says both)
+      const hello = this._client?.hello ?? {};
+      const most = Number(hello.max_detach_timeout) || Infinity;
+      params.detach_timeout = Math.min(Math.max(300, Number(hello.detach_timeout) || 0), most);
       return params;
     }
 

@@ -131,6 +131,8 @@ def test_multi_turn_sends_the_history_and_survives_reload(
     ]
     assert generates[1]["params"]["temperature"] == 0
     assert generates[1]["params"]["max_tokens"] == 12
+    # an answer keeps generating for 5 minutes while the page is hidden (a locked phone)
+    assert all(g["params"]["detach_timeout"] == 300 for g in generates)
     page.reload()
     page.wait_for_selector("[data-testid=connection][data-state=open]")
     assert user_message_texts(page) == ["Name a colour.", "Name another one."]

@@ -60,7 +60,8 @@ def test_attributes_changed_after_mount_take_effect(desktop: PageHandle, server:
     p.wait_for_function("() => window.__results.length === 1", timeout=120_000)
     req = p.evaluate("() => window.__reqs[0]")
     assert req["messages"][0] == {"role": "system", "content": "Answer in one word."}
-    assert req["params"] == {"temperature": 0, "max_tokens": 4, "seed": 7}
+    # and 5 minutes of generating while the page is away (a locked phone)
+    assert req["params"] == {"temperature": 0, "max_tokens": 4, "seed": 7, "detach_timeout": 300}
     result = p.evaluate("() => window.__results[0]")
     assert result["error"] is None and result["usage"]["completion_tokens"] <= 4
     assert p.locator(MESSAGES).count() == 2

@@ -70,7 +70,7 @@ def test_bad_frames_are_protocol_errors(frame: object, code: str, words: str) ->
 
 def test_server_frames_carry_the_websocket_frames_fields() -> None:
     frames = [
-        p.hello_frame(20.0, max_frame_bytes=1024, server="tokenrelay/x", worker_ready=True),
+        p.hello_frame(20.0, max_frame_bytes=1024, server="tokenrelay/x", detach=(30.0, 600.0)),
         p.started_frame("r1", "S", "T", 42, 1),
         p.token_frame("S", 1, "Hel"),
         p.done_frame("S", 9, "length", 42, 8, "why"),
@@ -82,7 +82,8 @@ def test_server_frames_carry_the_websocket_frames_fields() -> None:
     ]
     got = [frame_dict(server_frame(pb2, f)) for f in frames]
     hello = {"type": "hello", "protocol": 1, "heartbeat_s": 20.0, "max_frame_bytes": 1024,
-             "server": "tokenrelay/x", "worker_ready": True}  # fmt: skip
+             "server": "tokenrelay/x", "worker_ready": True, "detach_timeout": 30.0,
+             "max_detach_timeout": 600.0}  # fmt: skip
     assert got[0] == hello
     assert got[1]["index"] == 1 and got[1]["prompt_tokens"] == 42
     assert got[2] == {"type": "token", "stream_id": "S", "seq": 1, "text": "Hel",
@@ -96,3 +97,21 @@ def test_server_frames_carry_the_websocket_frames_fields() -> None:
     assert got[8]["drain_s"] == 30
     with pytest.raises(ValueError):
         server_frame(pb2, {"type": "nope"})
+
+
+def test_detach_timeout_travels_in_the_params_as_on_the_websocket() -> None:
+    params = pb2.SamplingParams(max_tokens=8, detach_timeout=300.0)
+    frame = pb2.ClientFrame(generate=pb2.Generate(request_id="r1", prompt="Hi", params=params))
+    assert client_frame_json(frame)["params"] == {"max_tokens": 8, "detach_timeout": 300.0}
+    g = parse_client_frame(frame, LIMITS)
+    assert isinstance(g, p.Generate) and g.detach_timeout == 300.0
+    assert "detach_timeout" not in g.body()["params"]
+    unset = parse_client_frame(pb2.ClientFrame(generate=pb2.Generate(prompt="Hi")), LIMITS)
+    assert isinstance(unset, p.Generate) and unset.detach_timeout is None
+    for value, words in ((601.0, "at most 600 seconds"), (0.0, "above 0"),
+                         (float("inf"), "finite")):  # fmt: skip
+        params = pb2.SamplingParams(detach_timeout=value)
+        bad = pb2.ClientFrame(generate=pb2.Generate(request_id="r1", prompt="Hi", params=params))
+        with pytest.raises(p.ProtocolError) as err:
+            parse_client_frame(bad, LIMITS)
+        assert err.value.code == "bad_request" and words in err.value.message

@@ -149,6 +149,29 @@ def test_disconnect_is_a_detach_not_a_cancel(api_stack: ApiStack, http: httpx.Cl
     assert len(rest.chunks) > 3  # it kept generating while nobody was attached
 
 
+def test_a_requests_detach_timeout_outlives_the_gateways(
+    api_stack: ApiStack, http: httpx.Client
+) -> None:
+    """Gateway b: --detach-timeout 3. A request asking for 8 s (tokenrelay's extension
+    field) keeps generating that long after its client went, then expires."""
+    body = chat_body("Describe the ocean.", stream=True, detach_timeout=8, **LONG)
+    resp = start(http, api_stack.b, body)
+    sid, token = resp.headers["x-stream-id"], resp.headers["x-resume-token"]
+    first = read_sse(resp, limit=3)
+    resp.close()
+    cut_at = time.monotonic()
+    time.sleep(5.5)
+    assert api_stack.stream_meta(sid).get("st") == "running"  # past the gateway's 3 s
+    meta = wait_meta(api_stack, sid, 60)
+    assert meta["fr"] == "expired" and time.monotonic() - cut_at >= 7.5
+    with resume(http, api_stack.a, sid, token, first.last_id) as resp2:
+        rest = read_sse(resp2)
+    assert rest.done and rest.finish_reason == "expired"
+    over = http.post(f"http://{api_stack.b}/v1/chat/completions",
+                     json=chat_body("Hi", max_tokens=2, detach_timeout=601))  # fmt: skip
+    assert over.status_code == 400 and over.json()["error"]["param"] == "detach_timeout"
+
+
 def test_non_streaming_client_gone_is_a_detach(api_stack: ApiStack) -> None:
     rid = f"ns-gone-{time.monotonic_ns()}"
     body = chat_body("Write a long essay about rivers.", **LONG)

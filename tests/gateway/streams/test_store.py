@@ -628,3 +628,16 @@ async def test_any_text_and_metadata_round_trip_through_the_append(
     info = await stream_store.info(sid)
     assert info is not None and info.status == "done" and info.finish_reason == "stop"
     assert 0 < await stream_store.redis.ttl(stream_store.keys.stream(sid)) <= 77
+
+
+async def test_a_requests_detach_timeout_goes_into_its_record(
+    stream_store: StreamStore, worker_store: WorkerStore
+) -> None:
+    """The request's own detach timeout, else the gateway's (30 s here), is what the worker
+    reads from the request record."""
+    asked = await stream_store.create(BODY, "long", detach_timeout=300.0)
+    plain = await stream_store.create(BODY, "plain")
+    reqs = {r.stream_id: r for r in worker_store.read_requests(10, None)}
+    assert reqs[asked.stream_id].detach_timeout == 300.0
+    assert reqs[plain.stream_id].detach_timeout == stream_store.detach_timeout == 30
+    assert reqs[asked.stream_id].body == BODY  # not in the body the engine gets
