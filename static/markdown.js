@@ -2,6 +2,13 @@
 // text, then DOMPurify (vendored) sanitises what marked produced. The result is a
 // DocumentFragment: nothing the model writes is ever parsed as HTML by us.
 //
+// Trusted Types: on a page that enforces them (`require-trusted-types-for 'script'`), the
+// only HTML string that reaches a sink is marked's output on its way into DOMPurify, which
+// parses it into an inert document and sanitises it. It goes through one policy of ours,
+// `tokenrelay-widget` (created on first use, kept private to this module), so DOMPurify
+// creates none of its own; a page that lists its allowed policies (`trusted-types ...`)
+// names that one.
+//
 // Code blocks may be syntax-highlighted (static/highlight.js, passed in by the caller so the
 // widget does not load it): the highlighter's markup goes through the same sanitiser, which
 // keeps a `class` attribute only on <code> and <span> and only its `hljs`, `hljs-*` and
@@ -87,6 +94,32 @@ export function allowedClasses(value) {
     .join(" ");
 }
 
+/** The name of our Trusted Types policy (allow it in a page's `trusted-types` list). */
+export const TRUSTED_TYPES_POLICY = "tokenrelay-widget";
+
+/** @type {{createHTML: (s: string) => any, createScriptURL: (s: string) => any} | null | undefined} */
+let policy; // undefined: not asked yet; null: no Trusted Types here (or the page refused it)
+
+/** Our policy, created once, where the browser has Trusted Types. */
+function trustedTypesPolicy() {
+  if (policy !== undefined) return policy;
+  policy = null;
+  const tt = /** @type {any} */ (globalThis).trustedTypes;
+  if (tt && typeof tt.createPolicy === "function") {
+    try {
+      policy = tt.createPolicy(TRUSTED_TYPES_POLICY, {
+        // only ever called by DOMPurify, on the markup it is about to parse inertly and clean
+        createHTML: (/** @type {string} */ html) => html,
+        // no script URL survives our sanitiser (scripts, frames, objects are all forbidden)
+        createScriptURL: () => "",
+      });
+    } catch (err) {
+      console.warn(`tokenrelay: Trusted Types policy ${TRUSTED_TYPES_POLICY} refused`, err);
+    }
+  }
+  return policy;
+}
+
 let hooked = false;
 function hook() {
   if (hooked) return;
@@ -113,8 +146,10 @@ function hook() {
  */
 export function sanitize(html) {
   hook();
+  const tt = trustedTypesPolicy();
+  const config = { ...PURIFY, ADD_ATTR: ["data-lang", "data-raw", "target"] };
   return /** @type {DocumentFragment} */ (
-    /** @type {unknown} */ (DOMPurify.sanitize(html, { ...PURIFY, ADD_ATTR: ["data-lang", "data-raw", "target"] }))
+    /** @type {unknown} */ (DOMPurify.sanitize(html, tt ? { ...config, TRUSTED_TYPES_POLICY: tt } : config))
   );
 }
 

@@ -6,6 +6,7 @@ import type {
   GenerateParams,
   StreamError,
   StreamState,
+  ToolCall,
   Usage,
 } from "./tokenrelay-protocol.js";
 
@@ -14,7 +15,7 @@ export {
   PROTOCOL_VERSION,
   RETRYABLE_CODES,
 } from "./tokenrelay-protocol.js";
-export type { ChatMessage, GenerateParams, StreamError, StreamState, Usage };
+export type { ChatMessage, GenerateParams, StreamError, StreamState, ToolCall, Usage };
 
 export type ConnectionState = "idle" | "connecting" | "open" | "reconnecting" | "offline" | "closed";
 export type FinishReason = "stop" | "length" | "tool_calls" | "cancelled" | "error" | "expired";
@@ -34,6 +35,8 @@ export interface GenerateRequest {
   /** raw text instead of `messages` (skips the chat template) */
   prompt?: string;
   params?: GenerateParams;
+  /** one of the gateway's `GET /v1/models`; left out: the gateway's default model */
+  model?: string;
   /** defaults to a random id */
   requestId?: string;
   /**
@@ -178,11 +181,7 @@ export interface StreamEventMap {
     local?: boolean;
     message?: string;
     /** the calls the answer made (`finishReason` "tool_calls"; docs/protocol.md, `done`) */
-    toolCalls?: {
-      id: string;
-      type: "function";
-      function: { name: string; arguments: string };
-    }[];
+    toolCalls?: ToolCall[];
   }>;
   error: CustomEvent<{ code: ErrorCode | string; message: string; retryAfter?: number }>;
   "cancel-ack": CustomEvent<{ state: "cancelling" | "finished"; finishReason: string | null }>;

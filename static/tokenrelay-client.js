@@ -37,12 +37,14 @@ export default TokenRelayClient;
 /**
  * @typedef {import("./tokenrelay-protocol.js").StreamState} StreamState
  * @typedef {import("./tokenrelay-protocol.js").ChatMessage} ChatMessage
+ * @typedef {import("./tokenrelay-protocol.js").ToolCall} ToolCall
  * @typedef {import("./tokenrelay-protocol.js").GenerateParams} GenerateParams
  * @typedef {import("./tokenrelay-protocol.js").Usage} Usage
  * @typedef {import("./tokenrelay-protocol.js").StreamError} StreamError
  * @typedef {"idle"|"connecting"|"open"|"reconnecting"|"offline"|"closed"} ConnectionState
  * @typedef {{messages?: ChatMessage[], prompt?: string, params?: GenerateParams,
- *   requestId?: string, signal?: AbortSignal}} GenerateRequest
+ *   model?: string, requestId?: string, signal?: AbortSignal}} GenerateRequest
+ *   `model`: one of the gateway's `GET /v1/models` (default: the gateway's default model)
  *   `signal`: aborting it cancels the stream (a `cancel` frame; nothing at all is sent when
  *   it had already fired) and makes its iteration throw the signal's reason (an AbortError)
  * @typedef {{streamId: string, resumeToken: string, after?: number, text?: string,

@@ -8,10 +8,22 @@ export declare const RETRYABLE_CODES: readonly ["unavailable", "overloaded", "ra
 
 export type StreamState = "pending" | "streaming" | "done" | "error";
 
-export interface ChatMessage {
-  role: "system" | "user" | "assistant";
-  content: string;
+/** A call an answer made (the `done` frame's `tool_calls`); `arguments` is a JSON string. */
+export interface ToolCall {
+  id: string;
+  type: "function";
+  function: { name: string; arguments: string };
 }
+
+/**
+ * A message of the `generate` frame (docs/protocol.md). A tool round trip: the assistant
+ * message that made the calls (with `tool_calls`, `content` then may be null), then one
+ * `tool` message per call, answering it by its `tool_call_id`.
+ */
+export type ChatMessage =
+  | { role: "system" | "user"; content: string }
+  | { role: "assistant"; content?: string | null; tool_calls?: ToolCall[] }
+  | { role: "tool"; content: string; tool_call_id: string };
 
 export interface GenerateParams {
   max_tokens?: number;
@@ -76,6 +88,8 @@ export interface GenerateRequest {
   /** raw text instead of `messages` (skips the chat template) */
   prompt?: string;
   params?: GenerateParams;
+  /** one of the gateway's `GET /v1/models`; left out: the gateway's default model */
+  model?: string;
   /** defaults to a random id */
   requestId?: string;
   /** a W3C trace context (`00-<trace id>-<span id>-<flags>`): the request joins that trace */

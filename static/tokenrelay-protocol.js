@@ -41,7 +41,13 @@ export const PROTOCOL_VERSION = 1;
 
 /**
  * @typedef {"pending"|"streaming"|"done"|"error"} StreamState
- * @typedef {{role: "system"|"user"|"assistant", content: string}} ChatMessage
+ * @typedef {{id: string, type: "function", function: {name: string, arguments: string}}} ToolCall
+ *   a call an answer made (the `done` frame's `tool_calls`; `arguments` is a JSON string)
+ * @typedef {{role: "system"|"user", content: string}
+ *   | {role: "assistant", content?: string|null, tool_calls?: ToolCall[]}
+ *   | {role: "tool", content: string, tool_call_id: string}} ChatMessage
+ *   an assistant message that made calls carries them (`content` may then be null); a `tool`
+ *   message answers one of them by its id
  * @typedef {{max_tokens?: number, temperature?: number, top_p?: number, top_k?: number,
  *   seed?: number, stop?: string|string[], ignore_eos?: boolean, min_p?: number,
  *   presence_penalty?: number, frequency_penalty?: number, repetition_penalty?: number,
@@ -56,7 +62,8 @@ export const PROTOCOL_VERSION = 1;
  *   `detach_timeout`: seconds the stream keeps generating with no client attached (at most
  *   the hello's `max_detach_timeout`; default: its `detach_timeout`)
  * @typedef {{messages?: ChatMessage[], prompt?: string, params?: GenerateParams,
- *   requestId?: string, traceparent?: string}} GenerateRequest
+ *   model?: string, requestId?: string, traceparent?: string}} GenerateRequest
+ *   `model`: one of the gateway's `GET /v1/models` (default: the gateway's default model)
  * @typedef {{streamId: string, resumeToken: string, after?: number, text?: string}} ResumeRequest
  * @typedef {{prompt_tokens: number, completion_tokens: number}} Usage
  * @typedef {{code: string, message: string, retryAfter?: number}} StreamError

@@ -12,8 +12,11 @@
 // deploy never mixes old and new ones: the client (tokenrelay-client.js), the Markdown
 // renderer (markdown.js) and the widget's own modules in widget/: element.js (the custom
 // element), conversation.js (its messages, streams and rendering), view.js (its markup),
-// styles.js (its constructed stylesheet) and token.js (token-url). They import nothing of
-// each other: this loader hands them to defineChat().
+// styles.js (its constructed stylesheet), token.js (token-url) and api.js (its attribute
+// names and its translatable texts). They import nothing of each other: this loader hands
+// them to defineChat(). Nothing here or there turns a string into HTML or script, so the
+// widget runs on pages that enforce Trusted Types (markdown.js has the one policy,
+// `tokenrelay-widget`, for DOMPurify).
 // Options, theming and events: docs/client.md.
 (() => {
   "use strict";
@@ -32,26 +35,20 @@
   };
   const config = script ? { ...script.dataset } : {};
 
-  function autoMount() {
+  // every attribute from its data-* option (data-max-tokens for max-tokens...; data-title
+  // for chat-title); the boolean ones (open, inline) with "true"
+  function autoMount(attributes) {
     if (!config.endpoint || config.autoMount === "false") return;
     if (document.querySelector("tokenrelay-chat")) return;
     const chat = document.createElement("tokenrelay-chat");
-    chat.setAttribute("endpoint", config.endpoint);
-    for (const [key, attr] of [
-      ["title", "chat-title"],
-      ["placeholder", "placeholder"],
-      ["greeting", "greeting"],
-      ["system", "system"],
-      ["temperature", "temperature"],
-      ["maxTokens", "max-tokens"],
-      ["seed", "seed"],
-      ["position", "position"],
-      ["tokenUrl", "token-url"],
-      ["theme", "theme"],
-    ]) {
-      if (config[key] != null) chat.setAttribute(attr, config[key]);
+    for (const attr of attributes) {
+      const key = attr === "chat-title" ? "title" : attr.replace(/-([a-z])/g, (_, c) => c.toUpperCase());
+      const value = config[key];
+      if (value == null) continue;
+      if (attr === "open" || attr === "inline") {
+        if (value === "true") chat.setAttribute(attr, "");
+      } else chat.setAttribute(attr, value);
     }
-    if (config.open === "true") chat.setAttribute("open", "");
     document.body.append(chat);
   }
 
@@ -63,8 +60,9 @@
     import(asset("widget/view.js")),
     import(asset("widget/styles.js")),
     import(asset("widget/token.js")),
+    import(asset("widget/api.js")),
   ])
-    .then(([clientModule, md, element, conversation, view, styles, token]) => {
+    .then(([clientModule, md, element, conversation, view, styles, token, api]) => {
       element.defineChat({
         TokenRelayClient: clientModule.TokenRelayClient,
         renderMarkdown: md.renderMarkdown,
@@ -72,9 +70,11 @@
         view,
         styleFor: styles.styleFor,
         fetchTokenFrom: token.fetchTokenFrom,
+        api,
       });
-      if (document.body) autoMount();
-      else document.addEventListener("DOMContentLoaded", autoMount, { once: true });
+      const mount = () => autoMount(api.ATTRIBUTES);
+      if (document.body) mount();
+      else document.addEventListener("DOMContentLoaded", mount, { once: true });
     })
     .catch((err) => {
       console.warn("tokenrelay widget: could not load its modules", err);

@@ -60,6 +60,7 @@ export class ClientProtocol extends ProtocolState {
     if (request.messages != null) frame.messages = request.messages;
     else frame.prompt = request.prompt;
     if (request.params) frame.params = request.params;
+    if (request.model != null) frame.model = request.model; // the gateway's default otherwise
     if (request.traceparent) frame.traceparent = request.traceparent; // docs/operations.md, Tracing
     const s = new ProtocolStream(++this._nextId, { requestId, frame });
     this._track(s);

@@ -3,13 +3,14 @@
 // it), send and stop, following a stream into its message, and rendering the list (the last
 // message at most once a frame while it streams). A mixin of the element's class
 // (widget/element.js): it uses the element's client, its view parts (`_list`, `_empty`,
-// `_input`), `_sync()` and `_report()`.
+// `_input`), its texts (`_t`), `_sync()` and `_report()`.
 
 /**
  * The conversation methods over `Base` (HTMLElement).
  * @param {typeof HTMLElement} Base
  * @param {{renderMarkdown: (text: string) => Node,
- *   messageNode: (m: object, renderMarkdown: (text: string) => Node) => Node}} render
+ *   messageNode: (m: object, renderMarkdown: (text: string) => Node,
+ *     t: (key: string, values?: object) => string) => Node}} render
  */
 export function withConversation(Base, { renderMarkdown, messageNode }) {
   return class ChatConversation extends Base {
@@ -81,7 +82,9 @@ export function withConversation(Base, { renderMarkdown, messageNode }) {
         history.push({ role: m.role, content: m.content });
       }
       this._messages.push({ role: "assistant", content: "", state: "streaming" });
-      const stream = this._client.generate({ messages: history, params: this._params() });
+      const model = this.getAttribute("model"); // none: the gateway's default model
+      const request = { messages: history, params: this._params() };
+      const stream = this._client.generate(model ? { ...request, model } : request);
       this._follow(stream, { streamId: null, resumeToken: null, lastSeq: 0, text: "" });
       this._renderAll();
       this.dispatchEvent(new CustomEvent("tokenrelay:send", { detail: { text }, bubbles: true, composed: true }));
@@ -112,10 +115,11 @@ export function withConversation(Base, { renderMarkdown, messageNode }) {
         this._save();
         this._scheduleRender();
       }));
-      const end = (state, note) => {
+      // the note under a stopped or failed answer is worded when rendered (widget/view.js)
+      const end = (state, error) => {
         msg.content = stream.text;
         msg.state = state;
-        if (note) msg.note = note;
+        if (error) msg.error = error;
         this._active = null;
         this._save();
         this._renderAll();
@@ -124,12 +128,12 @@ export function withConversation(Base, { renderMarkdown, messageNode }) {
       };
       stream.addEventListener("done", mine((e) => {
         const r = e.detail.finishReason;
-        if (r === "cancelled") end("cancelled", "Stopped");
-        else if (r === "error" || r === "expired") end("error", "The answer did not finish.");
+        if (r === "cancelled") end("cancelled");
+        else if (r === "error" || r === "expired") end("error");
         else end("done");
       }));
       stream.addEventListener("error", mine((e) => {
-        end("error", `${e.detail.message} (${e.detail.code})`);
+        end("error", { code: e.detail.code, message: e.detail.message });
         this._report(e.detail.code, e.detail.message, "stream", true);
       }));
       this._sync();
@@ -151,7 +155,7 @@ export function withConversation(Base, { renderMarkdown, messageNode }) {
     _renderAll() {
       this._list.replaceChildren();
       if (!this._messages.length) this._list.append(this._empty);
-      for (const m of this._messages) this._list.append(messageNode(m, renderMarkdown));
+      for (const m of this._messages) this._list.append(messageNode(m, renderMarkdown, this._t));
       this._list.scrollTop = this._list.scrollHeight;
     }
 
@@ -160,7 +164,7 @@ export function withConversation(Base, { renderMarkdown, messageNode }) {
       const m = this._messages.at(-1);
       if (!last || !m) return;
       const stick = this._list.scrollHeight - this._list.scrollTop - this._list.clientHeight < 60;
-      last.replaceWith(messageNode(m, renderMarkdown));
+      last.replaceWith(messageNode(m, renderMarkdown, this._t));
       if (stick) this._list.scrollTop = this._list.scrollHeight;
     }
   };

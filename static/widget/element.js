@@ -2,28 +2,38 @@
 // attributes and properties (docs/client.md "Widget"), one TokenRelayClient per endpoint with
 // a token asked before every connect (the `token` property or `token-url`), errors shown and
 // emitted as `tokenrelay:error`, the panel opened, closed and kept in step with the
-// connection. The conversation is widget/conversation.js, the markup widget/view.js, the
-// styles widget/styles.js, the token request widget/token.js: the modules are handed in by
-// widget.js, which loads each of them with the same `?v=` as itself.
+// connection, its texts taken from the translatable table of widget/api.js (the `strings`
+// attribute and property). The conversation is widget/conversation.js, the markup
+// widget/view.js, the styles widget/styles.js, the token request widget/token.js: the modules
+// are handed in by widget.js, which loads each of them with the same `?v=` as itself.
 
 /**
  * Define <tokenrelay-chat> (once), from the modules widget.js loaded.
  * @param {{TokenRelayClient: typeof import("../tokenrelay-client.js").TokenRelayClient,
  *   renderMarkdown: (text: string) => Node, styleFor: (root: ShadowRoot) => void,
  *   fetchTokenFrom: (url: string) => Promise<string|null>, view: typeof import("./view.js"),
- *   withConversation: typeof import("./conversation.js").withConversation}} modules
+ *   withConversation: typeof import("./conversation.js").withConversation,
+ *   api: typeof import("./api.js")}} modules
  */
 export function defineChat(modules) {
-  const { TokenRelayClient, renderMarkdown, styleFor, fetchTokenFrom, view } = modules;
+  const { TokenRelayClient, renderMarkdown, styleFor, fetchTokenFrom, view, api } = modules;
   if (customElements.get("tokenrelay-chat")) return;
-  const { LABELS, buildView, messageNode } = view;
+  const { buildView, applyTexts, messageNode } = view;
   const Base = modules.withConversation(HTMLElement, { renderMarkdown, messageNode });
+  const STATE_TEXT = {
+    idle: "stateIdle",
+    connecting: "stateConnecting",
+    open: "stateOpen",
+    reconnecting: "stateReconnecting",
+    offline: "stateOffline",
+    closed: "stateClosed",
+  };
 
   class TokenRelayChat extends Base {
-    // system, temperature, max-tokens and seed are read at every send; theme and position
-    // are pure CSS. These need work when they change:
+    // system, temperature, max-tokens, seed and model are read at every send; theme and
+    // position are pure CSS. These need work when they change:
     static get observedAttributes() {
-      return ["chat-title", "open", "endpoint", "token-url", "greeting", "placeholder", "inline"];
+      return ["chat-title", "open", "endpoint", "token-url", "greeting", "placeholder", "inline", "strings"];
     }
 
     constructor() {
@@ -37,8 +47,13 @@ export function defineChat(modules) {
       this._tokenSource = null;
       this._greeted = false; // the current socket got `hello`
       this._refusal = null; // an error frame before `hello`: reported with the close
+      this._stringsProp = null; // the `strings` property, laid over the attribute's
+      this._stringsAttr = undefined; // the `strings` attribute last parsed, and its table
+      this._stringsFromAttr = null;
+      this._strings = api.STRINGS;
+      this._t = (key, values) => api.formatString(this._strings[key] ?? key, values);
       // properties set before this script defined the element
-      for (const prop of ["token", "open"]) {
+      for (const prop of ["token", "open", "strings"]) {
         if (Object.prototype.hasOwnProperty.call(this, prop)) {
           const value = this[prop];
           delete this[prop];
@@ -78,6 +93,55 @@ export function defineChat(modules) {
 
     set open(value) {
       this.toggleAttribute("open", !!value);
+    }
+
+    /**
+     * The texts the widget shows: the English table (widget/api.js STRINGS) with the
+     * `strings` attribute (JSON) and then this property laid over it. Set an object of the
+     * texts to change (null: none); reading gives the whole table in use.
+     * @returns {Readonly<Record<string, string>>}
+     */
+    get strings() {
+      return this._resolveStrings();
+    }
+
+    set strings(value) {
+      if (value != null && typeof value !== "object") {
+        throw new TypeError("tokenrelay-chat: strings must be an object of texts or null");
+      }
+      this._stringsProp = value ?? null;
+      this._applyStrings();
+    }
+
+    /** The table in use (cached: the attribute is parsed again only when it changed). */
+    _resolveStrings() {
+      const raw = this.getAttribute("strings");
+      if (raw !== this._stringsAttr) {
+        this._stringsAttr = raw;
+        this._stringsFromAttr = null;
+        if (raw) {
+          try {
+            this._stringsFromAttr = JSON.parse(raw);
+          } catch (err) {
+            console.warn("tokenrelay-chat: the strings attribute is not JSON", err);
+          }
+        }
+      }
+      this._strings = api.resolveStrings(this._stringsFromAttr, this._stringsProp);
+      return this._strings;
+    }
+
+    /** New texts (strings, chat-title, greeting or placeholder changed): shown at once. */
+    _applyStrings() {
+      this._resolveStrings();
+      if (!this._built) return;
+      applyTexts(this._view, this._t, {
+        title: this._titleText(),
+        greeting: this._greetingText(),
+        placeholder: this._placeholderText(),
+      });
+      this._showState(this._client ? this._client.state : "idle");
+      this._renderAll();
     }
 
     _endpoint() {
@@ -121,7 +185,7 @@ export function defineChat(modules) {
       }));
       client.addEventListener("resumed", mine(() => {
         this._conn.dataset.resumed = "true";
-        this._connLabel.textContent = "Resumed";
+        this._connLabel.textContent = this._t("stateResumed");
         clearTimeout(this._resumedTimer);
         this._resumedTimer = setTimeout(() => {
           delete this._conn.dataset.resumed;
@@ -146,7 +210,7 @@ export function defineChat(modules) {
         const code = (err && err.code) || "token_failed";
         // unauthorized ends the client: reported once, with its close
         if (code !== "unauthorized") {
-          this._report(code, `Could not get a chat token: ${(err && err.message) || err}`, "token", false);
+          this._report(code, this._t("tokenFailed", { message: (err && err.message) || String(err) }), "token", false);
         }
         throw err;
       }
@@ -172,7 +236,7 @@ export function defineChat(modules) {
      */
     _report(code, message, source, fatal) {
       if (this._built && source !== "stream") {
-        this._alert.textContent = (fatal || source === "server") ? message : `${message}. Retrying...`;
+        this._alert.textContent = (fatal || source === "server") ? message : this._t("retrying", { message });
         this._alert.dataset.code = code;
         this._alert.hidden = false;
       }
@@ -217,36 +281,34 @@ export function defineChat(modules) {
       if (!this._built || oldValue === newValue) return;
       if (name === "endpoint") this._switchEndpoint();
       if (name === "token-url" && !this._tokenSource) this._reconnect();
-      if (name === "greeting") this._empty.textContent = this._greetingText();
-      if (name === "placeholder") this._input.placeholder = this._placeholderText();
+      if (["greeting", "placeholder", "chat-title", "strings"].includes(name)) this._applyStrings();
       if (name === "inline") this._sync();
-      if (name === "chat-title") {
-        this._title.textContent = this._titleText();
-        this._launcher.setAttribute("aria-label", `Open chat: ${this._titleText()}`);
-        this._panel.setAttribute("aria-label", this._titleText());
-      }
       if (name === "open") {
         this._sync();
         if (this.open) this._client?.connect();
       }
     }
 
+    // the attributes win over the table's texts
     _titleText() {
-      return this.getAttribute("chat-title") || "Chat";
+      return this.getAttribute("chat-title") || this._strings.title;
     }
 
     _greetingText() {
-      return this.getAttribute("greeting") || "Ask a question. Enter sends, Shift+Enter adds a line.";
+      return this.getAttribute("greeting") || this._strings.greeting;
     }
 
     _placeholderText() {
-      return this.getAttribute("placeholder") || "Type a message...";
+      return this.getAttribute("placeholder") || this._strings.placeholder;
     }
 
     _build() {
       this._built = true;
       styleFor(this._root);
-      const v = buildView({
+      const v = buildView();
+      this._view = v;
+      this._resolveStrings();
+      applyTexts(v, this._t, {
         title: this._titleText(),
         greeting: this._greetingText(),
         placeholder: this._placeholderText(),
@@ -262,6 +324,7 @@ export function defineChat(modules) {
       this._send = v.send;
       this._stop = v.stop;
       this._panel = v.panel;
+      this._connLabel.textContent = this._t("stateIdle"); // until there is a client
       const { close, form } = v;
       this._root.append(this._panel, this._launcher);
 
@@ -311,7 +374,9 @@ export function defineChat(modules) {
       this._send.disabled = loading;
       if (state !== "open") delete this._conn.dataset.resumed;
       if (this._conn.dataset.resumed !== "true") {
-        this._connLabel.textContent = loading ? "Loading model..." : LABELS[state] || state;
+        this._connLabel.textContent = loading
+          ? this._t("stateLoading")
+          : STATE_TEXT[state] ? this._t(STATE_TEXT[state]) : state;
       }
     }
   }

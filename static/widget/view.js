@@ -1,20 +1,35 @@
 // The <tokenrelay-chat> widget's markup (widget.js loads this module): the launcher bubble,
 // the panel (header with the connection state, the alert line, the messages, the message
 // box) and one message. DOM only: what the parts do is the element's (widget/element.js).
+// Its texts come from the widget's table (widget/api.js, translatable: `t` below). Nodes are
+// built with the DOM, never from an HTML string, so the widget runs under Trusted Types.
 // User and model text is only ever set as text, or as sanitised Markdown (markdown.js).
 
-/** What the connection indicator says in each client state. */
-export const LABELS = {
-  idle: "Offline",
-  connecting: "Connecting...",
-  open: "Online",
-  reconnecting: "Reconnecting...",
-  offline: "Offline",
-  closed: "Disconnected",
-};
+const SVG = "http://www.w3.org/2000/svg";
 
-const CHAT_ICON =
-  '<svg viewBox="0 0 24 24" fill="none" stroke="currentColor" stroke-width="2" stroke-linecap="round" stroke-linejoin="round" aria-hidden="true"><path d="M21 15a2 2 0 0 1-2 2H7l-4 4V5a2 2 0 0 1 2-2h14a2 2 0 0 1 2 2z"/></svg>';
+/** The launcher's chat-bubble icon, built as DOM nodes (no markup string: Trusted Types). */
+function chatIcon() {
+  const svg = document.createElementNS(SVG, "svg");
+  const attrs = {
+    viewBox: "0 0 24 24",
+    fill: "none",
+    stroke: "currentColor",
+    "stroke-width": "2",
+    "stroke-linecap": "round",
+    "stroke-linejoin": "round",
+    "aria-hidden": "true",
+  };
+  for (const [k, v] of Object.entries(attrs)) svg.setAttribute(k, v);
+  const path = document.createElementNS(SVG, "path");
+  path.setAttribute("d", "M21 15a2 2 0 0 1-2 2H7l-4 4V5a2 2 0 0 1 2-2h14a2 2 0 0 1 2 2z");
+  svg.append(path);
+  return svg;
+}
+
+/**
+ * A text of the widget's table (widget/api.js STRINGS, translated or not), `{name}`s filled.
+ * @typedef {(key: string, values?: Record<string, string|number>) => string} Text
+ */
 
 /**
  * An element with attributes (`text`: its text; false or null: left out; true: empty) and
@@ -33,81 +48,88 @@ export function el(tag, attrs = {}, ...children) {
 }
 
 /**
- * The launcher and the panel (closed), with the parts the element works with.
- * @param {{title: string, greeting: string, placeholder: string}} texts
+ * The launcher and the panel (closed), with the parts the element works with; their texts
+ * come from applyTexts().
  */
-export function buildView(texts) {
-  const title = texts.title;
-  const launcher = el("button", {
-    type: "button",
-    class: "launcher",
-    part: "launcher",
-    "aria-expanded": "false",
-    "aria-controls": "panel",
-    "aria-label": `Open chat: ${title}`,
-    "data-testid": "widget-launcher",
-  });
-  launcher.innerHTML = CHAT_ICON; // constant markup, no user data
-  const titleEl = el("span", { class: "title", text: title });
-  const connLabel = el("span", { class: "label", text: "Offline" });
+export function buildView() {
+  const launcher = el(
+    "button",
+    {
+      type: "button",
+      class: "launcher",
+      part: "launcher",
+      "aria-expanded": "false",
+      "aria-controls": "panel",
+      "data-testid": "widget-launcher",
+    },
+    chatIcon(),
+  );
+  const title = el("span", { class: "title" });
+  const connLabel = el("span", { class: "label" });
   const conn = el(
     "span",
     { class: "conn", "data-testid": "connection", "data-state": "idle", role: "status" },
     el("span", { class: "dot", "aria-hidden": "true" }),
     connLabel,
   );
-  const close = el("button", {
-    type: "button",
-    class: "close",
-    "aria-label": "Close chat",
-    "data-testid": "widget-close",
-    text: "\u00d7",
-  });
+  const close = el("button", { type: "button", class: "close", "data-testid": "widget-close", text: "\u00d7" });
   const alert = el("p", { class: "alert", role: "alert", "data-testid": "widget-error", hidden: true });
-  const list = el("div", { class: "messages", "data-testid": "messages", "aria-label": "Messages" });
-  const empty = el("p", { class: "empty", text: texts.greeting });
+  const list = el("div", { class: "messages", "data-testid": "messages" });
+  const empty = el("p", { class: "empty" });
   list.append(empty);
-  const input = el("textarea", {
-    id: "input",
-    rows: "1",
-    "data-testid": "composer",
-    placeholder: texts.placeholder,
-    enterkeyhint: "send",
-  });
-  const send = el("button", { type: "submit", "data-testid": "send", text: "Send" });
-  const stop = el("button", { type: "button", class: "stop", "data-testid": "stop", text: "Stop", hidden: true });
-  const form = el(
-    "form",
-    { class: "composer" },
-    el("label", { for: "input", class: "vh", text: "Message" }),
-    input,
-    send,
-    stop,
-  );
+  const input = el("textarea", { id: "input", rows: "1", "data-testid": "composer", enterkeyhint: "send" });
+  const send = el("button", { type: "submit", "data-testid": "send" });
+  const stop = el("button", { type: "button", class: "stop", "data-testid": "stop", hidden: true });
+  const inputLabel = el("label", { for: "input", class: "vh" });
+  const form = el("form", { class: "composer" }, inputLabel, input, send, stop);
+  const foot = el("div", { class: "foot" });
   const panel = el(
     "section",
-    { id: "panel", class: "panel", part: "panel", role: "dialog", "aria-label": title, "data-testid": "widget-panel", hidden: true },
-    el("header", { part: "header" }, titleEl, conn, close),
+    { id: "panel", class: "panel", part: "panel", role: "dialog", "data-testid": "widget-panel", hidden: true },
+    el("header", { part: "header" }, title, conn, close),
     alert,
     list,
     form,
-    el("div", { class: "foot", text: "Powered by tokenrelay" }),
+    foot,
   );
-  return { launcher, title: titleEl, connLabel, conn, close, alert, list, empty, input, send, stop, form, panel };
+  return { launcher, title, connLabel, conn, close, alert, list, empty, input, inputLabel, send, stop, form, foot, panel };
 }
 
 /**
- * One message: a user's as text, an answer as Markdown (with its note when it was stopped or
- * failed).
- * @param {{role: string, content: string, state?: string, note?: string}} m
- * @param {(text: string) => Node} renderMarkdown
+ * Put the texts on the parts buildView() made (again after any of them changes).
+ * @param {ReturnType<typeof buildView>} v
+ * @param {Text} t
+ * @param {{title: string, greeting: string, placeholder: string}} texts the attributes' or
+ *   the table's
  */
-export function messageNode(m, renderMarkdown) {
+export function applyTexts(v, t, texts) {
+  v.launcher.setAttribute("aria-label", t("openChat", { title: texts.title }));
+  v.panel.setAttribute("aria-label", texts.title);
+  v.title.textContent = texts.title;
+  v.close.setAttribute("aria-label", t("closeChat"));
+  v.list.setAttribute("aria-label", t("messages"));
+  v.empty.textContent = texts.greeting;
+  v.input.placeholder = texts.placeholder;
+  v.inputLabel.textContent = t("messageLabel");
+  v.send.textContent = t("send");
+  v.stop.textContent = t("stop");
+  v.foot.textContent = t("poweredBy");
+}
+
+/**
+ * One message: a user's as text, an answer as Markdown (with a note when it was stopped or
+ * failed: its error, else "did not finish").
+ * @param {{role: string, content: string, state?: string, note?: string,
+ *   error?: {code: string, message: string}}} m
+ * @param {(text: string) => Node} renderMarkdown
+ * @param {Text} t
+ */
+export function messageNode(m, renderMarkdown, t) {
   const body = el("div", { class: "body", "data-testid": "message-content" });
   const node = el(
     "div",
     { class: "msg", "data-testid": "message", "data-role": m.role, "data-state": m.role === "user" ? "done" : (m.state || "done") },
-    el("span", { class: "vh", text: m.role === "user" ? "You said:" : "Answer:" }),
+    el("span", { class: "vh", text: t(m.role === "user" ? "youSaid" : "answer") }),
     body,
   );
   if (m.role === "user") body.textContent = m.content;
@@ -115,7 +137,10 @@ export function messageNode(m, renderMarkdown) {
     body.setAttribute("aria-live", "polite");
     body.setAttribute("aria-busy", m.state === "streaming" ? "true" : "false");
     body.append(renderMarkdown(m.content));
-    if (m.note) body.append(el("p", { class: "note", text: m.note }));
+    let note = null;
+    if (m.state === "cancelled") note = t("stopped");
+    else if (m.state === "error") note = m.error ? t("answerError", m.error) : (m.note || t("unfinished"));
+    if (note) body.append(el("p", { class: "note", text: note }));
   }
   return node;
 }

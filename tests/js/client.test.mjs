@@ -123,6 +123,41 @@ describe("streaming", () => {
     assert.throws(() => client.generate({}), TypeError);
   });
 
+  test("model and a tool round trip reach the generate frames", () => {
+    const client = connected();
+    const tools = [{ type: "function", function: { name: "clock", parameters: { type: "object" } } }];
+    const question = { role: "user", content: "What time is it?" };
+    const first = client.generate({ messages: [question], params: { tools }, model: "tiny-chat" });
+    const ws = FakeWebSocket.last();
+    assert.deepEqual(ws.sentOfType("generate").map((f) => [f.model, f.messages, f.params]), [
+      ["tiny-chat", [question], { tools }],
+    ]);
+    const calls = [{ id: "call_7", type: "function", function: { name: "clock", arguments: "{}" } }];
+    const log = record(first, "done");
+    ws.push({
+      type: "done",
+      stream_id: first.streamId,
+      seq: 1,
+      finish_reason: "tool_calls",
+      usage: { prompt_tokens: 5, completion_tokens: 3 },
+      tool_calls: calls,
+    });
+    assert.deepEqual(log[0].toolCalls, calls);
+    const messages = [
+      question,
+      { role: "assistant", content: null, tool_calls: log[0].toolCalls },
+      { role: "tool", tool_call_id: "call_7", content: "12:00" },
+    ];
+    client.generate({ messages, params: { tools }, model: "tiny-chat", requestId: "r2" });
+    assert.deepEqual(ws.sentOfType("generate")[1], {
+      type: "generate",
+      request_id: "r2",
+      messages,
+      params: { tools },
+      model: "tiny-chat",
+    });
+  });
+
   test("several streams share one socket", () => {
     const client = connected();
     const a = client.generate(ask);

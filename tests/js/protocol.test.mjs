@@ -145,6 +145,46 @@ describe("generate", () => {
     assert.equal(frame.traceparent, tp);
   });
 
+  test("model goes out with the generate frame, also when it is sent again", () => {
+    const p = machine();
+    p.opened(1);
+    p.generate({ ...ask, requestId: "r1", model: "tiny-chat" });
+    assert.deepEqual(sends(p), [
+      [1, { type: "generate", request_id: "r1", messages: ask.messages, params: ask.params, model: "tiny-chat" }],
+    ]);
+    p.closed(1); // before `started`: the generate goes out again on the next connection
+    p.opened(2);
+    const [[conn, frame]] = sends(p);
+    assert.equal(conn, 2);
+    assert.equal(frame.model, "tiny-chat");
+    // none given: no model field, the gateway's default model answers
+    p.generate({ ...ask, requestId: "r2" });
+    const [[, plain]] = sends(p);
+    assert.equal("model" in plain, false);
+  });
+
+  test("a tool round trip: tool_calls and tool messages go out as given", () => {
+    const p = machine();
+    p.opened(1);
+    const tools = [{ type: "function", function: { name: "weather", parameters: { type: "object" } } }];
+    p.generate({ messages: [{ role: "user", content: "Weather in Paris?" }], params: { tools }, requestId: "r1", model: "m" });
+    p.receive(1, { type: "started", request_id: "r1", stream_id: "S1", resume_token: "t", prompt_tokens: 5 });
+    const calls = [
+      { id: "call_1", type: "function", function: { name: "weather", arguments: '{"city":"Paris"}' } },
+    ];
+    p.receive(1, { ...done(1, "tool_calls"), tool_calls: calls });
+    const [ev] = streamEvents(actions(p), "done");
+    const messages = [
+      { role: "user", content: "Weather in Paris?" },
+      { role: "assistant", content: null, tool_calls: ev.detail.toolCalls },
+      { role: "tool", tool_call_id: ev.detail.toolCalls[0].id, content: '{"temp":21}' },
+    ];
+    p.generate({ messages, params: { tools }, requestId: "r2", model: "m" });
+    assert.deepEqual(sends(p), [
+      [1, { type: "generate", request_id: "r2", messages, params: { tools }, model: "m" }],
+    ]);
+  });
+
   test("a done frame's tool_calls reach the done event as toolCalls", () => {
     const p = machine();
     started(p);

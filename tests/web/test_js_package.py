@@ -7,10 +7,13 @@
   modules in static/client/ behind them) type-checks with ``tsc --strict --checkJs``, and
   declarations can be generated from it;
 - the hand-written .d.ts files still describe the JS (tests/js/api-check.mjs: the same
-  exports and public members, the JS types assignable to the declared ones);
+  exports and public members, the JS types assignable to the declared ones), the widget's
+  (static/widget.d.ts) included: against static/widget/api.js, which ``tokenrelay-client/widget``
+  is at run time (the element itself comes from the gateway's widget.js);
 - ``npm pack`` gives a tarball that installs offline, and a TypeScript consumer
   (tests/js/consumer/consumer.ts) compiles against it with ``--strict``, under bundler and
-  nodenext module resolution; Node imports both entry points from it.
+  nodenext module resolution; Node imports the entry points from it (``tokenrelay-client/widget``
+  too).
 
 Needs node >= 20 and the pinned typescript of tests/js (``make js``); the tests skip, with the
 reason, without them.
@@ -36,6 +39,8 @@ from tokenrelay.gateway.http.pages import page_routes
 PACKAGE_JSON = STATIC / "package.json"
 MODULES = ("tokenrelay-protocol", "tokenrelay-client")
 INTERNAL = "client"  # static/client/: the modules behind the two entry points
+# `tokenrelay-client/widget`: the element's types, and the one widget module that needs no DOM
+WIDGET = {"types": "./widget.d.ts", "default": "./widget/api.js"}
 JS_TOOLS = ROOT / "tests" / "js" / "node_modules"
 TSC = JS_TOOLS / ".bin" / "tsc"
 TYPESCRIPT = JS_TOOLS / "typescript"
@@ -122,6 +127,7 @@ def test_manifest_describes_an_es_module_package() -> None:
         "types": "./tokenrelay-protocol.d.ts",
         "default": "./tokenrelay-protocol.js",
     }
+    assert exports["./widget"] == WIDGET
     shipped = _shipped()
     for entry in exports.values():
         targets = entry.values() if isinstance(entry, dict) else [entry]
@@ -147,6 +153,9 @@ def test_every_imported_module_is_shipped_served_and_installed() -> None:
             assert rel in shipped, f"{name} imports {rel}, which is not shipped"
     for m in MODULES:
         assert f"{m}.js" in shipped and f"{m}.d.ts" in shipped, m
+    # of the widget, its types and api.js only: its other modules need widget.js and a DOM
+    assert sorted(n for n in shipped if n.startswith("widget")) == ["widget.d.ts", "widget/api.js"]
+    assert not static_imports(STATIC / "widget" / "api.js")
     internal = sorted(n for n in shipped if n.startswith(f"{INTERNAL}/"))
     assert internal == sorted(
         p.relative_to(STATIC).as_posix() for p in (STATIC / INTERNAL).glob("*.js")
@@ -228,6 +237,9 @@ def test_handwritten_declarations_match_the_jsdoc(tmp_path: Path) -> None:
         shutil.copy(STATIC / f"{m}.js", impl / f"{m}.js")
         shutil.copy(STATIC / f"{m}.d.ts", decl / f"{m}.d.ts")
     shutil.copytree(STATIC / INTERNAL, impl / INTERNAL)
+    # widget.d.ts describes widget/api.js (self-contained: it imports nothing)
+    shutil.copy(STATIC / "widget" / "api.js", impl / "widget.js")
+    shutil.copy(STATIC / "widget.d.ts", decl / "widget.d.ts")
     out = _run(
         [
             node,
@@ -236,10 +248,12 @@ def test_handwritten_declarations_match_the_jsdoc(tmp_path: Path) -> None:
             str(impl),
             str(decl),
             *MODULES,
+            "widget",
         ],
         cwd=tmp_path,
     )
     assert "ok: the .d.ts files match the JSDoc" in out, out
+    assert "widget: 4 value exports, 6 JSDoc types checked" in out, out
 
 
 # --- the tarball ------------------------------------------------------------------------------
@@ -275,7 +289,8 @@ def test_packed_tarball_installs_and_a_strict_typescript_consumer_compiles(
     assert (installed / "tokenrelay-client.d.ts").is_file()
     assert (installed / INTERNAL / "client.js").is_file()
     assert not (installed / "app.js").exists()
-    assert not (installed / "app").exists() and not (installed / "widget").exists()
+    assert not (installed / "app").exists()
+    assert sorted(p.name for p in (installed / "widget").iterdir()) == ["api.js"]
 
     shutil.copy(ROOT / "tests" / "js" / "consumer" / "consumer.ts", app / "consumer.ts")
     for module, resolution in (("esnext", "bundler"), ("nodenext", "nodenext")):
@@ -299,6 +314,11 @@ def test_packed_tarball_installs_and_a_strict_typescript_consumer_compiles(
     smoke = (
         'import { TokenRelayClient, TokenRelayError, DEFAULTS } from "tokenrelay-client";\n'
         'import { ClientProtocol } from "tokenrelay-client/protocol";\n'
+        'import { ATTRIBUTES, STRINGS, resolveStrings } from "tokenrelay-client/widget";\n'
+        'const fr = resolveStrings({ send: "Envoyer", nope: "x" });\n'
+        'if (fr.send !== "Envoyer" || fr.stop !== STRINGS.stop) throw new Error("strings");\n'
+        'if ("nope" in fr) throw new Error("an unknown key was taken");\n'
+        'if (!ATTRIBUTES.includes("model")) throw new Error("no model attribute");\n'
         "const p = new ClientProtocol();\n"
         'p.generate({ prompt: "x", requestId: "r1" });\n'
         "p.opened(1);\n"

@@ -9,12 +9,20 @@ import TokenRelayClientDefault, {
   type GenerateRequest,
   RETRYABLE_CODES,
   type StreamResult,
+  type ToolCall,
   TokenRelayClient,
   TokenRelayError,
   TokenRelayStream,
   wsTokenFetcher,
 } from "tokenrelay-client";
 import { type Action, ClientProtocol, type ProtocolStream } from "tokenrelay-client/protocol";
+import {
+  ATTRIBUTES,
+  STRINGS,
+  type TokenRelayChatAttributes,
+  type TokenRelayChatElement,
+  type WidgetStrings,
+} from "tokenrelay-client/widget";
 
 const endpoint = "https://chat.example.com";
 const options: ClientOptions = {
@@ -101,3 +109,59 @@ for (let a: Action | undefined = protocol.nextAction(); a; a = protocol.nextActi
   else if (a.type === "timer") console.log(a.key, a.delay);
 }
 console.log(record.state);
+
+// A tool round trip on a chosen model: the calls the answer made, then one `tool` message
+// answering each of them.
+export async function weather(city: string): Promise<string> {
+  const tools = [
+    {
+      type: "function" as const,
+      function: { name: "weather", parameters: { type: "object", properties: { city: { type: "string" } } } },
+    },
+  ];
+  const messages: ChatMessage[] = [{ role: "user", content: `Weather in ${city}?` }];
+  const first = client.generate({ messages, params: { tools }, model: "qwen2.5-0.5b" });
+  const calls: ToolCall[] = await new Promise((resolve) =>
+    first.addEventListener("done", (e) => resolve(e.detail.toolCalls ?? [])),
+  );
+  messages.push({ role: "assistant", content: null, tool_calls: calls });
+  for (const call of calls) {
+    const args: unknown = JSON.parse(call.function.arguments);
+    messages.push({ role: "tool", tool_call_id: call.id, content: JSON.stringify({ args, temp: 21 }) });
+  }
+  return (await client.generate({ messages, params: { tools }, model: "qwen2.5-0.5b" }).finished).text;
+}
+
+// @ts-expect-error: a tool message answers a call by its id
+const orphan: ChatMessage = { role: "tool", content: "21" };
+// @ts-expect-error: only an assistant message may have no content
+const silent: ChatMessage = { role: "user", content: null };
+// @ts-expect-error: the model is a name
+client.generate({ prompt: "x", model: 7 });
+console.log(orphan, silent);
+
+// The widget (loaded by the gateway's /static/widget.js), typed by tokenrelay-client/widget.
+const chat: TokenRelayChatElement | null = document.querySelector("tokenrelay-chat");
+if (chat) {
+  chat.strings = { send: "Senden", stop: "Stopp", openChat: "Chat öffnen: {title}" };
+  const sendLabel: string = chat.strings.send;
+  chat.setAttribute("model", "qwen2.5-0.5b");
+  chat.token = async () => (await (await fetch("/chat-token")).json()).token;
+  chat.open = true;
+  chat.addEventListener("tokenrelay:done", (e) => {
+    const state: "done" | "cancelled" | "error" = e.detail.state;
+    console.log(state, e.detail.text, sendLabel);
+  });
+  chat.addEventListener("tokenrelay:error", (e) => console.log(e.detail.code, e.detail.fatal));
+  chat.addEventListener("click", (e) => console.log(e.clientX));
+  chat.send("Hi");
+  chat.stop();
+  console.log(chat.client?.state);
+  // @ts-expect-error: not one of the widget's texts
+  chat.strings = { sned: "Senden" };
+}
+const english: WidgetStrings = { ...STRINGS, send: "Envoyer" };
+const attributes: TokenRelayChatAttributes = { endpoint: "https://chat.example.com", model: "m" };
+// @ts-expect-error: not an attribute of the widget
+const typo: TokenRelayChatAttributes = { modle: "m" };
+console.log(english, attributes, typo, ATTRIBUTES.includes("model"));
