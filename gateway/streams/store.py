@@ -94,6 +94,7 @@ __all__ = [
 ]
 
 REPLAY_PAGE = 256
+CREATE_TRIES = 3  # attempts to create a stream on a cluster with a master down
 T = TypeVar("T")
 
 
@@ -297,7 +298,20 @@ class StreamStore:
             receive.end()
         return new
 
-    async def _create(
+    async def _create(self, *args: Any) -> NewStream:
+        """:meth:`_create_once`; on a cluster, again (a new stream id, another queue shard)
+        while the master of the stream's keys or of its shard is down, up to CREATE_TRIES
+        times: a stream can be created while any master answers."""
+        tries = CREATE_TRIES if self.keys.cluster else 1
+        for attempt in range(tries):
+            try:
+                return await self._create_once(*args)
+            except RedisUnavailable:
+                if attempt == tries - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _create_once(
         self,
         body: dict[str, Any],
         request_id: str | None,

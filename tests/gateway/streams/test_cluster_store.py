@@ -22,6 +22,7 @@ from tests.gateway.streams.test_store import BODY, collect, start_stream, write_
 from tokenrelay.core.redis.local_cluster import LocalCluster
 from tokenrelay.core.wire.events import token_fields
 from tokenrelay.core.wire.keys import QUEUE_SHARDS, Keys, slot_of
+from tokenrelay.core.wire.stats import WorkerStats
 from tokenrelay.gateway.errors import RedisUnavailable
 from tokenrelay.gateway.streams.memory import _fullest
 from tokenrelay.gateway.streams.store import StreamStore
@@ -194,6 +195,7 @@ async def test_streams_are_created_while_the_wake_channels_master_is_down(
             cluster.kill(down)
             created: set[str] = set()
             for i in range(24):
+                worker.heartbeat(WorkerStats())  # a live worker's beat (its TTL is 3 s)
                 with contextlib.suppress(RedisUnavailable):  # its own keys on the dead master
                     created.add((await gateway.create(BODY, f"r{i}")).stream_id)
             assert len(created) >= 8, created  # two masters of three still take streams
