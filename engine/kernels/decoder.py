@@ -207,8 +207,12 @@ def _page_out(t: torch.Tensor) -> None:
     start = -(-t.data_ptr() // page) * page
     end = (t.data_ptr() + t.numel() * t.element_size()) // page * page
     if end > start:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), ctypes.c_int(advice))
+        _libc().madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), ctypes.c_int(advice))
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
 
 
 class FusedDecoder:

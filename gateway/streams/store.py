@@ -298,16 +298,24 @@ class StreamStore:
             receive.end()
         return new
 
-    async def _create(self, *args: Any) -> NewStream:
+    async def _create(
+        self,
+        body: dict[str, Any],
+        request_id: str | None,
+        attach: bool,
+        model: str | None,
+        detach_timeout: float,
+        trace: tuple[str, str] | None,  # traceparents: the stream's (receive), the worker's
+    ) -> NewStream:
         """:meth:`_create_once`; on a cluster, again (a new stream id, another queue shard)
         while the master of the stream's keys or of its shard is down, up to CREATE_TRIES
         times: a stream can be created while any master answers."""
-        tries = CREATE_TRIES if self.keys.cluster else 1
-        for attempt in range(tries):
+        args = (body, request_id, attach, model, detach_timeout, trace)
+        for attempt in range(CREATE_TRIES if self.keys.cluster else 1):
             try:
                 return await self._create_once(*args)
             except RedisUnavailable:
-                if attempt == tries - 1:
+                if not self.keys.cluster or attempt == CREATE_TRIES - 1:
                     raise
         raise AssertionError("unreachable")
 
@@ -318,7 +326,7 @@ class StreamStore:
         attach: bool,
         model: str | None,
         detach_timeout: float,
-        trace: tuple[str, str] | None,  # traceparents: the stream's (receive), the worker's
+        trace: tuple[str, str] | None,
     ) -> NewStream:
         if not self.accepting:
             raise ShuttingDown("this gateway is shutting down; retry (another gateway will answer)")

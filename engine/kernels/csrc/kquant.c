@@ -157,11 +157,14 @@ static inline __m128i kq_scales_mins_simd(const uint8_t *b) {
 }
 #endif
 
-/* qs32 of a quantized block from its 16-sums: stored chunk c is natural sub-block
- * (c & 4) | (c & 1) << 1 | (c & 2) >> 1, the 16-groups twice that and one more. */
+/* The natural sub-block (32 values) of a block's stored chunk c: pair order swaps the
+ * middle two of each 4. */
+static inline int kq_chunk_sub(int c) { return (c & 4) | (c & 1) << 1 | (c & 2) >> 1; }
+
+/* qs32 of a quantized block from its 16-sums (sub-block j is 16-groups 2j and 2j + 1). */
 static inline void kq_chunk_sums(xq_block *o) {
     for (int c = 0; c < 8; c++) {
-        const int j = (c & 4) | (c & 1) << 1 | (c & 2) >> 1;
+        const int j = kq_chunk_sub(c);
         o->qs32[c] = (float)(o->bs[2 * j] + o->bs[2 * j + 1]);
     }
 }

@@ -8,7 +8,7 @@
  * Layout, per group of 16 rows (g) and super-block (b), kqx_block (2368 bytes; the same
  * bytes as the 16 rows' Q4_K blocks, 16 x 144 + 64 for the d / dmin kept as fp16 vectors):
  *   nib[c][l]: chunk c (32 weights) of x's stored (pair) order, which is natural sub-block
- *              kqx_sub(c); byte 4i + k of 64: weight 4l + k of that sub-block of row i in
+ *              kq_chunk_sub(c); byte 4i + k of 64: weight 4l + k of that sub-block of row i in
  *              the low nibble, weight 16 + 4l + k in the high one;
  *   sc[c][i], mn[c][i]: that sub-block's 6-bit scale and min of row i; d[i], dm[i]: fp16.
  * Row i of the group is output row 16g + i. The sums are the same integers as Q4_K's; the
@@ -25,9 +25,6 @@ typedef struct {
     uint16_t d[16], dm[16];
 } kqx_block;
 
-/* Natural sub-block of x's stored chunk c (pair order swaps the middle two of each 4). */
-static inline int kqx_sub(int c) { return (c & 4) | (c & 1) << 1 | (c & 2) >> 1; }
-
 /* W [n, k] Q4_K (n a multiple of 16, k of 256) -> out in Q4_KX. */
 static void kqx_repack(const uint8_t *w, int64_t n, int64_t k, uint8_t *out) {
     const int64_t nb = k / QK, rb = nb * 144;
@@ -42,7 +39,7 @@ static void kqx_repack(const uint8_t *w, int64_t n, int64_t k, uint8_t *out) {
                 memcpy(&o->d[i], blk, 2);
                 memcpy(&o->dm[i], blk + 2, 2);
                 for (int c = 0; c < 8; c++) {
-                    const int j = kqx_sub(c), shift = 4 * (j & 1);
+                    const int j = kq_chunk_sub(c), shift = 4 * (j & 1);
                     o->sc[c][i] = sm[j];
                     o->mn[c][i] = sm[8 + j];
                     /* sub-block j: the low (even j) or high nibbles of qs[32 (j / 2) ..+32] */

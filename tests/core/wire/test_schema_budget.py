@@ -7,27 +7,12 @@ from typing import Any
 
 import pytest
 
-from tokenrelay.core.wire import schema_verdicts
 from tokenrelay.core.wire.requests import Limits, RequestError, validate_params
 from tokenrelay.core.wire.schema_budget import (
     DEFAULT_MAX_SCHEMA_KEYWORDS,
     SchemaBudget,
     check_schema_budget,
 )
-
-
-@pytest.fixture
-def compiles(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The schemas llguidance is asked about from now on."""
-    seen: list[str] = []
-    real = schema_verdicts.llguidance_verdict
-
-    def counted(text: str) -> str:
-        seen.append(text)
-        return real(text)
-
-    monkeypatch.setattr(schema_verdicts, "llguidance_verdict", counted)
-    return seen
 
 
 def tool(name: str, properties: dict[str, Any]) -> dict[str, Any]:

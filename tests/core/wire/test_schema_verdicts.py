@@ -19,20 +19,6 @@ from tokenrelay.core.wire.schema_verdicts import (
 )
 
 
-@pytest.fixture
-def compiles(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The schemas llguidance is asked about from now on."""
-    seen: list[str] = []
-    real = schema_verdicts.llguidance_verdict
-
-    def counted(text: str) -> str:
-        seen.append(text)
-        return real(text)
-
-    monkeypatch.setattr(schema_verdicts, "llguidance_verdict", counted)
-    return seen
-
-
 def fresh(schema: dict[str, Any] | None = None) -> dict[str, Any]:
     """A ``response_format`` no test has checked before (a unique property name)."""
     body = schema or {"type": "object", "properties": {"a": {"type": "string"}}}
