@@ -7,6 +7,13 @@ of error codes and messages. Server frames are built as the WebSocket's dicts
 (gateway/session/protocol.py) and turned into a ``ServerFrame`` by :func:`server_frame`.
 The JSON-text fields of the proto (``tools_json`` ...) carry what protocol v1 carries as
 nested JSON. ``pb2`` is the generated module (gateway/grpc/generated.py).
+
+The repeated fields of a ``Generate`` (``messages``, ``params.stop``, ``params.logit_bias``,
+``params.stop_token_ids``) and its text sizes are checked against the WebSocket's
+:class:`~core.wire.requests.Limits` first, on the message as it came
+(:func:`check_sizes`): a frame of a million stop strings is refused by a length
+comparison, before a list or dict of them exists. The error has the WebSocket's code for
+that limit and names the proto's field.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import json
 import math
 from typing import Any
 
+from tokenrelay.core.wire.params import MAX_LOGIT_BIAS
 from tokenrelay.core.wire.vocabulary import ErrorCode
 from tokenrelay.gateway.session import protocol as p
 
@@ -84,16 +92,54 @@ def _message(m: Any, i: int, rid: str | None) -> dict[str, Any]:
     return out
 
 
-def client_frame_json(frame: Any) -> dict[str, Any]:
+def _over(code: ErrorCode, message: str, rid: str | None) -> p.ProtocolError:
+    return p.ProtocolError(code, message, request_id=rid)
+
+
+def check_sizes(g: Any, limits: p.Limits) -> None:
+    """Refuse a ``Generate`` whose repeated fields or texts are over ``limits`` (the
+    WebSocket's), before anything is converted: counts first, then the lengths of at most
+    that many items. The codes are the WebSocket's (``too_large``; ``bad_request`` for
+    ``logit_bias``, as OpenAI's limit is checked there)."""
+    rid = g.request_id or None
+    if len(g.messages) > limits.max_messages:
+        message = f"messages may hold at most {limits.max_messages} messages, got {len(g.messages)}"
+        raise _over(ErrorCode.TOO_LARGE, message, rid)
+    size = len(g.prompt) + sum(len(m.content) for m in g.messages)
+    if size > limits.max_input_chars:
+        message = f"input is {size} characters; the limit is {limits.max_input_chars}"
+        raise _over(ErrorCode.TOO_LARGE, message, rid)
+    if not g.HasField("params"):
+        return
+    params = g.params
+    if len(params.stop) > limits.max_stop:
+        message = f"params.stop may hold at most {limits.max_stop} strings, got {len(params.stop)}"
+        raise _over(ErrorCode.TOO_LARGE, message, rid)
+    if any(len(s) > limits.max_stop_chars for s in params.stop):
+        message = f"params.stop strings are limited to {limits.max_stop_chars} characters"
+        raise _over(ErrorCode.TOO_LARGE, message, rid)
+    if len(params.stop_token_ids) > limits.max_stop_token_ids:
+        most, got = limits.max_stop_token_ids, len(params.stop_token_ids)
+        message = f"params.stop_token_ids may hold at most {most} token ids, got {got}"
+        raise _over(ErrorCode.TOO_LARGE, message, rid)
+    if len(params.logit_bias) > MAX_LOGIT_BIAS:
+        got = len(params.logit_bias)
+        message = f"params.logit_bias may hold at most {MAX_LOGIT_BIAS} entries, got {got}"
+        raise _over(ErrorCode.BAD_REQUEST, message, rid)
+
+
+def client_frame_json(frame: Any, limits: p.Limits | None = None) -> dict[str, Any]:
     """The protocol v1 frame (a JSON-able dict) that a ``ClientFrame`` stands for.
 
     An empty string is a field left out (proto3 cannot tell them apart). Raises
     :class:`~gateway.session.protocol.ProtocolError` for what JSON cannot carry (a JSON-text
-    field that is not JSON, a non-finite number) or an empty ``ClientFrame``.
+    field that is not JSON, a non-finite number), an empty ``ClientFrame``, or a
+    ``Generate`` over ``limits`` (:func:`check_sizes`; default: the WebSocket's defaults).
     """
     kind = frame.WhichOneof("frame")
     if kind == "generate":
         g = frame.generate
+        check_sizes(g, limits or p.Limits())
         rid = g.request_id or None
         out: dict[str, Any] = {"type": "generate"}
         if g.request_id:
@@ -126,7 +172,7 @@ def client_frame_json(frame: Any) -> dict[str, Any]:
 
 def parse_client_frame(frame: Any, limits: p.Limits) -> p.ClientFrame:
     """A ``ClientFrame`` as the WebSocket's typed frame, validated by its own parser."""
-    return p.parse_frame(p.encode(client_frame_json(frame)), limits)
+    return p.parse_frame(p.encode(client_frame_json(frame, limits)), limits)
 
 
 def server_frame(pb2: Any, frame: dict[str, Any]) -> Any:

@@ -115,3 +115,52 @@ def test_detach_timeout_travels_in_the_params_as_on_the_websocket() -> None:
         with pytest.raises(p.ProtocolError) as err:
             parse_client_frame(bad, LIMITS)
         assert err.value.code == "bad_request" and words in err.value.message
+
+
+def _gen(**fields: object) -> object:
+    return pb2.ClientFrame(generate=pb2.Generate(request_id="r1", **fields))
+
+
+def _params(**fields: object) -> object:
+    return _gen(prompt="Hi", params=pb2.SamplingParams(**fields))
+
+
+@pytest.mark.parametrize(
+    ("frame", "code", "words", "ws"),
+    [
+        (_gen(messages=[pb2.Message(role="user", content="x")] * 257), "too_large",
+         "messages may hold at most 256", {"messages": [{"role": "user", "content": "x"}] * 257}),
+        (_gen(prompt="x" * 200_001), "too_large", "the limit is 200000", {"prompt": "x" * 200_001}),
+        (_params(stop=["a"] * 100_000), "too_large", "params.stop may hold at most 16 strings",
+         {"prompt": "Hi", "params": {"stop": ["a"] * 100_000}}),
+        (_params(stop=["a" * 201]), "too_large", "params.stop strings are limited to 200",
+         {"prompt": "Hi", "params": {"stop": ["a" * 201]}}),
+        (_params(stop_token_ids=range(65)), "too_large",
+         "params.stop_token_ids may hold at most 64",
+         {"prompt": "Hi", "params": {"stop_token_ids": list(range(65))}}),
+        (_params(logit_bias={i: 1.0 for i in range(301)}), "bad_request",
+         "params.logit_bias may hold at most 300",
+         {"prompt": "Hi", "params": {"logit_bias": {str(i): 1 for i in range(301)}}}),
+    ],
+)  # fmt: skip
+def test_repeated_fields_are_counted_before_any_conversion(
+    frame: object, code: str, words: str, ws: dict[str, object]
+) -> None:
+    """Over a limit, the message itself is refused: no dict or list of its items is built
+    (client_frame_json raises), with the code the WebSocket gives the same frame."""
+    with pytest.raises(p.ProtocolError) as err:
+        client_frame_json(frame, LIMITS)
+    assert (err.value.code, err.value.request_id) == (code, "r1")
+    assert words in err.value.message, err.value.message
+    with pytest.raises(p.ProtocolError) as ws_err:
+        p.parse_frame(json.dumps({"type": "generate", **ws}), LIMITS)
+    assert ws_err.value.code == code
+
+
+def test_the_counts_follow_the_gateways_limits() -> None:
+    frame = _params(stop=["a", "b", "c"])
+    assert client_frame_json(frame, LIMITS)["params"]["stop"] == ["a", "b", "c"]
+    with pytest.raises(p.ProtocolError, match="at most 2 strings"):
+        parse_client_frame(frame, p.Limits(max_stop=2))
+    at_limit = _gen(messages=[pb2.Message(role="user", content="x")] * 256)
+    assert isinstance(parse_client_frame(at_limit, LIMITS), p.Generate)
