@@ -56,6 +56,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     f"{NS}.gateway.http.sse": SANS_IO,
     f"{NS}.gateway.http.openai_request": SANS_IO,
     f"{NS}.gateway.http.openai_render": SANS_IO,
+    f"{NS}.gateway.http.openai_body": SANS_IO,
     f"{NS}.gateway.http.openai_fields": SANS_IO,
     f"{NS}.gateway.grpc.convert": (*SANS_IO, "grpc"),
     f"{NS}.core.wire": ("asyncio", "socket", "redis"),

@@ -49,10 +49,10 @@ from tokenrelay.gateway.http.common import (
     save_format,
     store_error,
 )
+from tokenrelay.gateway.http.openai_body import Collector
 from tokenrelay.gateway.http.openai_choices import answer_choices
 from tokenrelay.gateway.http.openai_render import (
     ChunkEncoder,
-    Collector,
     StreamFormat,
     model_card,
     stream_error,
@@ -308,8 +308,7 @@ class OpenAIApi:
             return error_response(store_error(exc), run.headers)
         except StopAsyncIteration:
             return error_response(error_for_code(ErrorCode.INTERNAL, "the stream ended early"))
-        assert collector.result is not None
-        return JSONResponse(collector.result, headers=run.headers)
+        return Response(collector.body(), headers=run.headers, media_type=JSONResponse.media_type)
 
     async def _stream(self, run: Running) -> Response:
         """An SSE answer, once the worker took the request (a rejection is an HTTP error)."""

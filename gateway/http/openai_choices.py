@@ -34,9 +34,9 @@ from tokenrelay.core.wire.vocabulary import EventKind, FinishReason
 from tokenrelay.gateway.access.cors import EXPOSE_HEADERS
 from tokenrelay.gateway.errors import STORE_ERRORS
 from tokenrelay.gateway.http.common import START_WAIT, error_response, save_format, store_error
+from tokenrelay.gateway.http.openai_body import Collector, answer_body
 from tokenrelay.gateway.http.openai_render import (
     ChunkEncoder,
-    Collector,
     StreamFormat,
     dumps,
     stream_error,
@@ -73,28 +73,27 @@ def choice_body(body: dict[str, Any], index: int) -> dict[str, Any]:
     return {**body, "params": params}
 
 
-async def collect_choices(choices: list[Choice], gone: asyncio.Task[None]) -> dict[str, Any] | None:
+async def collect_choices(choices: list[Choice], gone: asyncio.Task[None]) -> bytes | None:
     """The non-streaming body of all choices (None: the client left first).
 
     Raises :class:`ApiError` when a choice was rejected or failed.
     """
 
-    async def one(choice: Choice) -> dict[str, Any]:
+    async def one(choice: Choice) -> Collector:
         collector = Collector(choice.fmt, choice.stream_id)
         while True:
             item = await choice.pump.next(None)
             if isinstance(item, Event) and collector.add(item):
-                assert collector.result is not None
-                return collector.result
+                return collector
 
     tasks = [asyncio.ensure_future(one(c)) for c in choices]
-    everything: asyncio.Future[list[dict[str, Any]]] = asyncio.gather(*tasks)
+    everything: asyncio.Future[list[Collector]] = asyncio.gather(*tasks)
     try:
         waits: list[asyncio.Future[Any]] = [everything, gone]
         done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         if everything not in done:
             return None
-        bodies = everything.result()
+        collectors = everything.result()
     except STORE_ERRORS as exc:
         raise store_error(exc) from None
     except StopAsyncIteration:
@@ -103,12 +102,7 @@ async def collect_choices(choices: list[Choice], gone: asyncio.Task[None]) -> di
         for task in tasks:
             task.cancel()
         everything.cancel()
-    out = bodies[0]
-    out["choices"] = [b["choices"][0] for b in bodies]
-    total = sum(b["usage"]["completion_tokens"] for b in bodies)
-    out["usage"] = {**out["usage"], "completion_tokens": total,
-                    "total_tokens": out["usage"]["prompt_tokens"] + total}  # fmt: skip
-    return out
+    return answer_body(collectors)
 
 
 def _without_done(data: bytes) -> bytes:
@@ -247,7 +241,7 @@ async def answer_choices(
             if body is None:
                 log.info("client left while waiting; detaching", extra=extra)
                 return Response(status_code=499)
-            return JSONResponse(body, headers=headers)
+            return Response(body, headers=headers, media_type=JSONResponse.media_type)
         first = await _verdict(choices[0], gone)
         if isinstance(first, Response):
             return first

@@ -4,7 +4,7 @@ One stream log feeds both transports; this module renders its events the
 OpenAI way. :class:`ChunkEncoder` turns each :class:`core.wire.events.Event`
 into SSE bytes (``chat.completion.chunk`` or ``text_completion`` chunks, each
 with ``id: <seq>``; then the usage chunk when asked for, then
-``data: [DONE]``), and :class:`Collector` folds the events of a non-streaming
+``data: [DONE]``); gateway/http/openai_body.py folds the events of a non-streaming
 request into one ``chat.completion``/``text_completion`` body. The
 :class:`StreamFormat` (chat or completion, model, ``created``, usage chunk or
 not) is stored with the stream so a resumed stream renders the same chunks.
@@ -40,14 +40,13 @@ from tokenrelay.core.wire.logprobs import (
     completion_logprobs,
     decode_logprobs,
 )
-from tokenrelay.core.wire.tools import CallTextFilter, content_before_calls, decode_calls
+from tokenrelay.core.wire.tools import CallTextFilter, decode_calls
 from tokenrelay.core.wire.vocabulary import ErrorCode, EventKind, FinishReason
 from tokenrelay.gateway.http.openai_request import ApiError, error_body, error_for_code
 from tokenrelay.gateway.http.sse import DONE, encode_event
 
 __all__ = [
     "ChunkEncoder",
-    "Collector",
     "StreamFormat",
     "dumps",
     "error_body",
@@ -275,73 +274,6 @@ class ChunkEncoder:
         last = self._chunk([])
         last["usage"] = usage(ev)
         return self._event(ev.seq, last) + DONE
-
-
-class Collector:
-    """Folds the events of a non-streaming request into one response body."""
-
-    def __init__(self, fmt: StreamFormat, stream_id: str) -> None:
-        self.fmt = fmt
-        self.stream_id = stream_id
-        self.parts: list[str] = []
-        self.logprobs: dict[str, list[Any]] = {}  # each key's list, over the token events
-        self.result: dict[str, Any] | None = None
-
-    def add(self, ev: Event) -> bool:
-        """Take one event; True once the response is complete (see :attr:`result`).
-
-        Raises :class:`ApiError` when the request was rejected or failed.
-        """
-        if ev.kind == EventKind.REJECTED and ev.code != FinishReason.CANCELLED:
-            raise stream_error(ev)
-        if ev.kind == EventKind.TOKEN:
-            self.parts.append(ev.text)
-            for key, value in (self.fmt.render_logprobs(ev) or {}).items():
-                if isinstance(value, list):  # (chat's "refusal" is null)
-                    self.logprobs.setdefault(key, []).extend(value)
-        elif ev.kind == EventKind.DONE:
-            reason = ev.finish_reason or FinishReason.ERROR
-            if reason == FinishReason.ERROR:
-                raise stream_error(ev)
-            self.result = self.body(reason, ev)
-            calls = decode_calls(ev.tool_calls) if self.fmt.kind == "chat" else ()
-            if calls:
-                message = self.result["choices"][0]["message"]
-                message["content"] = content_before_calls(message["content"]) or None
-                message["tool_calls"] = [c.to_openai() for c in calls]
-            return True
-        return False
-
-    def body(self, reason: str, ev: Event) -> dict[str, Any]:
-        text = "".join(self.parts)
-        fmt = self.fmt
-        logprobs = None
-        if fmt.logprobs:  # every key, even for a completion without a token
-            logprobs = {**fmt.logprobs_body(0, "", []), **self.logprobs}
-        if fmt.kind == "chat":
-            choice: dict[str, Any] = {
-                "index": self.fmt.index,
-                "message": {"role": "assistant", "content": text, "refusal": None},
-                "logprobs": logprobs,
-                "finish_reason": reason,
-            }
-            obj = "chat.completion"
-        else:
-            choice = {
-                "index": self.fmt.index,
-                "text": text,
-                "logprobs": logprobs,
-                "finish_reason": reason,
-            }
-            obj = "text_completion"
-        return {
-            "id": self.fmt.response_id(self.stream_id),
-            "object": obj,
-            "created": self.fmt.created,
-            "model": self.fmt.model,
-            "choices": [choice],
-            "usage": usage(ev),
-        }
 
 
 def model_card(model: str, created: int) -> dict[str, Any]:

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from tokenrelay.core.wire.events import Event
-from tokenrelay.gateway.http.openai_render import ChunkEncoder, Collector, StreamFormat
+from tokenrelay.gateway.http.openai_body import Collector
+from tokenrelay.gateway.http.openai_render import ChunkEncoder, StreamFormat
 from tokenrelay.gateway.http.openai_request import ApiError
 from tokenrelay.gateway.http.sse import SSEParser
 

@@ -7,7 +7,8 @@ from typing import Any
 
 from tokenrelay.core.wire.events import Event
 from tokenrelay.core.wire.logprobs import Logprobs, TokenLogprob, encode_logprobs
-from tokenrelay.gateway.http.openai_render import ChunkEncoder, Collector, StreamFormat
+from tokenrelay.gateway.http.openai_body import Collector
+from tokenrelay.gateway.http.openai_render import ChunkEncoder, StreamFormat
 from tokenrelay.gateway.http.sse import SSEParser
 from tokenrelay.gateway.session import protocol as p
 

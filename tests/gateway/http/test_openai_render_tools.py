@@ -8,7 +8,8 @@ from typing import Any
 
 from tokenrelay.core.wire.events import Event
 from tokenrelay.core.wire.tools import encode_calls, parse_tool_calls, parse_tools, render_call
-from tokenrelay.gateway.http.openai_render import ChunkEncoder, Collector, StreamFormat
+from tokenrelay.gateway.http.openai_body import Collector
+from tokenrelay.gateway.http.openai_render import ChunkEncoder, StreamFormat
 from tokenrelay.gateway.http.sse import SSEParser
 
 SID = "abcdefghijklmnop1234"
