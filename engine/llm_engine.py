@@ -95,6 +95,7 @@ class LLMEngine:
             enforce_eager=config.enforce_eager,
             max_num_seqs=config.max_num_seqs,
             kv_cache_dtype=config.kv_cache_dtype,
+            max_model_len=config.max_model_len,
         )
         if config.tensor_parallel_size > 1:  # ranks 1..N-1 in processes of their own
             from tokenrelay.engine.parallel.workers import parallel_runner

@@ -2,10 +2,12 @@
 
 Supported ``model_type`` values: ``llama``, ``mistral``, ``qwen2``, ``qwen3`` (the Llama
 decoder, ``llama.py``), ``granite`` (Llama's layer with four scalar multipliers,
-``granite.py``) and ``olmo2`` (norms after the sublayers, q/k norms over the whole
-projections, ``olmo2.py``); anything else is refused in one line naming that list.
-RoPE scaling types: ``default``, ``linear``, ``llama3`` and ``yarn`` (the
-``dynamic`` NTK variant depends on the running sequence length and is rejected).
+``granite.py``), ``olmo2`` (norms after the sublayers, q/k norms over the whole
+projections, ``olmo2.py``) and ``phi3`` (Phi-3/3.5/4: fused checkpoint weights, partial
+rotary, ``longrope``; ``phi3.py``); anything else is refused in one line naming that list.
+RoPE scaling types: ``default``, ``linear``, ``llama3``, ``yarn`` and ``longrope`` (``su``)
+(the ``dynamic`` NTK variant depends on the running sequence length and is rejected);
+``partial_rotary_factor`` rotates the first part of each head only (``rope.py``).
 Sliding-window attention (Mistral, Qwen2 ``use_sliding_window``) is ignored:
 every layer attends to the full context, which equals sliding-window attention
 for sequences shorter than the window.
@@ -19,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "granite", "olmo2")
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "granite", "olmo2", "phi3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,11 @@ class RopeConfig:
     mscale: float | None = None
     mscale_all_dim: float | None = None
     truncate: bool = True
+    # the share of each head that rotates (Phi-4-mini: 0.75)
+    partial_rotary_factor: float = 1.0
+    # longrope (Phi-3): per-frequency divisors below / above the original context
+    short_factor: tuple[float, ...] | None = None
+    long_factor: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -124,7 +131,7 @@ class ModelConfig:
             head_dim=head_dim,
             intermediate_size=_int(cfg, "intermediate_size"),
             rms_norm_eps=eps,
-            rope=_rope(cfg, max_pos),
+            rope=_rope(cfg, max_pos, head_dim),
             max_position_embeddings=max_pos,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             # Qwen2 always has a qkv bias (and none on o_proj); Llama/Qwen3 use attention_bias.
@@ -186,7 +193,7 @@ def _ids(value: Any) -> set[int]:
     return {int(v) for v in value}
 
 
-def _rope(cfg: dict[str, Any], max_pos: int) -> RopeConfig:
+def _rope(cfg: dict[str, Any], max_pos: int, head_dim: int) -> RopeConfig:
     """Merge transformers-5 ``rope_parameters`` and older ``rope_theta``/``rope_scaling``."""
     params: dict[str, Any] = dict(cfg.get("rope_scaling") or {})
     params.update(cfg.get("rope_parameters") or {})
@@ -194,13 +201,19 @@ def _rope(cfg: dict[str, Any], max_pos: int) -> RopeConfig:
         raise ValueError("rope_parameters: per-layer-type RoPE parameters are not supported")
     theta = float(params.get("rope_theta") or cfg.get("rope_theta") or 10000.0)
     rope_type = params.get("rope_type") or params.get("type") or "default"
+    rope_type = "longrope" if rope_type == "su" else rope_type  # Phi-3's older name
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ValueError(
             f"rope_scaling.rope_type: {rope_type!r} is not supported "
             f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
         )
-    if float(cfg.get("partial_rotary_factor") or params.get("partial_rotary_factor") or 1.0) != 1:
-        raise ValueError("partial_rotary_factor: only 1.0 is supported")
+    partial = float(params.get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or 1.0)
+    rotary = int(head_dim * partial)
+    if not 0 < partial <= 1 or rotary < 2 or rotary % 2:
+        raise ValueError(
+            f"partial_rotary_factor: {partial} of head_dim {head_dim} is not an even number "
+            "of rotated values"
+        )
     factor = params.get("factor")
     if rope_type in ("linear", "llama3") and factor is None:
         raise ValueError(f"rope_scaling.factor: required for rope_type {rope_type!r}")
@@ -211,6 +224,11 @@ def _rope(cfg: dict[str, Any], max_pos: int) -> RopeConfig:
         orig = max_pos
     if rope_type == "yarn" and factor is None:
         factor = max_pos / int(orig or max_pos)
+    short, long = None, None
+    if rope_type == "longrope":  # transformers prefers Phi-3's top-level original length
+        orig = cfg.get("original_max_position_embeddings") or orig or max_pos
+        factor = factor if factor is not None else max_pos / int(orig or max_pos)
+        short, long = (_factors(params, name, rotary // 2) for name in ("short", "long"))
     return RopeConfig(
         theta=theta,
         rope_type=rope_type,
@@ -224,7 +242,23 @@ def _rope(cfg: dict[str, Any], max_pos: int) -> RopeConfig:
         mscale=_opt_float(params.get("mscale")),
         mscale_all_dim=_opt_float(params.get("mscale_all_dim")),
         truncate=bool(params.get("truncate", True)),
+        partial_rotary_factor=partial,
+        short_factor=short,
+        long_factor=long,
     )
+
+
+def _factors(params: dict[str, Any], name: str, count: int) -> tuple[float, ...]:
+    """longrope's ``short_factor`` or ``long_factor``: ``count`` positive numbers."""
+    value = params.get(f"{name}_factor")
+    values: list[Any] = value if isinstance(value, list) else []
+    numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+    if len(values) != count or len(numbers) != count or not all(v > 0 for v in numbers):
+        raise ValueError(
+            f"rope_scaling.{name}_factor: expected {count} positive numbers "
+            "(one per rotated frequency)"
+        )
+    return tuple(float(v) for v in numbers)
 
 
 def _opt_float(value: Any) -> float | None:

@@ -11,6 +11,7 @@ from tokenrelay.engine.models.config import SUPPORTED_MODEL_TYPES, ModelConfig
 from tokenrelay.engine.models.granite import GraniteForCausalLM
 from tokenrelay.engine.models.llama import CausalLM
 from tokenrelay.engine.models.olmo2 import Olmo2ForCausalLM
+from tokenrelay.engine.models.phi3 import Phi3ForCausalLM
 
 FAMILIES: dict[str, type[CausalLM]] = {
     "llama": CausalLM,
@@ -19,6 +20,7 @@ FAMILIES: dict[str, type[CausalLM]] = {
     "qwen3": CausalLM,
     "granite": GraniteForCausalLM,
     "olmo2": Olmo2ForCausalLM,
+    "phi3": Phi3ForCausalLM,
 }
 assert set(FAMILIES) == set(SUPPORTED_MODEL_TYPES)
 

@@ -199,7 +199,7 @@ class CausalLM(nn.Module):
         computes (Llama's; any other keeps the op-by-op path, with one log line).
         Returns whether the fused path is on.
         """
-        if not self.fused_decoder:
+        if not self.fused_decoder or (self.rope is not None and self.rope.partial):
             log.info(
                 "fused decoder: not for this family, running op by op",
                 extra={"model_type": self.cfg.model_type},
@@ -259,9 +259,12 @@ class CausalLM(nn.Module):
                 if param.numel():
                     param.data = param.data.clone()
 
-    def init_rope(self, device: torch.device) -> None:
-        """Build the rotary tables on ``device`` (after the weights are loaded)."""
-        self.rope = RotaryEmbedding(self.cfg.rope, self.cfg.head_dim, device)
+    def init_rope(self, device: torch.device, context_len: int | None = None) -> None:
+        """Build the rotary tables on ``device`` (after the weights are loaded) for sequences
+        of up to ``context_len`` tokens (default: ``max_position_embeddings``; it picks
+        ``longrope``'s factor list, rope.py)."""
+        context = context_len if context_len is not None else self.cfg.max_position_embeddings
+        self.rope = RotaryEmbedding(self.cfg.rope, self.cfg.head_dim, device, context)
 
     def forward(
         self,

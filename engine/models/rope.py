@@ -1,8 +1,19 @@
 """Rotary position embeddings with the checkpoint's scaling (as transformers does).
 
 The frequencies follow ``transformers.modeling_rope_utils`` for the ``default``,
-``linear``, ``llama3`` and ``yarn`` types, and the rotation is the
-"rotate half" (non-interleaved) layout that Llama/Qwen checkpoints use.
+``linear``, ``llama3``, ``yarn`` and ``longrope`` types, and the rotation is the
+"rotate half" (non-interleaved) layout that Llama/Qwen checkpoints use. With a
+``partial_rotary_factor`` below 1 (Phi-4-mini) only the first
+``int(head_dim * partial_rotary_factor)`` values of each head rotate; the rest pass through.
+
+``longrope`` (Phi-3, ``su`` in older configs) divides each frequency by a per-dimension
+factor, the ``short_factor`` list or the ``long_factor`` one, and scales cos/sin by
+``sqrt(1 + log(factor) / log(original_max_position_embeddings))``. transformers picks the
+list by the running sequence's length (its ``generate`` drops the cache and recomputes
+everything with the long list once a sequence outgrows the original context); a paged
+cache shared between sequences cannot hold keys rotated both ways, so the engine picks
+one list for every sequence from the context it serves (``context_len``): the long one
+when it exceeds ``original_max_position_embeddings``, as vLLM and llama.cpp do.
 """
 
 from __future__ import annotations
@@ -14,9 +25,20 @@ import torch
 from tokenrelay.engine.models.config import RopeConfig
 
 
-def rope_inv_freq(rope: RopeConfig, head_dim: int) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies ``[head_dim // 2]`` (fp32) and the cos/sin scaling factor."""
-    dim = head_dim
+def rotary_dim(rope: RopeConfig, head_dim: int) -> int:
+    """How many values of each head rotate (all of them unless ``partial_rotary_factor``)."""
+    return int(head_dim * rope.partial_rotary_factor)
+
+
+def rope_inv_freq(
+    rope: RopeConfig, head_dim: int, context_len: int | None = None
+) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies ``[rotary_dim // 2]`` (fp32) and the cos/sin scaling factor.
+
+    ``context_len``: the longest sequence served (``longrope`` only: past the original
+    context, the long factors; None: the short ones).
+    """
+    dim = rotary_dim(rope, head_dim)
     exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
     pos_freqs = rope.theta**exponents
     inv_freq = 1.0 / pos_freqs
@@ -28,6 +50,8 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int) -> tuple[torch.Tensor, float]
         return _llama3(inv_freq, rope), 1.0
     if rope.rope_type == "yarn":
         return _yarn(pos_freqs, rope, dim)
+    if rope.rope_type == "longrope":
+        return _longrope(pos_freqs, rope, context_len)
     raise ValueError(f"rope_scaling.rope_type: {rope.rope_type!r} is not supported")
 
 
@@ -78,19 +102,49 @@ def _yarn(pos_freqs: torch.Tensor, rope: RopeConfig, dim: int) -> tuple[torch.Te
     return inv_freq, float(attention_factor)
 
 
+def long_factors(rope: RopeConfig, context_len: int | None) -> bool:
+    """Whether ``longrope`` serving ``context_len`` tokens takes the long factor list."""
+    orig = rope.original_max_position_embeddings
+    return context_len is not None and orig is not None and context_len > orig
+
+
+def _longrope(
+    pos_freqs: torch.Tensor, rope: RopeConfig, context_len: int | None
+) -> tuple[torch.Tensor, float]:
+    """transformers' ``_compute_longrope_parameters``: one factor list for every position."""
+    orig = rope.original_max_position_embeddings
+    assert orig is not None and rope.short_factor is not None and rope.long_factor is not None
+    factor = rope.factor
+    attention_factor = rope.attention_factor
+    if attention_factor is None:
+        attention_factor = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(orig))
+    ext = rope.long_factor if long_factors(rope, context_len) else rope.short_factor
+    return 1.0 / (torch.tensor(ext, dtype=torch.float32) * pos_freqs), float(attention_factor)
+
+
 class RotaryEmbedding:
     """Computes cos/sin for given positions and rotates q and k in place of a copy."""
 
-    def __init__(self, rope: RopeConfig, head_dim: int, device: torch.device) -> None:
-        inv_freq, scale = rope_inv_freq(rope, head_dim)
-        self.inv_freq = inv_freq.to(device)  # [D/2] fp32
+    def __init__(
+        self,
+        rope: RopeConfig,
+        head_dim: int,
+        device: torch.device,
+        context_len: int | None = None,
+    ) -> None:
+        inv_freq, scale = rope_inv_freq(rope, head_dim, context_len)
+        self.inv_freq = inv_freq.to(device)  # [R/2] fp32 (R: the rotated values of a head)
         self.scale = scale
-        self.half = head_dim // 2
+        self.rotary_dim = rotary_dim(rope, head_dim)
+        self.partial = self.rotary_dim != head_dim
+        self.half = self.rotary_dim // 2
+        # longrope: whether the tables use the long factor list (else the short one)
+        self.long_factors = rope.rope_type == "longrope" and long_factors(rope, context_len)
         # CPU: cos and sin [P, 1, D/2] fp32 of positions 0 .. P-1, grown on demand
         self._table: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        """``cos, sin`` of shape ``[T, 1, D/2]`` in ``dtype`` (computed in fp32).
+        """``cos, sin`` of shape ``[T, 1, R/2]`` in ``dtype`` (computed in fp32).
 
         On a CPU the rows come from a table of the same values, computed once: two
         lookups instead of eight small ops a step (a GPU computes them: no sync).
@@ -121,6 +175,12 @@ class RotaryEmbedding:
         return cos.to(dtype)[:, None, :], sin.to(dtype)[:, None, :]
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Rotate ``x`` ``[T, heads, D]`` (any strides) and return a new contiguous tensor."""
+        """Rotate ``x`` ``[T, heads, D]`` (any strides) and return a new contiguous tensor
+        (only its first ``rotary_dim`` values where the rotation is partial)."""
+        if self.partial:
+            rot = x[..., : self.rotary_dim]
+            x1, x2 = rot[..., : self.half], rot[..., self.half :]
+            rest = x[..., self.rotary_dim :]
+            return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest), dim=-1)
         x1, x2 = x[..., : self.half], x[..., self.half :]
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

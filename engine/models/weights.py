@@ -2,8 +2,9 @@
 
 Reads a single ``model.safetensors``, a sharded ``model.safetensors.index.json``
 or every ``*.safetensors`` in the folder, renames the tensors to our module's
-names and fuses q/k/v and gate/up by concatenation. fp32 on CPU; bf16 on CUDA
-(fp16 where the GPU has no bf16) unless a dtype is given.
+names and fuses q/k/v and gate/up by concatenation (Phi-3's checkpoints hold them fused,
+in the same order). fp32 on CPU; bf16 on CUDA (fp16 where the GPU has no bf16) unless
+a dtype is given.
 """
 
 from __future__ import annotations
@@ -30,13 +31,16 @@ _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _LAYER_NAMES = {
     "input_layernorm.weight": "input_norm.weight",
     "post_attention_layernorm.weight": "post_attn_norm.weight",
-    "post_feedforward_layernorm.weight": "post_ff_norm.weight",  # OLMo 2
+    "pre_feedforward_layernorm.weight": "pre_ff_norm.weight",  # Gemma
+    "post_feedforward_layernorm.weight": "post_ff_norm.weight",  # OLMo 2, Gemma
     "self_attn.o_proj.weight": "attn.o_weight",
     "self_attn.o_proj.bias": "attn.o_bias",
     "self_attn.q_norm.weight": "attn.q_norm.weight",
     "self_attn.k_norm.weight": "attn.k_norm.weight",
     "mlp.down_proj.weight": "mlp.down_weight",
     "mlp.down_proj.bias": "mlp.down_bias",
+    "self_attn.qkv_proj.weight": "attn.qkv_weight",  # Phi-3: q, k, v fused already
+    "mlp.gate_up_proj.weight": "mlp.gate_up_weight",  # Phi-3: gate, then up
 }
 _FUSED = {  # fused name -> parts, in order
     "attn.qkv_weight": (

@@ -77,6 +77,7 @@ class ModelRunner:
         enforce_eager: bool = False,
         max_num_seqs: int = 64,
         group: Group | None = None,
+        max_model_len: int | None = None,
     ) -> None:
         if block_size is not None and (
             isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0
@@ -117,6 +118,8 @@ class ModelRunner:
                 self.model.fuse()
         else:
             self.model = load_model(self.path, self.model_config, self.device, self.dtype, group)
+        if max_model_len is not None:  # the context served picks longrope's factors (rope.py)
+            self.model.init_rope(self.device, max_model_len)
         self.weights = "native" if gguf is not None else str(self.dtype).replace("torch.", "")
         self.load_seconds = time.perf_counter() - started
         self.max_model_len = self.model_config.max_position_embeddings
