@@ -107,13 +107,14 @@ def build_server(
     port: int,
     *,
     log_level: str = "info",
-    forwarded_allow_ips: str = "127.0.0.1",
+    forwarded_allow_ips: str | None = None,
     grpc_port: int = 0,
 ) -> GatewayServer:
     """A uvicorn server for the gateway app (not started).
 
     The client address (per-address limits, logs) comes from ``X-Forwarded-For`` only when
-    the connection is from one of ``forwarded_allow_ips``: the proxies in front of it.
+    the connection is from one of ``forwarded_allow_ips`` (default: the settings'), the
+    proxies in front of it; gRPC calls follow the settings' (gateway/access/proxies.py).
     ``grpc_port``: serve the gRPC API there too, on ``host`` (0: off).
     """
     if isinstance(grpc_port, bool) or not isinstance(grpc_port, int):
@@ -138,7 +139,7 @@ def build_server(
         timeout_graceful_shutdown=5,
         lifespan="on",
         proxy_headers=True,
-        forwarded_allow_ips=forwarded_allow_ips,
+        forwarded_allow_ips=forwarded_allow_ips or settings.forwarded_allow_ips,
     )
     return GatewayServer(config, app.state.gateway, grpc_port=grpc_port, grpc_host=host)
 

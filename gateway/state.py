@@ -20,6 +20,7 @@ from tokenrelay.core.tracing import GATEWAY_SERVICE, check_endpoint, start_traci
 from tokenrelay.core.wire.keys import DEFAULT_PREFIX, worker_dead_after
 from tokenrelay.gateway.access.auth import SecuritySettings
 from tokenrelay.gateway.access.guard import Guard
+from tokenrelay.gateway.access.proxies import TrustedProxies
 from tokenrelay.gateway.drain import ClientSocket
 from tokenrelay.gateway.observe.metrics import GatewayMetrics
 from tokenrelay.gateway.observe.readiness import ReadinessWatch
@@ -55,6 +56,7 @@ class Settings:
     sse_keepalive: float = options.SSE_KEEPALIVE
     security: SecuritySettings = field(default_factory=SecuritySettings)
     otlp_endpoint: str | None = None  # traces (core/tracing.py); None: off
+    forwarded_allow_ips: str = "127.0.0.1"  # the proxies believed (gateway/access/proxies.py)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Settings:
@@ -90,6 +92,7 @@ class Settings:
         if self.http_max_streams_per_client < 1 or not self.sse_keepalive > 0:
             raise ValueError("--http-max-streams-per-client must be >= 1, --sse-keepalive > 0")
         check_endpoint(self.otlp_endpoint)
+        TrustedProxies(self.forwarded_allow_ips)
 
 
 class Gateway:
@@ -118,6 +121,8 @@ class Gateway:
         self.models = ModelDirectory(self.streams, settings.model_name)  # who serves what
         self.guard = Guard(settings.security, self.streams.draw_tokens)
         self.connections: set[ClientSocket] = set()  # the open WebSockets
+        self.calls: set[Any] = set()  # the open gRPC calls (gateway/grpc/service.py)
+        self.proxies = TrustedProxies(settings.forwarded_allow_ips)  # gRPC's client addresses
         self.readers = StreamReaders(settings.max_resumes_per_stream)  # resumes per stream
         self.session_parts = SessionParts(
             self.streams,
@@ -131,6 +136,10 @@ class Gateway:
         self.server_name = f"tokenrelay/{version()}"
         # is a worker ready? (hello, notices); the workers bound request sizes
         self.readiness = ReadinessWatch(self.streams, self.connections, self.follow_context)
+
+    def open_connections(self) -> int:
+        """WebSockets and gRPC calls open now: what ``--max-connections`` bounds."""
+        return len(self.connections) + len(self.calls)
 
     async def hello(self) -> dict[str, Any]:
         """The ``hello`` frame a new WebSocket gets (docs/protocol.md)."""

@@ -18,7 +18,11 @@ A call whose ``origin`` metadata (a browser's, through a gRPC-Web proxy) the Web
 would refuse ends at once with ``PERMISSION_DENIED``; a call without a valid API key
 (``authorization: Bearer <key>`` metadata, when keys are configured) with
 ``UNAUTHENTICATED``; a call while more than
-``--max-connections`` WebSockets and calls are open with ``RESOURCE_EXHAUSTED``.
+``--max-connections`` WebSockets and calls are open with ``RESOURCE_EXHAUSTED`` (one count:
+a WebSocket is refused in the same way while calls fill it). The client's address (the
+per-address limits, logs) is the peer's, or the one its ``x-forwarded-for`` metadata names
+when the peer is a proxy of ``--forwarded-allow-ips`` (gateway/access/proxies.py: the rule
+uvicorn applies to HTTP and WebSockets).
 A ``traceparent`` in the call's metadata is the parent of every stream the call starts
 (core/tracing.py; with ``--otlp-endpoint``).
 """
@@ -189,14 +193,16 @@ class RelayService:
     def __init__(self, gw: Gateway, pb2: Any) -> None:
         self.gw = gw
         self.pb2 = pb2
-        self.calls: set[ChatCall] = set()
+        self.calls: set[ChatCall] = gw.calls  # the gateway counts them with its WebSockets
 
     async def Chat(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         """One ``Chat`` call: authenticate, then serve it as protocol v1."""
         gw = self.gw
-        address = peer_address(context.peer())
-        metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ())
-                    if isinstance(v, str)}  # fmt: skip
+        pairs = [(k.lower(), v) for k, v in (context.invocation_metadata() or ())
+                 if isinstance(v, str)]  # fmt: skip
+        metadata = dict(pairs)
+        forwarded = [v for k, v in pairs if k == "x-forwarded-for"]
+        address = gw.proxies.client(peer_address(context.peer()), forwarded)
         origin = metadata.get("origin")  # a browser's call through a gRPC-Web proxy
         if not gw.guard.origins.allows(origin, metadata.get("host")):
             log.info("grpc origin refused", extra={"origin": (origin or "")[:200],
@@ -210,7 +216,7 @@ class RelayService:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
         if gw.shutting_down:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "gateway shutting down")
-        if len(gw.connections) + len(self.calls) >= gw.settings.max_connections:
+        if gw.open_connections() >= gw.settings.max_connections:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many connections")
         call = ChatCall(gw, self.pb2, context, who)
         call.traceparent = metadata.get("traceparent")

@@ -68,7 +68,7 @@ class Connection(StreamSession):
         try:
             if self.gw.shutting_down:
                 self.close(p.CLOSE_GOING_AWAY, "gateway shutting down")
-            elif len(self.gw.connections) > self.gw.settings.max_connections:
+            elif self.gw.open_connections() > self.gw.settings.max_connections:
                 self.close(p.CLOSE_OVERLOADED, "too many connections")
             else:
                 hello = await self.gw.hello()
