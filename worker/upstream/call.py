@@ -1,8 +1,9 @@
 """One request's streaming HTTP exchange with the upstream, retries included.
 
 :class:`Call` posts the request (worker/upstream/openai.py), reads its server-sent
-events and puts each text delta and the finish into the inbox
-(worker/upstream/inbox.py) as they arrive. Failures follow worker/upstream/failures.py:
+events and puts each text delta (with its tokens' logprobs when asked for) and the
+finish into the inbox (worker/upstream/inbox.py) as they arrive. Failures follow
+worker/upstream/failures.py:
 before the first token, transient ones are tried again and then refuse the stream;
 after it, the stream ends with ``error`` and says why. Nothing waits forever:
 connecting, each read and the pool have the ``--upstream-timeout`` (connect at most
@@ -36,6 +37,7 @@ from typing import Any
 
 from tokenrelay.core.wire.errors import RequestError
 from tokenrelay.core.wire.keys import STREAM_ID_RE
+from tokenrelay.core.wire.logprobs import Logprobs
 from tokenrelay.core.wire.params import SamplingParams
 from tokenrelay.core.wire.requests import validate_resume_token
 from tokenrelay.core.wire.schema_verdicts import deferred_verdicts
@@ -52,6 +54,7 @@ from tokenrelay.worker.upstream.client import HttpClient, Response
 from tokenrelay.worker.upstream.config import UpstreamConfig
 from tokenrelay.worker.upstream.deadlines import Deadlines
 from tokenrelay.worker.upstream.failures import RetryPolicy, parse_retry_after
+from tokenrelay.worker.upstream.features import top_at_most
 from tokenrelay.worker.upstream.inbox import Inbox
 from tokenrelay.worker.upstream.openai import (
     Chunk,
@@ -152,6 +155,8 @@ class Call:
         self.remote: tuple[str, str] | None = None  # a tokenrelay upstream's stream id, token
         self.sent_at = 0.0  # when the attempt's request went out (monotonic)
         self.max_tokens = 0  # the request's: no text is forwarded past them
+        self.top_logprobs: int | None = None  # the request's logprobs (None: not asked)
+        self.logprobs: list[Logprobs] = []  # of tokens whose text has not come yet
         self.deadlines = Deadlines(up.cfg)
 
     async def run(self) -> None:
@@ -160,7 +165,7 @@ class Call:
         try:
             with deferred_verdicts():  # the gateway checked the schemas; not on this loop
                 params = SamplingParams(**(self.body.get("params") or {}))
-            self.max_tokens = params.max_tokens
+            self.max_tokens, self.top_logprobs = params.max_tokens, params.logprobs
             if names := unrelayed(params):
                 said = ", ".join(names)
                 raise Refused(ErrorCode.BAD_REQUEST, f"not relayed to an upstream server: {said}")
@@ -207,6 +212,7 @@ class Call:
     async def _attempt(self, params: SamplingParams) -> None:
         up = self.up
         self.finish_reason, self.usage = None, None  # (an attempt that failed saw no text)
+        self.logprobs = []
         served = self.body.get("model")
         model = await up.model_for(served if isinstance(served, str) else None)
         path, payload = request_body(self.body, params, model, include_usage=up.include_usage)
@@ -306,13 +312,16 @@ class Call:
             return self._cut()
         if chunk.usage is not None:
             self.usage = chunk.usage
+        if chunk.logprobs and self.top_logprobs is not None:  # (a text-less chunk's wait)
+            self.logprobs += top_at_most(chunk.logprobs, self.top_logprobs)
         if chunk.text:
             ttft = None if self.started else time.monotonic() - self.sent_at
             if not self.started:
                 self.deadlines.text_in()
             self.started = True
             self.chunks += 1
-            self.up.inbox.text(self.stream_id, chunk.text, ttft)
+            logprobs, self.logprobs = self.logprobs, []
+            self.up.inbox.text(self.stream_id, chunk.text, ttft, logprobs)
         if chunk.finish_reason is not None:
             self.finish_reason = chunk.finish_reason  # the usage chunk may follow
         if chunk.done:

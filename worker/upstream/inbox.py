@@ -7,7 +7,7 @@ the worker loop drives the engine from its thread. They meet here, under one loc
   loop's Intake takes it (:meth:`Inbox.take_opened`), writes ``accepted`` and
   attaches it (:meth:`Inbox.attach`); a call that fails before that comes out
   of :meth:`Inbox.take_opened` with its refusal instead;
-- an attached call's text deltas, then its finish, come out of
+- an attached call's text deltas (with their tokens' logprobs), then its finish, come out of
   :meth:`Inbox.drain` as the step outputs the worker writes, in arrival order;
 - :meth:`Inbox.abort` ends a call from the loop's side: an attached one reports
   a finish ``abort`` at the next drain (the worker names it ``cancelled`` or
@@ -58,6 +58,7 @@ class CallState:
     stream_id: str
     phase: str = OPENING
     text: list[str] = field(default_factory=list)  # deltas not yet drained
+    logprobs: list[Logprobs] = field(default_factory=list)  # theirs, when asked for
     chunks: int = 0  # chunks not yet drained
     finish: tuple[FinishReason, str | None] | None = None  # (reason, message)
     usage: tuple[int, int] | None = None  # (prompt, completion) at the finish
@@ -89,8 +90,15 @@ class Inbox:
             self._calls[stream_id] = CallState(stream_id)
             return True
 
-    def text(self, stream_id: str, delta: str, upstream_ttft: float | None = None) -> None:
-        """A text delta (the first with the seconds from the upstream request to it)."""
+    def text(
+        self,
+        stream_id: str,
+        delta: str,
+        upstream_ttft: float | None = None,
+        logprobs: Sequence[Logprobs] = (),
+    ) -> None:
+        """A text delta (the first with the seconds from the upstream request to it) and
+        the logprobs of its tokens."""
         with self._cond:
             st = self._calls.get(stream_id)
             if st is None or st.finish is not None:
@@ -98,6 +106,7 @@ class Inbox:
             if upstream_ttft is not None and st.total_chunks == 0:
                 st.upstream_ttft = upstream_ttft
             st.text.append(delta)
+            st.logprobs.extend(logprobs)
             st.chunks += 1
             st.total_chunks += 1
             self._news(st)
@@ -176,6 +185,7 @@ class Inbox:
             if st.finish is None or st.finish[0] != FinishReason.CANCELLED:
                 st.finish = (FinishReason.CANCELLED, None)
                 st.text.clear()
+                st.logprobs.clear()
                 self._dirty = True
                 self._cond.notify_all()
             return True
@@ -198,14 +208,15 @@ class Inbox:
         text, st.text = "".join(st.text), []
         ids, st.chunks = [-1] * st.chunks, 0
         ttft, st.upstream_ttft = st.upstream_ttft, None
+        lps, st.logprobs = st.logprobs or None, []
         if st.finish is None:
             return Output(st.stream_id, text, ids, False, None, 0, st.total_chunks,
-                          upstream_ttft=ttft)  # fmt: skip
+                          new_logprobs=lps, upstream_ttft=ttft)  # fmt: skip
         del self._calls[st.stream_id]
         reason, message = st.finish
         prompt, completion = st.usage if st.usage else (0, st.total_chunks)
         return Output(st.stream_id, text, ids, True, reason, prompt, completion, message,
-                      upstream_ttft=ttft)  # fmt: skip
+                      new_logprobs=lps, upstream_ttft=ttft)  # fmt: skip
 
     def wait_opened(self, timeout: float) -> bool:
         """Block until a call has opened or been refused (True), or ``timeout`` passes."""

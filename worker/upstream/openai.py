@@ -8,10 +8,11 @@ they differ from the defaults, so an upstream that does not know an extension
 ``stop_token_ids``: vLLM's names) never sees it unless a client asked for it.
 ``stream_options.include_usage`` asks for the usage chunk (the last one, with
 empty ``choices``), which gives the stream's ``done`` event its token counts.
+Logprobs are asked for and read back as worker/upstream/features.py says.
 
 Each streamed ``data:`` JSON object becomes a :class:`Chunk`: the text delta
 (``choices[0].delta.content`` for chat, ``choices[0].text`` for completions),
-the finish reason mapped onto ours, the usage when present, or the error an
+its tokens' logprobs, the finish reason mapped onto ours, the usage when present, or the error an
 upstream sends in the stream (``{"error": {...}}``, as vLLM and tokenrelay do).
 
 The chunks come as server-sent events (the WHATWG event-stream format):
@@ -37,12 +38,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from tokenrelay.core.wire.logprobs import Logprobs
 from tokenrelay.core.wire.params import SamplingParams
 from tokenrelay.core.wire.vocabulary import ErrorCode, FinishReason
 from tokenrelay.worker.errors import Refused, Retryable, UpstreamError
+from tokenrelay.worker.upstream.features import chunk_logprobs, logprob_fields
 
 # upstream finish reasons -> ours (core/wire/vocabulary.py); others: stop
 UPSTREAM_REASONS: dict[str, FinishReason] = {
@@ -59,7 +62,7 @@ MAX_ERROR_CHARS = 300
 RELAYED = frozenset(
     ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "presence_penalty",
      "frequency_penalty", "min_p", "repetition_penalty", "logit_bias", "stop_token_ids",
-     "ignore_eos", "response_format")
+     "ignore_eos", "response_format", "logprobs")
 )  # fmt: skip
 
 
@@ -72,6 +75,7 @@ class Chunk:
     usage: tuple[int, int] | None = None  # (prompt_tokens, completion_tokens)
     error: str | None = None  # the upstream reported a failure in the stream
     done: bool = False  # ``[DONE]``
+    logprobs: list[Logprobs] = field(default_factory=list)  # of the tokens of ``text``
 
 
 MAX_LINE = 1 << 20  # bytes of one line of the event stream
@@ -235,6 +239,7 @@ def request_body(
     if include_usage:
         out["stream_options"] = {"include_usage": True}
     out.update(sampling_fields(params))
+    out.update(logprob_fields(params, chat=path == "/chat/completions"))
     return path, out
 
 
@@ -265,7 +270,7 @@ def sampling_fields(p: SamplingParams) -> dict[str, Any]:
 
 def unrelayed(p: SamplingParams) -> list[str]:
     """The fields of ``p`` set to other than their defaults that a relay cannot pass on
-    (logprobs, and any field added to SamplingParams since this module learnt its names):
+    (any field added to SamplingParams since this module learnt its names):
     better a clear ``bad_request`` than an answer that silently ignores them."""
     return [
         f.name
@@ -290,6 +295,7 @@ def parse_chunk(data: str) -> Chunk:
         delta = choice.get("delta")
         text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
         out.text = text if isinstance(text, str) else ""
+        out.logprobs = chunk_logprobs(choice.get("logprobs"))
         reason = choice.get("finish_reason")
         if isinstance(reason, str) and reason:
             out.finish_reason = UPSTREAM_REASONS.get(reason, FinishReason.STOP)

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from tokenrelay.core.wire.logprobs import LOGPROB_FLOOR, Logprobs, TokenLogprob
 from tokenrelay.core.wire.params import SamplingParams
 from tokenrelay.worker.errors import Refused, Retryable
 from tokenrelay.worker.upstream.openai import (
@@ -39,6 +40,41 @@ def test_a_prompt_body_goes_to_completions_with_its_sampling_extensions() -> Non
     assert out["stop"] == ["\n"] and out["min_p"] == 0.1 and out["logit_bias"] == {"7": -5.0}
     assert out["stop_token_ids"] == [2] and out["ignore_eos"] is True
     assert "presence_penalty" not in out and "repetition_penalty" not in out
+
+
+def test_logprobs_are_asked_for_in_each_endpoints_own_shape() -> None:
+    msgs = {"messages": [{"role": "user", "content": "Hi"}]}
+    _, chat = request_body(msgs, SamplingParams(logprobs=3), None, include_usage=False)
+    assert chat["logprobs"] is True and chat["top_logprobs"] == 3
+    _, plain = request_body({"prompt": "x"}, SamplingParams(logprobs=2), None,
+                            include_usage=False)  # fmt: skip
+    assert plain["logprobs"] == 2 and "top_logprobs" not in plain
+    _, none = request_body(msgs, SamplingParams(), None, include_usage=False)
+    assert "logprobs" not in none and "top_logprobs" not in none
+
+
+def test_a_chunks_logprobs_become_the_values_the_worker_stores() -> None:
+    top = [{"token": "Hi", "logprob": -0.1, "bytes": [72, 105]},
+           {"token": "\ufffd", "logprob": -2.5, "bytes": [226, 128]}]  # fmt: skip
+    content = [{"token": "Hi", "logprob": -0.1, "bytes": [72, 105], "top_logprobs": top},
+               {"token": "!", "logprob": -99999.0, "bytes": None,
+                "top_logprobs": []},
+               {"token": 3, "logprob": -1.0}, "junk"]  # fmt: skip
+    got = parse_chunk(chunk(delta={"content": "Hi!"}, logprobs={"content": content}))
+    assert got.text == "Hi!" and len(got.logprobs) == 2  # what is not an item is read past
+    first, second = got.logprobs
+    assert first == Logprobs(TokenLogprob("Hi", -0.1, b"Hi"),
+                             (TokenLogprob("Hi", -0.1, b"Hi"),
+                              TokenLogprob("\ufffd", -2.5, b"\xe2\x80")))  # fmt: skip
+    assert second.chosen == TokenLogprob("!", LOGPROB_FLOOR, b"!") and second.top == ()
+    completion = {"tokens": [" Paris", "."], "token_logprobs": [-0.5, -1.5],
+                  "top_logprobs": [{" Paris": -0.5, " Lyon": -2.0}, {".": -1.5}],
+                  "text_offset": [0, 6]}  # fmt: skip
+    got = parse_chunk(chunk(text=" Paris.", logprobs=completion))
+    assert [e.chosen.token for e in got.logprobs] == [" Paris", "."]
+    assert [t.token for t in got.logprobs[0].top] == [" Paris", " Lyon"]  # most likely first
+    assert got.logprobs[0].chosen.raw == b" Paris"
+    assert parse_chunk(chunk(delta={"content": "x"}, logprobs=None)).logprobs == []
 
 
 def chunk(**choice: object) -> str:
@@ -79,7 +115,7 @@ def test_statuses_map_onto_retry_or_refuse_with_the_upstreams_words() -> None:
 
 def test_a_field_the_relay_cannot_pass_on_is_named_not_dropped() -> None:
     assert unrelayed(SamplingParams(max_tokens=3, top_k=5, seed=2, stop=["x"])) == []
-    assert unrelayed(SamplingParams(logprobs=0)) == ["logprobs"]
+    assert unrelayed(SamplingParams(logprobs=0)) == []
     fmt = {"type": "json_object"}
     assert unrelayed(SamplingParams(response_format=fmt)) == []
     assert sampling_fields(SamplingParams(response_format=fmt))["response_format"] == fmt

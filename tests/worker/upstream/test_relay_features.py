@@ -1,0 +1,81 @@
+"""What a relay passes on and brings back: logprobs.
+
+The upstream is a second ``tokenrelay serve`` with the default model, the relay
+``tokenrelay serve --upstream`` (servers.py). Greedy decoding makes the upstream's answer
+a fixed one, so what comes back through the relay must equal what the upstream gives
+directly, and a resume must replay it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.gateway.procs import Client
+from tests.worker.upstream.servers import Server, run_ws
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "Name three colours of the rainbow."
+
+
+def logprobs_of(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every token's logprobs, in order, whatever events they came in."""
+    return [e for f in frames if f["type"] == "token" for e in f.get("logprobs", [])]
+
+
+def same_logprobs(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> bool:
+    """The same tokens and bytes, the values within float noise (another batch on the
+    upstream sums in another order), as many alternatives, most likely first."""
+    assert [(e["token"], e["bytes"]) for e in got] == [(e["token"], e["bytes"]) for e in want]
+    for g, w in zip(got, want, strict=True):
+        assert g["logprob"] == pytest.approx(w["logprob"], abs=0.01)
+        assert len(g["top_logprobs"]) == len(w["top_logprobs"])
+        assert [t["logprob"] for t in g["top_logprobs"]] == pytest.approx(
+            [t["logprob"] for t in w["top_logprobs"]], abs=0.01)  # fmt: skip
+    return True
+
+
+async def test_logprobs_come_back_through_the_relay_and_a_resume_replays_them(
+    upstream: Server, relay: Server
+) -> None:
+    params = {"max_tokens": 12, "temperature": 0, "logprobs": 2}
+    direct = await run_ws(upstream.addr, PROMPT, "lp-direct", **params)
+    relayed = await run_ws(relay.addr, PROMPT, "lp-relayed", **params)
+    assert relayed[-1]["type"] == "done", relayed[-1]
+    got = logprobs_of(relayed)
+    assert same_logprobs(got, logprobs_of(direct))
+    assert len(got) == relayed[-1]["usage"]["completion_tokens"]
+    assert all(len(e["top_logprobs"]) == 2 for e in got)
+    started = relayed[0]
+    c = await Client.open(relay.addr)
+    await c.send({"type": "resume", "stream_id": started["stream_id"],
+                  "resume_token": started["resume_token"], "after": 0})  # fmt: skip
+    replay = await c.recv_until(lambda f: f["type"] in ("done", "error"))
+    await c.close()
+    assert [f for f in replay if f["type"] == "token"] == [
+        f for f in relayed if f["type"] == "token"
+    ]
+
+
+def test_chat_logprobs_over_http_are_the_upstreams(upstream: Server, relay: Server) -> None:
+    body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8,
+            "temperature": 0, "logprobs": True, "top_logprobs": 3}  # fmt: skip
+    direct = httpx.post(f"{upstream.base}/chat/completions", json=body, timeout=60)
+    relayed = httpx.post(f"{relay.base}/chat/completions", json=body, timeout=60)
+    assert direct.status_code == relayed.status_code == 200, relayed.text
+    want = direct.json()["choices"][0]["logprobs"]["content"]
+    assert want and same_logprobs(relayed.json()["choices"][0]["logprobs"]["content"], want)
+    plain = {"prompt": "The capital of France is", "max_tokens": 6, "temperature": 0,
+             "logprobs": 2}  # fmt: skip
+    direct = httpx.post(f"{upstream.base}/completions", json=plain, timeout=60)
+    relayed = httpx.post(f"{relay.base}/completions", json=plain, timeout=60)
+    assert relayed.status_code == 200, relayed.text
+    got, want = relayed.json()["choices"][0], direct.json()["choices"][0]
+    assert got["text"] == want["text"] != ""
+    got, want = got["logprobs"], want["logprobs"]
+    assert got["tokens"] == want["tokens"] and got["text_offset"] == want["text_offset"]
+    assert got["token_logprobs"] == pytest.approx(want["token_logprobs"], abs=0.01)
+    assert [sorted(t) for t in got["top_logprobs"]] == [sorted(t) for t in want["top_logprobs"]]
