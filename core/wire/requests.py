@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tokenrelay.core.wire.content import MAX_IMAGES, Parts, parse_content, text_of
 from tokenrelay.core.wire.errors import RequestError, ResponseFormatError
 from tokenrelay.core.wire.params import (
     MAX_BIAS,
@@ -108,11 +109,18 @@ class Limits:
 
 @dataclass(frozen=True)
 class Message:
-    """One chat message, its role one of :data:`ROLES`."""
+    """One chat message, its role one of :data:`ROLES`; ``content`` is its text, ``parts``
+    its content parts when an image is among them (core/wire/content.py)."""
 
     role: str
     content: str
     tools: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    parts: Parts = ()
+
+    def body(self) -> dict[str, Any]:
+        """The message as a worker's request body carries it."""
+        content: str | list[dict[str, Any]] = list(self.parts) if self.parts else self.content
+        return {"role": self.role, "content": content, **self.tools}
 
 
 # --- sampling parameters --------------------------------------------------------
@@ -373,25 +381,21 @@ def validate_resume_token(value: Any, name: str = "resume_token") -> str:
 # --- messages ---------------------------------------------------------------------
 
 
-def _text(value: Any, index: int, role: str) -> str:
-    if isinstance(value, str) or (value is None and role == "assistant"):  # only tool calls
-        return value or ""
-    raise _bad(f"messages[{index}].content", f"messages[{index}].content must be a string")
-
-
 def validate_messages(
     raw: Any,
     limits: Limits,
     *,
     roles: Mapping[str, str] = ROLES,
-    content: Callable[[Any, int, str], str] = _text,
+    content: Callable[[Any, int, str], str | Parts] = parse_content,
 ) -> tuple[Message, ...]:
     """A chat's ``messages`` (``{"role", "content"}`` and tool fields) as :class:`Message` s.
 
     ``roles`` maps the role names the transport accepts to one of :data:`ROLES`;
-    ``content(value, index, role)`` turns a message's content into text (the default
-    wants a string) or raises :class:`RequestError`. The contents together must
-    respect :func:`check_input_size`; core/wire/structured.py checks the tool fields.
+    ``content(value, index, role)`` turns a message's content into text, or parts when
+    it holds images (the default: a string or OpenAI's parts, core/wire/content.py), or
+    raises :class:`RequestError`. The texts together must respect
+    :func:`check_input_size`, the images :data:`core.wire.content.MAX_IMAGES`;
+    core/wire/structured.py checks the tool fields.
     """
     if not isinstance(raw, list):
         raise _bad("messages", "messages must be a list")
@@ -407,12 +411,18 @@ def validate_messages(
         if not isinstance(role, str) or role not in roles:
             field = f"messages[{i}].role"
             raise _bad(field, f"{field} must be one of {', '.join(roles)}")
-        text = content(m.get("content"), i, role)
+        got = content(m.get("content"), i, role)
+        parts = got if isinstance(got, tuple) else ()
+        text = text_of(parts) if parts else str(got)
         try:  # an assistant's tool_calls, a tool message's tool_call_id
-            out.append(Message(roles[role], text, message_tool_fields(m, i, roles[role])))
+            out.append(Message(roles[role], text, message_tool_fields(m, i, roles[role]), parts))
         except ResponseFormatError as exc:
             raise RequestError(exc.code, str(exc), exc.field) from None
     check_input_size(sum(len(m.content) for m in out), limits)
+    images = sum(1 for m in out for p in m.parts if p["type"] == "image_url")
+    if images > MAX_IMAGES:
+        message = f"{images} images; the limit is {MAX_IMAGES} a request"
+        raise _bad("messages", message)
     return tuple(out)
 
 

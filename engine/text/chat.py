@@ -18,6 +18,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from tokenrelay.core.wire.content import TEXT_ONLY, has_images
 from tokenrelay.core.wire.tools import Tool, render_call, system_prompt
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
@@ -32,6 +33,8 @@ def check_messages(messages: Any) -> None:
             raise ValueError(f"messages[{i}] must be an object with role and content")
         if msg.get("role") not in CHAT_ROLES:
             raise ValueError(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}")
+        if has_images(msg.get("content")):
+            raise ValueError(f"messages[{i}].content: {TEXT_ONLY}")
         if not isinstance(msg.get("content"), str):
             raise ValueError(f"messages[{i}].content must be a string")
         calls = msg.get("tool_calls")

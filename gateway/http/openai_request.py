@@ -300,34 +300,6 @@ def _common(obj: dict[str, Any]) -> tuple[bool, bool, str | None]:
 # --- requests -------------------------------------------------------------------
 
 
-def _content(raw: Any, i: int, role: str) -> str:
-    """A message's content: a string, text parts, or null for an assistant turn."""
-    param = f"messages[{i}].content"
-    if isinstance(raw, str):
-        return raw
-    if raw is None and role == "assistant":
-        return ""
-    if isinstance(raw, list):
-        parts = []
-        for j, part in enumerate(raw):
-            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-                raise RequestError(
-                    ErrorCode.BAD_REQUEST, f"'{param}[{j}]' must be an object with a 'type'", param
-                )
-            if part["type"] != "text":
-                raise RequestError(
-                    ErrorCode.BAD_REQUEST, f"'{param}[{j}]': only text content is supported", param
-                )
-            if not isinstance(part.get("text"), str):
-                raise RequestError(
-                    ErrorCode.BAD_REQUEST, f"'{param}[{j}].text' must be a string", param
-                )
-            parts.append(part["text"])
-        return "".join(parts)
-    message = f"'{param}' must be a string or a list of text parts"
-    raise RequestError(ErrorCode.BAD_REQUEST, message, param)
-
-
 def parse_chat(obj: dict[str, Any], *, served_model: str, limits: Limits) -> ApiRequest:
     """Validate a ``/v1/chat/completions`` body."""
     model = _model(obj, served_model)
@@ -336,12 +308,12 @@ def parse_chat(obj: dict[str, Any], *, served_model: str, limits: Limits) -> Api
     if messages is None:
         raise _bad("Missing required parameter: 'messages'.", "messages")
     try:
-        parsed = validate_messages(messages, limits, roles=CHAT_ROLES, content=_content)
+        parsed = validate_messages(messages, limits, roles=CHAT_ROLES)
     except RequestError as exc:
         raise request_error(exc) from None
     params = _params(obj, limits, "chat")
     stream, include_usage, user = _common(obj)
-    out = [{"role": m.role, "content": m.content, **m.tools} for m in parsed]
+    out = [m.body() for m in parsed]
     body = {"params": params, "messages": out}
     logprobs = params["logprobs"] is not None
     tools = bool(params["tools"]) and params["tool_choice"] != "none"

@@ -106,8 +106,7 @@ class Generate:
             params["seed"] = (params["seed"] + index) % MAX_SEED
         out: dict[str, Any] = {"params": params}
         if self.messages is not None:
-            out["messages"] = [{"role": m.role, "content": m.content, **m.tools}
-                               for m in self.messages]  # fmt: skip
+            out["messages"] = [m.body() for m in self.messages]
         else:
             out["prompt"] = self.prompt
         return out

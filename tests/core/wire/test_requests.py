@@ -205,7 +205,7 @@ BAD_MESSAGES: list[tuple[Any, str, str | None, str]] = [
         [{"role": "user", "content": 1}],
         "bad_request",
         "messages[0].content",
-        "messages[0].content must be a string",
+        "messages[0].content must be a string or a list of content parts",
     ),
     (
         [{"role": "user", "content": "123456"}, {"role": "user", "content": "12345"}],

@@ -1,4 +1,4 @@
-"""What a relay passes on and brings back: logprobs.
+"""What a relay passes on and brings back: logprobs, images, tool calls, refusals.
 
 The upstream is a second ``tokenrelay serve`` with the default model, the relay
 ``tokenrelay serve --upstream`` (servers.py). Greedy decoding makes the upstream's answer
@@ -8,6 +8,7 @@ directly, and a resume must replay it.
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import httpx
@@ -15,10 +16,12 @@ import pytest
 
 from tests.gateway.procs import Client
 from tests.worker.upstream.servers import Server, run_ws
+from tokenrelay.core.wire.content import TEXT_ONLY
 
 pytestmark = pytest.mark.slow
 
 PROMPT = "Name three colours of the rainbow."
+PNG = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 64).decode()
 
 
 def logprobs_of(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -79,3 +82,27 @@ def test_chat_logprobs_over_http_are_the_upstreams(upstream: Server, relay: Serv
     assert got["tokens"] == want["tokens"] and got["text_offset"] == want["text_offset"]
     assert got["token_logprobs"] == pytest.approx(want["token_logprobs"], abs=0.01)
     assert [sorted(t) for t in got["top_logprobs"]] == [sorted(t) for t in want["top_logprobs"]]
+
+
+async def test_an_image_our_engine_refuses_comes_back_as_its_400_and_a_bad_request_frame(
+    upstream: Server, relay: Server
+) -> None:
+    parts = [{"type": "text", "text": "What is in this picture?"},
+             {"type": "image_url", "image_url": {"url": PNG}}]  # fmt: skip
+    body = {"messages": [{"role": "user", "content": parts}], "max_tokens": 8}
+    for stream in (False, True):
+        resp = httpx.post(f"{relay.base}/chat/completions", json={**body, "stream": stream},
+                          timeout=60)  # fmt: skip
+        assert resp.status_code == 400, resp.text
+        error = resp.json()["error"]
+        assert error["type"] == "invalid_request_error" and error["code"] == "bad_request"
+        assert TEXT_ONLY in error["message"] and "HTTP 400" in error["message"]
+    c = await Client.open(relay.addr)
+    await c.send({"type": "generate", "request_id": "img", "params": {"max_tokens": 8},
+                  "messages": [{"role": "user", "content": parts}]})  # fmt: skip
+    frames = await c.recv_until(lambda f: f["type"] in ("done", "error"))
+    await c.close()
+    assert frames[-1]["type"] == "error" and frames[-1]["code"] == "bad_request", frames
+    assert TEXT_ONLY in frames[-1]["message"]
+    direct = httpx.post(f"{upstream.base}/chat/completions", json=body, timeout=60)
+    assert direct.status_code == 400 and TEXT_ONLY in direct.json()["error"]["message"]
