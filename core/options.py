@@ -10,6 +10,7 @@ import argparse
 import os
 from typing import Any
 
+from tokenrelay.core.tracing import DEFAULT_CLIENT_TRACE, ClientTrace
 from tokenrelay.core.wire.keys import DEFAULT_PREFIX
 from tokenrelay.core.wire.requests import (
     DEFAULT_MAX_DETACH_TIMEOUT,
@@ -124,6 +125,11 @@ def add_http_options(p: argparse.ArgumentParser) -> None:
         help="seconds of silence before an SSE ': keep-alive' comment")  # fmt: skip
     add(p, "--grpc-port", default=0, type=int,
         help="port of the gRPC API on --host (docs/grpc.md; 0: off)")  # fmt: skip
+    add(p, "--client-traceparent", default=DEFAULT_CLIENT_TRACE.value,
+        choices=[c.value for c in ClientTrace],
+        help="a client's W3C traceparent (HTTP header, WebSocket field, gRPC metadata), with "
+        "--otlp-endpoint: follow (the parent of its request's spans), link (a new trace "
+        "linked to it) or ignore")  # fmt: skip
     add_security_options(p)
 
 

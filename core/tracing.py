@@ -7,6 +7,11 @@ Two halves:
   lowercase, ids not all zero; a later version's longer value is read by its first four
   fields), and :class:`TraceParent` formats one. A malformed value is ignored (the
   request starts a new trace), never refused. :func:`check_endpoint` validates the flag.
+  :func:`edge_context` decides what a client's value becomes at the gateway, by
+  ``--client-traceparent`` (:class:`ClientTrace`): the parent of the request's spans
+  (``follow``), a link from a new trace (``link``, the default: a client can neither put
+  its spans into a trace of its choosing nor decide whether they are sampled), or
+  nothing (``ignore``).
 - :func:`start_tracing` builds a :class:`Tracing`: an OpenTelemetry ``TracerProvider``
   of its own (never the global one) whose spans leave in batches through OTLP over HTTP
   (protobuf) on a thread of the SDK's. OpenTelemetry is imported there and nowhere else:
@@ -23,7 +28,9 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -78,6 +85,38 @@ def parse_traceparent(value: object) -> TraceParent | None:
     if trace_id == _ZERO_TRACE or span_id == _ZERO_SPAN:
         return _bad(text)
     return TraceParent(trace_id, span_id, int(flags, 16))
+
+
+class ClientTrace(StrEnum):
+    """What the gateway makes of a client's ``traceparent`` (``--client-traceparent``)."""
+
+    FOLLOW = "follow"  # the parent of the request's spans: the client's trace goes on
+    LINK = "link"  # a new trace, its first span linked to the client's
+    IGNORE = "ignore"  # a new trace; the client's value is not looked at
+
+
+DEFAULT_CLIENT_TRACE = ClientTrace.LINK
+
+
+def check_client_trace(value: object) -> ClientTrace:
+    """``--client-traceparent`` as a :class:`ClientTrace`; ``ValueError`` for anything else."""
+    if isinstance(value, str) and value in ClientTrace.__members__.values():
+        return ClientTrace(value)
+    names = ", ".join(c.value for c in ClientTrace)
+    raise ValueError(f"--client-traceparent must be one of {names}, got {value!r}")
+
+
+def edge_context(
+    value: object, policy: ClientTrace
+) -> tuple[TraceParent | None, tuple[TraceParent, ...]]:
+    """The parent and the links of the first span of a client's request, from the
+    ``traceparent`` it sent (``value``, unchecked) and ``policy``."""
+    if policy is ClientTrace.IGNORE:
+        return None, ()
+    tp = parse_traceparent(value)
+    if tp is None:
+        return None, ()
+    return (tp, ()) if policy is ClientTrace.FOLLOW else (None, (tp,))
 
 
 def _bad(text: str) -> TraceParent | None:
@@ -157,29 +196,35 @@ class Tracing:
         start_ns: int | None = None,
         kind: str = "internal",
         attributes: dict[str, Any] | None = None,
+        links: Sequence[TraceParent] = (),
     ) -> Span:
         """Start a span, child of ``parent`` (a traceparent: already checked, or a client's,
-        checked here; ``None`` or an invalid one: the root of a new trace). ``kind``:
-        ``internal``, ``server``, ``consumer`` or ``producer``."""
+        checked here; ``None`` or an invalid one: the root of a new trace), linked to
+        ``links``. ``kind``: ``internal``, ``server``, ``consumer`` or ``producer``."""
         tp = parent if isinstance(parent, TraceParent) else parse_traceparent(parent)
+        t = self._trace
         ctx = self._empty
         if tp is not None:
-            t = self._trace
-            remote = t.SpanContext(
-                int(tp.trace_id, 16),
-                int(tp.span_id, 16),
-                is_remote=True,
-                trace_flags=t.TraceFlags(tp.flags & 0xFF),
-            )
-            ctx = t.set_span_in_context(t.NonRecordingSpan(remote), ctx)
+            ctx = t.set_span_in_context(t.NonRecordingSpan(self._remote(tp)), ctx)
         span = self._tracer.start_span(
             name,
             context=ctx,
-            kind=getattr(self._trace.SpanKind, kind.upper()),
+            kind=getattr(t.SpanKind, kind.upper()),
             attributes={k: v for k, v in (attributes or {}).items() if v is not None},
+            links=[t.Link(self._remote(link)) for link in links],
             start_time=start_ns,
         )
         return Span(span)
+
+    def _remote(self, tp: TraceParent) -> Any:
+        """The OpenTelemetry ``SpanContext`` of another process's span."""
+        t = self._trace
+        return t.SpanContext(
+            int(tp.trace_id, 16),
+            int(tp.span_id, 16),
+            is_remote=True,
+            trace_flags=t.TraceFlags(tp.flags & 0xFF),
+        )
 
     def flush(self, timeout_s: float = 5.0) -> None:
         """Export the spans ended so far."""

@@ -16,7 +16,13 @@ from typing import Any
 
 from tokenrelay.core import options
 from tokenrelay.core.runtime import version
-from tokenrelay.core.tracing import GATEWAY_SERVICE, check_endpoint, start_tracing
+from tokenrelay.core.tracing import (
+    DEFAULT_CLIENT_TRACE,
+    GATEWAY_SERVICE,
+    check_client_trace,
+    check_endpoint,
+    start_tracing,
+)
 from tokenrelay.core.wire.keys import DEFAULT_PREFIX, worker_dead_after
 from tokenrelay.gateway.access.auth import SecuritySettings
 from tokenrelay.gateway.access.guard import Guard
@@ -56,6 +62,7 @@ class Settings:
     sse_keepalive: float = options.SSE_KEEPALIVE
     security: SecuritySettings = field(default_factory=SecuritySettings)
     otlp_endpoint: str | None = None  # traces (core/tracing.py); None: off
+    client_traceparent: str = DEFAULT_CLIENT_TRACE  # follow, link or ignore (core/tracing.py)
     forwarded_allow_ips: str = "127.0.0.1"  # the proxies believed (gateway/access/proxies.py)
 
     @classmethod
@@ -92,6 +99,7 @@ class Settings:
         if self.http_max_streams_per_client < 1 or not self.sse_keepalive > 0:
             raise ValueError("--http-max-streams-per-client must be >= 1, --sse-keepalive > 0")
         check_endpoint(self.otlp_endpoint)
+        check_client_trace(self.client_traceparent)
         TrustedProxies(self.forwarded_allow_ips)
 
 
@@ -114,6 +122,7 @@ class Gateway:
             detach_timeout=settings.detach_timeout,
             max_pending=settings.max_pending,
         )
+        self.streams.client_trace = check_client_trace(settings.client_traceparent)
         if settings.otlp_endpoint:  # else nothing of OpenTelemetry is imported
             self.streams.tracing = start_tracing(
                 settings.otlp_endpoint, GATEWAY_SERVICE, self.streams.gateway_id

@@ -23,8 +23,9 @@ a WebSocket is refused in the same way while calls fill it). The client's addres
 per-address limits, logs) is the peer's, or the one its ``x-forwarded-for`` metadata names
 when the peer is a proxy of ``--forwarded-allow-ips`` (gateway/access/proxies.py: the rule
 uvicorn applies to HTTP and WebSockets).
-A ``traceparent`` in the call's metadata is the parent of every stream the call starts
-(core/tracing.py; with ``--otlp-endpoint``).
+A ``traceparent`` in the call's metadata stands for the ``traceparent`` of every stream the
+call starts (core/tracing.py; with ``--otlp-endpoint``: a parent, a link or nothing, by
+``--client-traceparent``).
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ from tokenrelay.core.redis.connection import (
     is_outage,
     raise_if_cancel_swallowed,
 )
+from tokenrelay.core.tracing import DEFAULT_CLIENT_TRACE, edge_context
 from tokenrelay.core.wire.events import Event, decode_event, entry_id, plan_finish, seq_of
 from tokenrelay.core.wire.ids import hash_token, new_resume_token, new_stream_id, token_matches
 from tokenrelay.core.wire.keys import (
@@ -155,6 +156,7 @@ class StreamStore:
         # worker append -> handed to the client's socket, live events only (a histogram)
         self.delivery = Hist(DELIVERY_BUCKETS)
         self.tracing: Tracing | None = None  # --otlp-endpoint (set by gateway/state.py)
+        self.client_trace = DEFAULT_CLIENT_TRACE  # --client-traceparent (the same)
 
     async def start(self) -> None:
         self.tailer.start()
@@ -268,10 +270,11 @@ class StreamStore:
         with no client attached (checked by the transport against ``--max-detach-timeout``);
         ``None``: this gateway's ``--detach-timeout``. It goes into the request record.
 
-        With tracing on, the ``gateway.receive`` span (child of the client's
-        ``traceparent`` when it is a valid one; from ``received_ns``, epoch ns, when the
-        transport took the time) and its child ``gateway.enqueue`` (this call) are
-        recorded; the request entry carries the enqueue span's context to the worker.
+        With tracing on, the ``gateway.receive`` span (from ``received_ns``, epoch ns, when
+        the transport took the time; the client's ``traceparent`` is its parent, a link or
+        nothing, by :attr:`client_trace`: core/tracing.py's ``edge_context``) and its child
+        ``gateway.enqueue`` (this call) are recorded; the request entry carries the
+        enqueue span's context to the worker.
         Raises :class:`Overloaded` or :class:`RedisFull` (Redis is at ``admit_memory`` of
         its maxmemory, or refused the write), :class:`NoWorker`, :class:`RedisUnavailable`.
         """
@@ -279,8 +282,14 @@ class StreamStore:
         if self.tracing is None:
             return await self._create(body, request_id, attach, model, dt, None)
         attrs = {"tokenrelay.request_id": request_id, "tokenrelay.model": model}
+        parent, links = edge_context(traceparent, self.client_trace)
         receive = self.tracing.start(
-            "gateway.receive", traceparent, start_ns=received_ns, kind="server", attributes=attrs
+            "gateway.receive",
+            parent,
+            start_ns=received_ns,
+            kind="server",
+            attributes=attrs,
+            links=links,
         )
         enqueue = self.tracing.start("gateway.enqueue", receive.traceparent, kind="producer")
         try:

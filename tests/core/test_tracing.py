@@ -145,3 +145,44 @@ def test_the_flag_reads_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     for command in ("serve", "gateway", "worker"):
         args = build_parser().parse_args([command, "--redis-url", "redis://x"])
         assert args.otlp_endpoint == "http://collector:4318", command
+
+
+def test_the_edge_follows_links_or_ignores_a_clients_traceparent() -> None:
+    from tokenrelay.core.tracing import ClientTrace, check_client_trace, edge_context
+
+    tp = TraceParent(TRACE, SPAN, 1)
+    assert edge_context(VALID, ClientTrace.FOLLOW) == (tp, ())
+    assert edge_context(VALID, ClientTrace.LINK) == (None, (tp,))
+    assert edge_context(VALID, ClientTrace.IGNORE) == (None, ())
+    for policy in ClientTrace:
+        assert edge_context("garbage", policy) == (None, ())
+        assert edge_context(None, policy) == (None, ())
+    assert check_client_trace("link") is ClientTrace.LINK
+    with pytest.raises(ValueError, match="--client-traceparent must be one of follow, link"):
+        check_client_trace("trust")
+
+
+def test_a_linked_span_starts_a_trace_of_its_own() -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    tracing, exporter = memory_tracing()
+    span = tracing.start("edge", None, kind="server", links=[TraceParent(TRACE, SPAN, 0)])
+    span.end()
+    (got,) = exporter.get_finished_spans()  # type: ignore[attr-defined]
+    assert got.parent is None and f"{got.context.trace_id:032x}" != TRACE
+    assert got.context.trace_flags.sampled  # the client's unsampled flag decides nothing
+    (link,) = got.links
+    assert (f"{link.context.trace_id:032x}", f"{link.context.span_id:016x}") == (TRACE, SPAN)
+
+
+def test_the_gateway_settings_check_the_client_traceparent_policy() -> None:
+    from tokenrelay.core.cli import build_parser
+    from tokenrelay.gateway.state import Settings
+
+    assert Settings(redis_url="redis://localhost").client_traceparent == "link"
+    with pytest.raises(ValueError, match="--client-traceparent"):
+        Settings(redis_url="redis://localhost", client_traceparent="trust")
+    for command in ("serve", "gateway"):
+        args = build_parser().parse_args([command, "--redis-url", "redis://x"])
+        assert args.client_traceparent == "link", command
+        given = [command, "--redis-url", "redis://x", "--client-traceparent", "ignore"]
+        assert Settings.from_args(build_parser().parse_args(given)).client_traceparent == "ignore"

@@ -1,7 +1,9 @@
 """Tracing end to end: a gateway and an engine worker with ``--otlp-endpoint`` export their
 spans over OTLP/HTTP to a receiver this test runs; one request per transport (HTTP, the
 WebSocket, gRPC) with a client ``traceparent`` gives one trace with the spans of both
-services, linked as docs/operations.md ("Tracing") says."""
+services, linked as docs/operations.md ("Tracing") says, on a gateway that follows the
+client's trace (``--client-traceparent follow``). A second gateway with the default
+(``link``) starts a trace of its own for each transport, linked to the client's."""
 
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ class Got:
     span_id: str
     parent: str
     request_id: str
+    links: tuple[tuple[str, str], ...] = ()
 
 
 class Receiver:
@@ -86,7 +89,8 @@ class Receiver:
                 with self.lock:
                     self.spans += [
                         Got(attrs.get("service.name", ""), s.name, s.trace_id.hex(),
-                            s.span_id.hex(), s.parent_span_id.hex(), _request_id(s))
+                            s.span_id.hex(), s.parent_span_id.hex(), _request_id(s),
+                            tuple((k.trace_id.hex(), k.span_id.hex()) for k in s.links))
                         for s in ss.spans
                     ]  # fmt: skip
 
@@ -106,23 +110,40 @@ def _request_id(span: Any) -> str:
     return ""
 
 
+@dataclass(frozen=True)
+class Linking:
+    """The second gateway: the default ``--client-traceparent`` (link)."""
+
+    addr: str
+    grpc_addr: str
+
+
 @pytest.fixture(scope="module")
-def traced(
+def gateways(
     redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Receiver, str, str]]:
+) -> Iterator[tuple[Receiver, str, str, Linking]]:
     receiver = Receiver()
     logs: Path = tmp_path_factory.mktemp("tracing-logs")
     prefix = f"trace{secrets.token_hex(3)}:"
     url, otlp = redis_server.url, ("--otlp-endpoint", receiver.url)
-    grpc_port = free_port()
+    grpc_port, link_grpc_port = free_port(), free_port()
     worker = start_worker(url, prefix, logs, *otlp)
-    gw, addr = start_gateway(url, prefix, logs, *otlp, "--grpc-port", str(grpc_port))
+    gw, addr = start_gateway(url, prefix, logs, *otlp, "--grpc-port", str(grpc_port),
+                             "--client-traceparent", "follow")  # fmt: skip
+    link_gw, link_addr = start_gateway(url, prefix, logs, *otlp, "--grpc-port", str(link_grpc_port))
     try:
         wait_ready(addr, gw, 300)
-        yield receiver, addr, f"127.0.0.1:{grpc_port}"
+        wait_ready(link_addr, link_gw, 60)
+        linking = Linking(link_addr, f"127.0.0.1:{link_grpc_port}")
+        yield receiver, addr, f"127.0.0.1:{grpc_port}", linking
     finally:
-        stop_all([worker, gw])
+        stop_all([worker, gw, link_gw])
         receiver.server.shutdown()
+
+
+@pytest.fixture
+def traced(gateways: tuple[Receiver, str, str, Linking]) -> tuple[Receiver, str, str]:
+    return gateways[:3]
 
 
 def new_traceparent() -> tuple[str, str, str]:
@@ -212,3 +233,59 @@ async def test_a_bad_traceparent_starts_a_new_trace(traced: tuple[Receiver, str,
     assert received[0].parent == ""  # the root of a new trace
     assert received[0].trace_id != "a" * 32
     await check_trace(receiver, received[0].trace_id, "")
+
+
+async def _http(addr: str, tp: str, rid: str) -> None:
+    body = {"prompt": "Hi", "max_tokens": 2, "temperature": 0}
+    headers = {"traceparent": tp, "x-request-id": rid}
+    async with httpx.AsyncClient(timeout=120) as http:
+        resp = await http.post(f"http://{addr}/v1/completions", json=body, headers=headers)
+    assert resp.status_code == 200, resp.text
+
+
+async def _ws(addr: str, tp: str, rid: str) -> None:
+    c = await Client.open(addr)
+    try:
+        await c.send({**generate_frame("Hi", rid, max_tokens=2, temperature=0), "traceparent": tp})
+        await c.recv_until(lambda f: f["type"] in ("done", "error"), 120)
+    finally:
+        await c.close()
+
+
+async def _grpc(addr: str, tp: str, rid: str) -> None:
+    import grpc
+
+    from tests.gateway.grpc.client import CODE, GrpcClient, generate
+
+    channel = grpc.aio.insecure_channel(addr)
+    c = GrpcClient(channel, CODE.pb2_grpc.RelayStub(channel).Chat(metadata=(("traceparent", tp),)))
+    try:
+        assert (await c.recv(30))["type"] == "hello"
+        await c.send(generate("Hi", rid, max_tokens=2, temperature=0))
+        await c.recv_until(lambda f: f["type"] in ("done", "error"), 120)
+    finally:
+        await c.close()
+
+
+@pytest.mark.parametrize("transport", ["http", "ws", "grpc"])
+async def test_by_default_a_clients_trace_is_linked_not_joined(
+    gateways: tuple[Receiver, str, str, Linking], transport: str
+) -> None:
+    receiver, linking = gateways[0], gateways[3]
+    tp, trace_id, span_id = new_traceparent()
+    rid = f"t-link-{transport}-{secrets.token_hex(4)}"
+    if transport == "http":
+        await _http(linking.addr, tp, rid)
+    elif transport == "ws":
+        await _ws(linking.addr, tp, rid)
+    else:
+        await _grpc(linking.grpc_addr, tp, rid)
+    deadline = time.monotonic() + 60
+    while not (received := [s for s in receiver.request(rid) if s.name == "gateway.receive"]):
+        assert time.monotonic() < deadline, "no receive span"
+        await asyncio.sleep(0.2)
+    (receive,) = received
+    assert receive.parent == "" and receive.trace_id != trace_id  # the gateway's own trace
+    assert receive.links == ((trace_id, span_id),)
+    assert receiver.trace(trace_id) == []  # nothing joined the client's trace
+    await check_trace(receiver, receive.trace_id, "")
