@@ -52,6 +52,14 @@ class AttentionBackend(ABC):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """``q`` ``[T, H, D]`` (this step's ``k``/``v`` ``[T, Hkv, D]`` already in the pool,
-        ``k_cache``/``v_cache`` ``[num_blocks, block_size, Hkv, D]``) -> ``[T, H, D]``."""
+        ``k_cache``/``v_cache`` ``[num_blocks, block_size, Hkv, D]``) -> ``[T, H, D]``.
+
+        ``window`` (a layer's sliding window, Gemma's local layers): a query at position
+        ``p`` sees only the keys at ``p - window + 1 .. p``; ``None``: the whole causal
+        prefix. ``softcap``: each score ``s`` (``scale`` applied) becomes
+        ``softcap * tanh(s / softcap)`` before the softmax (Gemma 2); ``None``: as it is.
+        """

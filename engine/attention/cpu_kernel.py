@@ -2,7 +2,8 @@
 
 ``engine/kernels/csrc/paged_attention.c`` (:mod:`tokenrelay.engine.kernels.cpu_attention`) reads
 K and V out of the blocks where they are, for every decode row of the step in one
-call per layer; prefill chunks take the torch backend's SDPA path. It computes in
+call per layer (a layer's sliding window and soft-capping included); prefill chunks take
+the torch backend's SDPA path. It computes in
 fp32; the pool may be fp32 or fp16 (both paths read fp16 K/V back into fp32).
 Where the kernel did not build (no compiler, ``TOKENRELAY_CPU_KERNELS=0``) the
 backend is the torch one under this name, as the build logged. A runner serving
@@ -58,7 +59,9 @@ class CpuBackend(TorchBackend):
         v_cache: torch.Tensor,
         plan: TorchPlan,
         scale: float,
+        window: int | None,
+        softcap: float | None,
     ) -> None:
         if isinstance(plan.kernel_batch, DecodeBatch) and self.kernel is not None:
-            self.kernel(q, out, k_cache, v_cache, plan.kernel_batch, scale)
-        super()._decode_rows(q, out, k_cache, v_cache, plan, scale)
+            self.kernel(q, out, k_cache, v_cache, plan.kernel_batch, scale, window, softcap)
+        super()._decode_rows(q, out, k_cache, v_cache, plan, scale, window, softcap)

@@ -4,7 +4,9 @@ Decode batches go to ``flash_attn_with_kvcache`` and mixed batches to
 ``flash_attn_varlen_func``, both with a ``block_table`` into the pool, so K/V are
 read in place. flash-attn 2 needs paged blocks of a multiple of
 ``registry.FLASH_BLOCK_MULTIPLE`` tokens; the registry sets that block size itself.
-Reads only the metadata's tensors: CUDA graphs can replay its decode steps.
+Reads only the metadata's tensors: CUDA graphs can replay its decode steps. A layer's
+sliding window and soft-capping go to flash-attn's own ``window_size`` and ``softcap``
+(flash-attn 2.6 and later).
 """
 
 from __future__ import annotations
@@ -36,7 +38,13 @@ class FlashBackend(AttentionBackend):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
+        # flash-attn's window: (keys left of the query, right of it); -1: unbounded
+        layer: dict[str, object] = {"window_size": (-1, -1) if window is None else (window - 1, 0)}
+        if softcap is not None:
+            layer["softcap"] = softcap
         if meta.all_decode:
             out = self._with_kvcache(
                 q.unsqueeze(1),
@@ -46,6 +54,7 @@ class FlashBackend(AttentionBackend):
                 block_table=meta.block_tables,
                 softmax_scale=scale,
                 causal=True,
+                **layer,
             )  # [B, 1, H, D]
             return out.squeeze(1)
         return self._varlen(
@@ -59,4 +68,5 @@ class FlashBackend(AttentionBackend):
             softmax_scale=scale,
             causal=True,
             block_table=meta.block_tables,
+            **layer,
         )

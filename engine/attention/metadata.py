@@ -213,10 +213,13 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Store ``k``/``v`` ``[T, Hkv, D]`` and attend with ``q`` ``[T, H, D]`` -> ``[T, H, D]``.
 
-    ``k_cache``/``v_cache`` are ``[num_blocks, block_size, Hkv, D]``.
+    ``k_cache``/``v_cache`` are ``[num_blocks, block_size, Hkv, D]``; ``window`` and
+    ``softcap`` as :meth:`AttentionBackend.forward` takes them (a layer's own).
     """
     store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-    return meta.backend.forward(q, k, v, k_cache, v_cache, meta, scale)
+    return meta.backend.forward(q, k, v, k_cache, v_cache, meta, scale, window, softcap)

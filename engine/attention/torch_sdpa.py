@@ -11,6 +11,12 @@ query axis (``[B, Hkv, G, D]``), so GQA never copies K/V per query head.
 Prefill chunks (``q_len > 1``) run one call each: ``is_causal`` without a cached
 prefix, else a causal mask offset by the prefix length.
 
+A layer with a sliding window (Gemma's local layers) masks, in the same gathered
+blocks, the keys before each row's window too (its masks are made on the first such
+layer of a step and kept in the plan for the others). Soft-capped scores (Gemma 2) are
+computed in plain ops instead of SDPA, which has no soft-capping: the scores in fp32,
+``softcap * tanh(s / softcap)``, the mask, the softmax, then the values.
+
 A pool in a narrower dtype than the queries (fp16 K/V under fp32 compute) is read
 back into the queries' dtype after each gather; a chunk without a cached prefix
 attends to its own K/V rounded the same way, so every row sees the values the pool
@@ -64,6 +70,7 @@ class DecodePlan:
     blocks_per_seq: int  # nb
     mask: torch.Tensor  # [Bd, 1, 1, nb * block_size] additive (0 / -inf)
     identity: bool = False  # token_idx == arange(T): the whole batch, in order
+    ctx: torch.Tensor | None = None  # [Bd] each row's context length (for a window's mask)
 
 
 @dataclass
@@ -84,6 +91,47 @@ class TorchPlan:
     decode: list[DecodePlan] = field(default_factory=list)
     prefills: list[PrefillPlan] = field(default_factory=list)
     kernel_batch: object | None = None  # the CPU kernel's decode rows (cpu backend)
+    # the masks of windowed or soft-capped layers, by (bucket or chunk, window)
+    masks: dict[tuple[int, int | None], torch.Tensor] = field(default_factory=dict)
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    softcap: float | None,
+) -> torch.Tensor:
+    """SDPA of ``q`` ``[B, Hq, n, D]`` over ``k``/``v`` ``[B, Hk, L, D]`` (``Hq`` a multiple
+    of ``Hk``) under the additive ``mask``; with ``softcap``, the same in plain ops with
+    each score soft-capped before the mask (as transformers' eager Gemma 2 attention)."""
+    if softcap is None:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+        )
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # [B, Hq, n, L]
+    scores = torch.tanh(scores / softcap) * softcap
+    if mask is not None:
+        scores = scores + mask
+    return torch.matmul(scores.softmax(-1).to(q.dtype), v)
+
+
+def causal_mask(
+    n: int, start: int, window: int | None, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """The additive ``[n, start + n]`` mask of rows at positions ``start ..`` over keys
+    ``0 ..``: a key after its row, or ``window`` or more before it, is ``-inf``."""
+    rows = torch.arange(start, start + n, device=device)[:, None]
+    cols = torch.arange(start + n, device=device)[None, :]
+    hidden = cols > rows
+    if window is not None:
+        hidden |= cols <= rows - window
+    mask = torch.zeros((n, start + n), device=device, dtype=dtype)
+    return mask.masked_fill_(hidden, float("-inf"))
 
 
 class TorchBackend(AttentionBackend):
@@ -132,6 +180,7 @@ class TorchBackend(AttentionBackend):
                     ],
                     identity=len(part) == len(cu_q) - 1
                     and bool((token_idx == np.arange(len(part))).all()),
+                    ctx=torch.from_numpy(d_ctx).to(device),
                 )
             )
 
@@ -141,10 +190,7 @@ class TorchBackend(AttentionBackend):
             n, start, c = int(host.q_lens[i]), int(host.starts[i]), int(host.ctx[i])
             blocks = mask = None
             if start > 0:  # attend to the cached prefix too: bottom-right aligned causal mask
-                cols = torch.arange(c, device=device)
-                rows = torch.arange(start, c, device=device)
-                mask = torch.zeros((n, c), device=device, dtype=self.dtype)
-                mask.masked_fill_(cols[None, :] > rows[:, None], float("-inf"))
+                mask = causal_mask(n, start, None, self.dtype, device)
                 blocks = torch.from_numpy(host.block_tables[i, : -(-c // bs)].copy()).to(device)
             plan.prefills.append(
                 PrefillPlan(int(host.cu_q[i]), int(host.cu_q[i + 1]), start, blocks, mask)
@@ -159,16 +205,18 @@ class TorchBackend(AttentionBackend):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         plan = meta.plan
         if not isinstance(plan, TorchPlan):
             raise RuntimeError(f"{self.name} attention: the step was built without its plan")
         if len(plan.decode) == 1 and plan.decode[0].identity and plan.kernel_batch is None:
-            return self._decode(q, k_cache, v_cache, plan.decode[0], scale)
+            return self._decode(q, k_cache, v_cache, plan, 0, scale, window, softcap)
         out = q.new_empty(q.shape)
-        self._decode_rows(q, out, k_cache, v_cache, plan, scale)
+        self._decode_rows(q, out, k_cache, v_cache, plan, scale, window, softcap)
         num_kv_heads, head_dim = k.shape[1], k.shape[2]
-        for p in plan.prefills:
+        for i, p in enumerate(plan.prefills):
             if p.blocks is None:  # no cached prefix: this chunk's own K/V is the whole context
                 kp, vp = k[p.start : p.end], v[p.start : p.end]
                 if k_cache.dtype != q.dtype:  # as the pool holds them
@@ -179,15 +227,19 @@ class TorchBackend(AttentionBackend):
                 kp = k_cache.index_select(0, p.blocks).view(-1, num_kv_heads, head_dim)[:ctx]
                 vp = v_cache.index_select(0, p.blocks).view(-1, num_kv_heads, head_dim)[:ctx]
             kp, vp = kp.to(q.dtype), vp.to(q.dtype)  # no copy where the dtypes agree
-            o = F.scaled_dot_product_attention(
-                q[p.start : p.end].transpose(0, 1)[None],  # [1, H, n, D]
-                kp.transpose(0, 1)[None],  # [1, Hkv, ctx, D]
-                vp.transpose(0, 1)[None],
-                attn_mask=p.mask,
-                is_causal=p.mask is None,
-                scale=scale,
-                enable_gqa=True,
-            )
+            qp = q[p.start : p.end].transpose(0, 1)[None]  # [1, H, n, D]
+            kp, vp = kp.transpose(0, 1)[None], vp.transpose(0, 1)[None]  # [1, Hkv, ctx, D]
+            if window is None and softcap is None:
+                o = F.scaled_dot_product_attention(
+                    qp, kp, vp, attn_mask=p.mask, is_causal=p.mask is None, scale=scale,
+                    enable_gqa=True,
+                )  # fmt: skip
+            else:  # the masks of a window or a cap, made by this step's first such layer
+                key = (-1 - i, window)
+                if key not in plan.masks:
+                    n = p.end - p.start
+                    plan.masks[key] = causal_mask(n, p.start_pos, window, q.dtype, q.device)
+                o = attend(qp, kp, vp, plan.masks[key], scale, softcap)
             out[p.start : p.end] = o[0].transpose(0, 1)
         return out
 
@@ -199,21 +251,29 @@ class TorchBackend(AttentionBackend):
         v_cache: torch.Tensor,
         plan: TorchPlan,
         scale: float,
+        window: int | None,
+        softcap: float | None,
     ) -> None:
         """Every single-token row of the step into ``out`` (the cpu backend overrides this)."""
-        for bucket in plan.decode:
+        for i, bucket in enumerate(plan.decode):
             qd = q.index_select(0, bucket.token_idx)
-            out.index_copy_(0, bucket.token_idx, self._decode(qd, k_cache, v_cache, bucket, scale))
+            o = self._decode(qd, k_cache, v_cache, plan, i, scale, window, softcap)
+            out.index_copy_(0, bucket.token_idx, o)
 
     def _decode(
         self,
         q: torch.Tensor,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
-        plan: DecodePlan,
+        step: TorchPlan,
+        index: int,
         scale: float,
+        window: int | None,
+        softcap: float | None,
     ) -> torch.Tensor:
-        """One SDPA call for a bucket of single-token rows: ``q`` ``[Bd, H, D]`` -> same."""
+        """One SDPA call for bucket ``index`` of single-token rows: ``q`` ``[Bd, H, D]`` ->
+        same."""
+        plan = step.decode[index]
         num_seqs, num_heads, head_dim = q.shape
         block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
         groups = num_heads // num_kv_heads
@@ -228,5 +288,13 @@ class TorchBackend(AttentionBackend):
         kd = k_buf.view(num_seqs, length, num_kv_heads, head_dim).transpose(1, 2).to(q.dtype)
         vd = v_buf.view(num_seqs, length, num_kv_heads, head_dim).transpose(1, 2).to(q.dtype)
         qd = q.view(num_seqs, num_kv_heads, groups, head_dim)
-        o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=plan.mask, scale=scale)
+        mask = plan.mask
+        if window is not None:  # also hide the keys before each row's window
+            if (index, window) not in step.masks:
+                assert plan.ctx is not None
+                cols = torch.arange(length, device=q.device)
+                old = cols[None, :] < (plan.ctx[:, None] - window)  # [Bd, L]
+                step.masks[(index, window)] = mask.masked_fill(old[:, None, None, :], -torch.inf)
+            mask = step.masks[(index, window)]
+        o = attend(qd, kd, vd, mask, scale, softcap)
         return o.reshape(num_seqs, num_heads, head_dim)

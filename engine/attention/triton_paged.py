@@ -5,7 +5,8 @@ sequence, the query heads of a KV head together) and a varlen prefill kernel
 (chunks with a cached prefix, mixed with decode rows). Both read only the
 metadata's tensors, so CUDA graphs can replay a decode step. On a GPU they are
 compiled; on CPU tensors they run under Triton's interpreter
-(``TRITON_INTERPRET=1``), which is how the tests check them without a GPU.
+(``TRITON_INTERPRET=1``), which is how the tests check them without a GPU. A layer's
+sliding window and soft-capping are arguments of both kernels (the same on every step).
 """
 
 from __future__ import annotations
@@ -36,12 +37,15 @@ class TritonBackend(AttentionBackend):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         if meta.all_decode:  # one row per sequence, in sequence order
             return self._kernels.paged_decode(
-                q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale, out
-            )
+                q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale, out,
+                window=window, softcap=softcap,
+            )  # fmt: skip
         return self._kernels.paged_prefill(
             q,
             k_cache,
@@ -52,4 +56,6 @@ class TritonBackend(AttentionBackend):
             meta.max_seqlen_q,
             scale,
             out,
+            window=window,
+            softcap=softcap,
         )

@@ -68,7 +68,7 @@ class PagedDecode:
         fn = ctypes.CDLL(str(library)).tr_paged_decode
         fn.restype = ctypes.c_int
         fn.argtypes = [_ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr]
-        fn.argtypes += [_i64] * 6 + [_f32, _i64]
+        fn.argtypes += [_i64] * 6 + [_f32, _i64, _i64, _f32]
         self._fn = fn
 
     @staticmethod
@@ -116,13 +116,19 @@ class PagedDecode:
         v_cache: torch.Tensor,
         batch: DecodeBatch,
         scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> None:
         """Write ``out[rows]`` ``[n, H, D]`` = attention of ``q[rows]`` over each sequence.
 
         ``q`` ``[T, H, D]`` (rows may be strided; heads and dims contiguous), ``out``
         ``[T, H, D]`` contiguous, both fp32; caches ``[num_blocks, block_size, Hkv, D]``,
-        both fp32 or both fp16; ``batch`` from :meth:`plan`.
+        both fp32 or both fp16; ``batch`` from :meth:`plan`. ``window``: each row sees
+        only its last ``window`` keys; ``softcap``: scores become ``softcap * tanh(s /
+        softcap)`` (both as :meth:`AttentionBackend.forward` takes them).
         """
+        if (window is not None and window < 1) or (softcap is not None and not softcap > 0):
+            raise ValueError("paged decode kernel: window and softcap must be positive")
         _, num_heads, head_dim = q.shape
         num_blocks, block_size, num_kv_heads, _ = k_cache.shape
         tensors = (q, out, k_cache, v_cache)
@@ -171,6 +177,8 @@ class PagedDecode:
             num_kv_heads if whole else 1,
             scale,
             int(k_cache.dtype == torch.float16),
+            window or 0,
+            softcap or 0.0,
         )
         if rc != 0:
             raise MemoryError("paged decode kernel: out of memory for its score buffers")

@@ -16,7 +16,10 @@ block_size]`` at offset ``p % block_size``. The step's own K/V are already in th
   sequence times the ``G`` heads of one KV head (64 rows), and walks the keys causally.
 
 Softmax runs in fp32 (base 2, the scale folded in); fp32 inputs use IEEE dots (no
-TF32). Any head dim up to 256 works: it is padded to a power of two (at least 16) with
+TF32). A layer's sliding window (``window``: a query at position ``p`` sees keys ``p -
+window + 1 .. p``) moves where each program starts reading keys and masks the rest of
+the tile; soft-capping (``softcap``, Gemma 2) bends each score through ``tanh`` before
+the softmax. Any head dim up to 256 works: it is padded to a power of two (at least 16) with
 masks, as are the query rows of a ``tl.dot`` (>= 16 on GPUs). Keys are addressed per
 token through the block table, so any block size works. Without Triton the module
 still imports; :func:`available` then returns False.
@@ -66,11 +69,14 @@ def _dot(a: tl.tensor, b: tl.tensor, PRECISION: tl.constexpr, UPCAST: tl.constex
 def _attend(
     q: tl.tensor, qpos: tl.tensor, k_base: tl.tensor, v_base: tl.tensor, bt_row: tl.tensor,
     stride_btw: int, stride_kb: int, stride_ks: int, lo: tl.tensor, hi: tl.tensor,
-    qk_scale: float, offs_d: tl.tensor, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    qk_scale: float, window: int, offs_d: tl.tensor, HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ) -> tl.tensor:  # fmt: skip
     """Online softmax of the ``q`` rows over keys ``lo..hi`` (< context length), with key
-    ``n`` masked beyond ``qpos`` if ``CAUSAL``; -> (normalized out, row max, row sum)."""
+    ``n`` masked beyond ``qpos`` or ``window`` before it if ``CAUSAL``; ``SOFTCAP`` > 0:
+    scores ``SOFTCAP * tanh(s)`` (``qk_scale`` is then ``scale / SOFTCAP``, not base 2);
+    -> (normalized out, row max, row sum)."""
     acc = tl.zeros(q.shape, dtype=tl.float32)
     m_i = tl.full([q.shape[0]], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([q.shape[0]], dtype=tl.float32)
@@ -83,9 +89,13 @@ def _attend(
         k_mask = d_ok[:, None] & n_ok[None, :]
         k = tl.load(k_base + slot[None, :] + offs_d[:, None], mask=k_mask, other=0.0)
         s = _dot(q, k, PRECISION, UPCAST) * qk_scale
+        if SOFTCAP > 0:  # tanh(s) = 1 - 2 / (e^2s + 1) (2.885 = 2 log2(e)), then base 2
+            tanh = 1.0 - 2.0 / (tl.exp2(s * 2.8853900817779268) + 1.0)
+            s = tanh * (SOFTCAP * 1.4426950408889634)
         keep = n_ok[None, :]
         if CAUSAL:
             keep = keep & (offs_n[None, :] <= qpos[:, None])
+            keep = keep & (offs_n[None, :] > qpos[:, None] - window)
         s = tl.where(keep, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet
@@ -103,18 +113,19 @@ def _attend(
 def _decode_kernel(
     q_ptr: tl.tensor, k_ptr: tl.tensor, v_ptr: tl.tensor, bt_ptr: tl.tensor,
     lens_ptr: tl.tensor, out_ptr: tl.tensor, part_ptr: tl.tensor, lse_ptr: tl.tensor,
-    qk_scale: float, stride_qb: int, stride_qh: int, stride_ob: int, stride_oh: int,
+    qk_scale: float, window: int, stride_qb: int, stride_qh: int, stride_ob: int, stride_oh: int,
     stride_btb: int, stride_btw: int, stride_kb: int, stride_ks: int, stride_kh: int,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ) -> None:  # fmt: skip
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     ctx = tl.load(lens_ptr + b)
-    per_split = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    lo = split * per_split
+    first = tl.maximum(ctx - window, 0)  # the window's first key
+    per_split = tl.cdiv(tl.cdiv(ctx - first, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo = first + split * per_split
     hi = tl.minimum(lo + per_split, ctx)
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
@@ -126,7 +137,8 @@ def _decode_kernel(
     o, m_i, l_i = _attend(
         q, offs_g, k_ptr + kv_off, v_ptr + kv_off,
         bt_ptr + b.to(tl.int64) * stride_btb, stride_btw, stride_kb, stride_ks,
-        lo, hi, qk_scale, offs_d, HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, PRECISION, UPCAST,
+        lo, hi, qk_scale, window, offs_d, HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, SOFTCAP,
+        PRECISION, UPCAST,
     )  # fmt: skip
     if NUM_SPLITS == 1:
         o_off = b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
@@ -164,11 +176,12 @@ def _reduce_kernel(
 @triton.jit
 def _prefill_kernel(
     q_ptr: tl.tensor, k_ptr: tl.tensor, v_ptr: tl.tensor, bt_ptr: tl.tensor, cu_ptr: tl.tensor,
-    lens_ptr: tl.tensor, out_ptr: tl.tensor, qk_scale: float, stride_qt: int, stride_qh: int,
+    lens_ptr: tl.tensor, out_ptr: tl.tensor, qk_scale: float, window: int, stride_qt: int,
+    stride_qh: int,
     stride_ot: int, stride_oh: int, stride_btb: int, stride_btw: int, stride_kb: int,
     stride_ks: int, stride_kh: int, G: tl.constexpr, G_PAD: tl.constexpr, TOK: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_N: tl.constexpr, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ) -> None:  # fmt: skip
     m0 = tl.program_id(0) * TOK
     b = tl.program_id(1)
@@ -190,11 +203,13 @@ def _prefill_kernel(
     q = tl.load(q_ptr + q_off, mask=mask, other=0.0)
     qpos = ctx - q_len + tok
     hi = ctx - q_len + tl.minimum(m0 + TOK, q_len)  # one past the tile's last query
+    lo = tl.maximum(ctx - q_len + m0 - window + 1, 0)  # the first query's window
     kv_off = kvh * stride_kh
     o, _, _ = _attend(
         q, qpos, k_ptr + kv_off, v_ptr + kv_off,
         bt_ptr + b.to(tl.int64) * stride_btb, stride_btw, stride_kb, stride_ks,
-        0, hi, qk_scale, offs_d, HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, PRECISION, UPCAST,
+        lo, hi, qk_scale, window, offs_d, HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, SOFTCAP,
+        PRECISION, UPCAST,
     )  # fmt: skip
     o_off = t[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
     tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=mask)
@@ -258,6 +273,14 @@ def _check(
     return heads // kv_heads, kv_heads
 
 
+def _layer(scale: float, window: int | None, softcap: float | None) -> tuple[float, int, float]:
+    """The kernels' ``qk_scale``, ``window`` (none: past any context) and ``SOFTCAP`` (0: none)."""
+    if (window is not None and window < 1) or (softcap is not None and not softcap > 0):
+        raise ValueError("window and softcap must be positive")
+    qk_scale = scale / softcap if softcap else scale * LOG2E
+    return qk_scale, window or 1 << 30, float(softcap or 0.0)
+
+
 def _meta(q: torch.Tensor) -> dict[str, Any]:
     """Tile and dot settings by dtype. fp32 runs IEEE dots (no TF32), which spill registers
     (sm_90) with 64-key tiles: 16-key tiles and 8 warps. ``UPCAST``: bf16 off-GPU, where the
@@ -281,10 +304,13 @@ def paged_decode(
     out: torch.Tensor,
     *,
     num_splits: int | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Attention of one query token per sequence (``q``/``out`` ``[B, H, D]``) -> ``out``.
 
-    Row ``b`` attends to its first ``context_lens[b]`` cached tokens (none: zeros).
+    Row ``b`` attends to its first ``context_lens[b]`` cached tokens (none: zeros), the
+    last ``window`` of them only where a window is given; ``softcap`` caps the scores.
     Graph-safe: nothing here reads device values. ``num_splits`` overrides the number of
     context partitions (default: by ``B * Hkv`` against the GPU's SMs; 1 off-GPU).
     """
@@ -301,12 +327,13 @@ def paged_decode(
     if num_splits > 1:  # per-split outputs and log2-sum-exps, merged by _reduce_kernel
         lse = q.new_empty((batch, q.shape[1], num_splits), dtype=torch.float32)
         part = q.new_empty((*lse.shape, head_dim), dtype=torch.float32)
+    qk_scale, win, cap = _layer(scale, window, softcap)
     _decode_kernel[(batch, kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, context_lens, out, part, lse, scale * LOG2E,
+        q, k_cache, v_cache, block_tables, context_lens, out, part, lse, qk_scale, win,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         block_tables.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         G=group, HEAD_DIM=head_dim, BLOCK_G=_pow2(group, 16), BLOCK_D=block_d,
-        BLOCK_SIZE=k_cache.shape[1], NUM_SPLITS=num_splits, **_meta(q),
+        BLOCK_SIZE=k_cache.shape[1], NUM_SPLITS=num_splits, SOFTCAP=cap, **_meta(q),
     )  # fmt: skip
     if num_splits > 1:
         _reduce_kernel[(batch, q.shape[1])](
@@ -326,8 +353,12 @@ def paged_prefill(
     max_seqlen_q: int,
     scale: float,
     out: torch.Tensor,
+    *,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """Causal attention of a varlen batch of query chunks (``q``/``out`` ``[T, H, D]``).
+    """Causal attention of a varlen batch of query chunks (``q``/``out`` ``[T, H, D]``),
+    within a sliding ``window`` and with soft-capped scores where they are given.
 
     Sequence ``b``'s rows are ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]``; its last row sits
     at position ``context_lens[b] - 1`` and the chunk's earlier keys (a cached prefix
@@ -348,11 +379,12 @@ def paged_prefill(
     g_pad = _pow2(group)
     tok = max(1, PREFILL_ROWS // g_pad)
     grid = (-(-max_seqlen_q // tok), batch, kv_heads)
+    qk_scale, win, cap = _layer(scale, window, softcap)
     _prefill_kernel[grid](
-        q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out, scale * LOG2E,
+        q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out, qk_scale, win,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         block_tables.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         G=group, G_PAD=g_pad, TOK=tok, HEAD_DIM=q.shape[2], BLOCK_D=_pow2(q.shape[2], 16),
-        BLOCK_SIZE=k_cache.shape[1], **_meta(q),
+        BLOCK_SIZE=k_cache.shape[1], SOFTCAP=cap, **_meta(q),
     )  # fmt: skip
     return out

@@ -14,6 +14,11 @@
  *   ctx_lens[s]     tokens of sequence s in the cache, this step's included
  *   row_lens[i]     if not NULL: the tokens row i attends to instead (its position + 1),
  *                   so every token of a prefill chunk is a row that sees its causal prefix
+ *   window          if > 0: a row sees only the last `window` of its tokens (a sliding-window
+ *                   layer); the blocks before them are not read
+ *   softcap         if > 0: each score s (scale applied) becomes softcap * tanh(s / softcap)
+ *                   before the softmax (Gemma 2). Either one sends every row through the
+ *                   one-row path (pa_task), never the prefill tiles
  *
  * Work is split over (sequence, run of `heads_per_task` KV heads), the tasks taken by the
  * OpenMP threads one at a time (pa_part, which the fused decoder step also calls). A task
@@ -311,6 +316,8 @@ typedef struct {
     const int64_t *group_starts;
     int64_t groups;
     int64_t kv_f16; /* 1: the caches hold IEEE fp16 elements; 0: fp32 */
+    int64_t window; /* > 0: the last `window` tokens only (the fused decoder leaves 0) */
+    float softcap;  /* > 0: soft-capped scores */
 } pa_args;
 
 /* One thread's scratch: scores [R, cap] (grown on demand), acc [R, D] then inv_sum [R]. */
@@ -404,19 +411,26 @@ PA_INLINE int pa_task_kv(const pa_args *a, pa_scratch *sc, int64_t task, int f16
         sc->cap = L;
     }
     float *scores = sc->scores, *acc = sc->acc, *inv_sum = sc->acc + R * D;
-    for (int64_t b = 0; b < nb; b++) {
+    /* a window: tokens [lo, L) only, from the block holding lo (b0) on */
+    const int64_t lo = a->window > 0 && L > a->window ? L - a->window : 0, b0 = lo / bs;
+    for (int64_t b = b0; b < nb; b++) {
         const int64_t t0 = b * bs;
         const int64_t end = L - t0 < bs ? L - t0 : bs;
         const char *next = b + 1 < nb ? kc + (int64_t)bt[b + 1] * block_stride * es
-                                      : vc + (int64_t)bt[0] * block_stride * es;
+                                      : vc + (int64_t)bt[b0] * block_stride * es;
         for (int64_t t = 0; t < bs; t++)
             prefetch_bytes(next + (t * tok_stride + h0 * D) * es, hp * D * es);
         block_scores(&s, qh, kc + (int64_t)bt[b] * block_stride * es, end, t0, scores, f16);
     }
-    for (int64_t r = 0; r < R; r++) /* softmax over t, per query row */
-        inv_sum[r] = 1.0f / exp_shifted(scores + r * L, L);
+    for (int64_t r = 0; r < R; r++) { /* softmax over t, per query row */
+        float *sr = scores + r * L;
+        for (int64_t t = b0 * bs; t < lo; t++) sr[t] = -INFINITY; /* before the window */
+        if (a->softcap > 0.0f)
+            for (int64_t t = lo; t < L; t++) sr[t] = a->softcap * tanhf(sr[t] / a->softcap);
+        inv_sum[r] = 1.0f / exp_shifted(sr + b0 * bs, L - b0 * bs);
+    }
     memset(acc, 0, sizeof(float) * R * D);
-    for (int64_t b = 0; b < nb; b++) {
+    for (int64_t b = b0; b < nb; b++) {
         const int64_t t0 = b * bs;
         const int64_t end = L - t0 < bs ? L - t0 : bs;
         if (b + 1 < nb)
@@ -786,13 +800,13 @@ int tr_paged_decode(const float *q, int64_t q_row_stride, float *out, const void
                     const int32_t *ctx_lens, const int64_t *rows, const int64_t *seqs,
                     const int32_t *row_lens, int64_t n, int64_t num_heads, int64_t num_kv_heads,
                     int64_t head_dim, int64_t block_size, int64_t heads_per_task, float scale,
-                    int64_t kv_f16) {
+                    int64_t kv_f16, int64_t window, float softcap) {
     pa_args a = {q,      q_row_stride, out,       k_cache,      v_cache,
                  block_tables, bt_stride, ctx_lens, rows,       seqs,
                  row_lens, n,         num_heads, num_kv_heads, head_dim,
-                 block_size, heads_per_task, scale, NULL, 0, kv_f16};
+                 block_size, heads_per_task, scale, NULL, 0, kv_f16, window, softcap};
     int64_t *starts = NULL;
-    if (row_lens != NULL && num_heads / num_kv_heads <= 16) {
+    if (row_lens != NULL && num_heads / num_kv_heads <= 16 && window <= 0 && softcap <= 0.0f) {
         starts = (int64_t *)malloc(sizeof(int64_t) * (size_t)(n + 1));
         if (starts == NULL) return -1;
         a.groups = pa_make_groups(&a, starts);

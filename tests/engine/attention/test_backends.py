@@ -43,17 +43,29 @@ def backend(request: pytest.FixtureRequest) -> AttentionBackend:
 
 
 def dense_reference(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    start: int,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """Causal attention of ``q`` [n, H, D] at positions start.. over k/v [start + n, Hkv, D]."""
+    """Causal attention of ``q`` [n, H, D] at positions start.. over k/v [start + n, Hkv, D]
+    (a key ``window`` or more before its query hidden; scores soft-capped)."""
     n, heads, _ = q.shape
     groups = heads // k.shape[1]
     k = k.repeat_interleave(groups, dim=1)  # [L, H, D]
     v = v.repeat_interleave(groups, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q.double(), k.double()) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     qpos = torch.arange(start, start + n)[:, None]
     kpos = torch.arange(k.shape[0])[None, :]
-    scores = scores.masked_fill(kpos > qpos, float("-inf"))
+    hidden = kpos > qpos
+    if window is not None:
+        hidden |= kpos <= qpos - window
+    scores = scores.masked_fill(hidden, float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v.double()).float()
 
 
@@ -68,11 +80,13 @@ def run_case(
     block_size: int = BLOCK,
     backend: AttentionBackend = TORCH,
     kv_dtype: torch.dtype | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``seqs`` = [(cached prefix length, new tokens)]; returns (paged output, reference).
 
     ``kv_dtype``: the pool's, if not ``dtype`` (the reference then attends to K/V rounded
-    to it)."""
+    to it). ``window``, ``softcap``: the layer's, as the backends take them."""
     gen = torch.Generator().manual_seed(seed)
     rnd = random.Random(seed)
     need = [-(-(start + n) // block_size) for start, n in seqs]
@@ -121,13 +135,14 @@ def run_case(
     v_new = torch.cat([h[1][start:] for h, (start, _) in zip(hist, seqs, strict=True)])
     scale = head_dim**-0.5
     out = paged_attention(
-        q, k_new.to(device, dtype), v_new.to(device, dtype), k_cache, v_cache, meta, scale
-    )
+        q, k_new.to(device, dtype), v_new.to(device, dtype), k_cache, v_cache, meta, scale,
+        window, softcap,
+    )  # fmt: skip
     if kv_dtype is not None:  # what the pool holds
         hist = [(k.to(kv_dtype).float(), v.to(kv_dtype).float()) for k, v in hist]
     ref = torch.cat(
         [
-            dense_reference(qi, h[0], h[1], start, scale)
+            dense_reference(qi, h[0], h[1], start, scale, window, softcap)
             for qi, h, (start, _) in zip(qs, hist, seqs, strict=True)
         ]
     )
@@ -186,6 +201,34 @@ def test_paged_attention_random_shapes(seed: int, backend: AttentionBackend) -> 
         backend=backend,
     )
     assert (out - ref).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize(
+    ("window", "softcap"), [(8, None), (1, None), (None, 2.0), (5, 3.0), (100, None)]
+)
+@pytest.mark.parametrize(
+    "seqs",
+    [
+        [(0, 23)],  # a prefill longer than the window
+        [(3, 1), (17, 1), (40, 1), (9, 1)],  # decode rows, some within the window
+        [(12, 1), (0, 5), (30, 9), (4, 6), (25, 1)],  # mixed, chunks on cached prefixes
+        [(i * 7 % 45, 1) for i in range(20)] + [(0, 21)],  # several decode buckets
+    ],
+)
+def test_sliding_window_and_softcap_match_dense(
+    seqs: list[tuple[int, int]],
+    window: int | None,
+    softcap: float | None,
+    backend: AttentionBackend,
+) -> None:
+    """A local layer's window (a row at position p sees keys p - window + 1 .. p, the blocks
+    before it too) and soft-capped scores (Gemma 2), through every CPU backend."""
+    out, ref = run_case(seqs, 6, 2, head_dim=16, seed=len(seqs) + (window or 0), backend=backend,
+                        window=window, softcap=softcap)  # fmt: skip
+    assert (out - ref).abs().max().item() < 1e-5
+    full, _ = run_case(seqs, 6, 2, head_dim=16, seed=len(seqs) + (window or 0), backend=backend)
+    if (window is not None and window < 30) or softcap is not None:
+        assert (out - full).abs().max().item() > 1e-3  # the window or the cap matters here
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -280,6 +323,9 @@ def test_a_float16_pool_under_float32_compute(
         out, ref = run_case(seqs, 8, 2, head_dim=32, seed=len(seqs), block_size=16, backend=b,
                             kv_dtype=torch.float16)  # fmt: skip
         assert (out - ref).abs().max().item() < 1e-5
+        out, ref = run_case(seqs, 8, 2, head_dim=32, seed=len(seqs), block_size=16, backend=b,
+                            kv_dtype=torch.float16, window=7, softcap=4.0)  # fmt: skip
+        assert (out - ref).abs().max().item() < 1e-5
 
 
 def test_the_cpu_backend_without_its_kernel_is_the_torch_path() -> None:
@@ -310,4 +356,11 @@ def test_cuda_paged_attention_matches_dense(name: str) -> None:
         block_size=registry.block_size_for(name, None),
         backend=registry.create(name, torch.device("cuda"), torch.bfloat16),
     )
+    assert (out - ref).abs().max().item() < 3e-2
+    out, ref = run_case(
+        seqs, 8, 2, 64, seed=1, device="cuda", dtype=torch.bfloat16,
+        block_size=registry.block_size_for(name, None),
+        backend=registry.create(name, torch.device("cuda"), torch.bfloat16),
+        window=100, softcap=5.0,
+    )  # fmt: skip
     assert (out - ref).abs().max().item() < 3e-2

@@ -295,7 +295,7 @@ def causal_rows(
         q.data_ptr(), q.stride(0), out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
         tables.data_ptr(), tables.shape[1], ctx.data_ptr(), rows.data_ptr(), seq_t.data_ptr(),
         lens_t.data_ptr(), n, heads, k_cache.shape[2], dim, k_cache.shape[1], heads_per_task,
-        dim**-0.5, int(k_cache.dtype == torch.float16),
+        dim**-0.5, int(k_cache.dtype == torch.float16), 0, 0.0,  # no window, no softcap
     )  # fmt: skip
     assert rc == 0
     return out
