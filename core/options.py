@@ -233,6 +233,10 @@ def add_security_options(p: argparse.ArgumentParser) -> None:
         help="allow a non-loopback --host without API keys (logged as INSECURE)")  # fmt: skip
     add(p, "--ws-token-ttl", default=WS_TOKEN_TTL, type=float,
         help="seconds a token from POST /v1/ws-token stays valid")  # fmt: skip
+    add(p, "--key-id-secret", default=None,
+        help="secret of the key ids in logs and Redis (HMAC of each key; the same on every "
+        "gateway; prefer the env var: argv is visible in ps); default: derived from all "
+        "the keys, so the ids change with the key set")  # fmt: skip
     env = env_name("--allow-origin")
     raw = os.environ.get(env)
     p.add_argument(

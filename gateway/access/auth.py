@@ -12,7 +12,12 @@ hash (never the key), expires after ``--ws-token-ttl`` seconds, and is signed
 with a secret derived from the configured keys, so every gateway with the same
 keys accepts every other's tokens and removing a key voids its tokens.
 
-Keys are never logged: log lines carry the key id (:attr:`Principal.key_id`).
+Keys are never logged: log lines, rate-limit buckets in Redis and tokens carry the key id
+(:attr:`Principal.key_id`), an HMAC-SHA256 of the key with a secret of the deployment, so
+that whoever reads the logs or Redis cannot test guesses of a key offline. The secret is
+``--key-id-secret`` / ``TOKENRELAY_KEY_ID_SECRET`` (the same on every gateway), else one
+derived from all the configured keys: a guess is then tested only by someone who holds
+every key, and the ids change when a key is added or removed.
 """
 
 from __future__ import annotations
@@ -37,11 +42,13 @@ from tokenrelay.gateway.errors import AuthError
 
 TOKEN_VERSION = "v1"
 _TOKEN_LABEL = b"tokenrelay ws-token v1"
+_KEY_ID_LABEL = b"tokenrelay key-id v1"
+MIN_KEY_ID_SECRET = 16  # characters of --key-id-secret
 
 
 @dataclass(frozen=True)
 class Principal:
-    """Who a request comes from: a key id (hash prefix of the key) or an address."""
+    """Who a request comes from: a key id (:func:`key_id`) or an address."""
 
     key_id: str | None  # None: no keys configured
     address: str = "?"
@@ -52,9 +59,20 @@ class Principal:
         return f"key:{self.key_id}" if self.key_id else f"addr:{self.address}"
 
 
-def key_id(key: str) -> str:
-    """A stable, non-reversible name for a key (safe to log)."""
-    return hashlib.sha256(key.encode()).hexdigest()[:16]
+def key_id(key: str, secret: bytes) -> str:
+    """A key's name in logs, Redis and tokens: 16 hex digits of HMAC-SHA256(``secret``, key).
+
+    Without ``secret`` nobody can tell whether a guessed key has a given id."""
+    return hmac.new(secret, key.encode(), hashlib.sha256).hexdigest()[:16]
+
+
+def key_id_secret(keys: Iterable[str], configured: str | None = None) -> bytes:
+    """The secret of :func:`key_id`: ``configured`` (``--key-id-secret``), else derived
+    from every one of ``keys``."""
+    if configured:
+        return configured.encode()
+    material = b"\n".join(sorted(k.encode() for k in keys))
+    return hmac.new(material, _KEY_ID_LABEL, hashlib.sha256).digest()
 
 
 def read_keys_file(path: str | os.PathLike[str]) -> list[str]:
@@ -88,8 +106,12 @@ def _b64(raw: bytes) -> str:
 class Authenticator:
     """Checks bearer keys and WebSocket tokens against the configured keys."""
 
-    def __init__(self, keys: Iterable[str], *, token_ttl: float = 60.0) -> None:
-        self._keys = {key_id(k): k.encode() for k in keys}
+    def __init__(
+        self, keys: Iterable[str], *, token_ttl: float = 60.0, id_secret: str | None = None
+    ) -> None:
+        keys = tuple(keys)
+        secret = key_id_secret(keys, id_secret)
+        self._keys = {key_id(k, secret): k.encode() for k in keys}
         self.token_ttl = token_ttl
         material = b"\n".join(sorted(self._keys.values()))
         self._secret = hmac.new(material, _TOKEN_LABEL, hashlib.sha256).digest()
@@ -204,6 +226,7 @@ class SecuritySettings:
     rate_limit_per_address: float = options.RATE_LIMIT_PER_ADDRESS  # per minute; 0: off
     allowed_hosts: tuple[str, ...] = ()  # Host names answered besides addresses, localhost
     bind_host: str | None = None  # --host: the address this gateway was told to listen on
+    key_id_secret: str | None = None  # --key-id-secret; None: derived from the keys
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SecuritySettings:
@@ -229,6 +252,7 @@ class SecuritySettings:
             ),
             allowed_hosts=tuple(h for h in hosts if h),
             bind_host=getattr(args, "host", None),
+            key_id_secret=getattr(args, "key_id_secret", None) or None,
         )
         out.validate()
         return out
@@ -244,6 +268,12 @@ class SecuritySettings:
             raise ValueError("--max-tokens-limit must be >= 1")
         if self.max_output_entries < self.max_tokens:
             raise ValueError("--max-output-entries must be at least --max-tokens-limit")
+        secret = self.key_id_secret
+        if secret is not None and (len(secret) < MIN_KEY_ID_SECRET or not secret.isprintable()):
+            raise ValueError(
+                f"--key-id-secret must be at least {MIN_KEY_ID_SECRET} printable characters "
+                f"(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+            )
 
     def __repr__(self) -> str:  # never print the keys
         return f"SecuritySettings(keys={len(self.api_keys)}, origins={self.allow_origins!r})"

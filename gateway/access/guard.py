@@ -45,7 +45,9 @@ class Guard:
 
     def __init__(self, settings: SecuritySettings, draw: Draw) -> None:
         self.settings = settings
-        self.auth = Authenticator(settings.api_keys, token_ttl=settings.ws_token_ttl)
+        self.auth = Authenticator(
+            settings.api_keys, token_ttl=settings.ws_token_ttl, id_secret=settings.key_id_secret
+        )
         self.origins = OriginPolicy(settings.allow_origins)
         self.rate = RateLimiter(draw, settings.rate_limit, settings.rate_burst)
         self.slots = StreamSlots(settings.max_streams_per_key)

@@ -20,7 +20,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from tests.gateway.procs import Client, Proc, start_gateway, stop_all, wait_ready
 from tokenrelay.core.redis.embedded import EmbeddedRedis
 from tokenrelay.core.wire.stats import WorkerStats
-from tokenrelay.gateway.access.auth import Authenticator, key_id, load_keys
+from tokenrelay.gateway.access.auth import Authenticator, key_id, key_id_secret, load_keys
 from tokenrelay.gateway.access.cors import OriginPolicy
 from tokenrelay.gateway.access.hosts import HostPolicy
 from tokenrelay.gateway.errors import AuthError
@@ -46,15 +46,16 @@ def test_keys_from_env_and_file(tmp_path: Path) -> None:
 
 def test_ws_tokens_are_signed_expire_and_die_with_their_key() -> None:
     auth = Authenticator([KEY_A, KEY_B], token_ttl=60)
-    token, expires = auth.issue_token(key_id(KEY_A), now=1000)
+    secret = key_id_secret([KEY_A, KEY_B])  # no --key-id-secret: derived from the keys
+    token, expires = auth.issue_token(key_id(KEY_A, secret), now=1000)
     assert expires == 1060 and KEY_A not in token
-    assert auth.check_token(token, now=1059) == key_id(KEY_A)
+    assert auth.check_token(token, now=1059) == key_id(KEY_A, secret)
     with pytest.raises(AuthError, match="expired"):
         auth.check_token(token, now=1061)
     parts = token.split(".")
     for forged in (
         ".".join([*parts[:2], "9999999999", *parts[3:]]),  # extended expiry
-        ".".join([parts[0], key_id(KEY_B), *parts[2:]]),  # other key
+        ".".join([parts[0], key_id(KEY_B, secret), *parts[2:]]),  # other key
         token[:-2] + ("AA" if not token.endswith("AA") else "BB"),
         "v1.x.1.y",
         "",
@@ -62,10 +63,10 @@ def test_ws_tokens_are_signed_expire_and_die_with_their_key() -> None:
         with pytest.raises(AuthError):
             auth.check_token(forged, now=1000)
     # another gateway with the same keys accepts it; without KEY_A it is revoked
-    assert Authenticator([KEY_B, KEY_A]).check_token(token, now=1000) == key_id(KEY_A)
+    assert Authenticator([KEY_B, KEY_A]).check_token(token, now=1000) == key_id(KEY_A, secret)
     with pytest.raises(AuthError):
         Authenticator([KEY_B]).check_token(token, now=1000)
-    assert auth.check_key(KEY_B) == key_id(KEY_B)
+    assert auth.check_key(KEY_B) == key_id(KEY_B, secret)
     with pytest.raises(AuthError):
         auth.check_key(KEY_A + "x")
 
