@@ -18,8 +18,8 @@ hostile client sends:
                  the vocabulary's longest run of spaces) fills for ``--space-tokens``
                  tokens: the worker parses ~80K spaces after a ``<tool_call>`` when the
                  completion ends (``length``); after the cases, the block pattern the
-                 worker used before the fix (commit 33001cb) and today's scan
-                 (``call_blocks``) are timed on the text it got back;
+                 worker used before the fix (commit 33001cb) and today's call reader
+                 (core/wire/tool_stream.py) are timed on the text it got back;
 * sse-resumes    ``--resumes`` concurrent SSE resumes of one live stream, each with the
                  stream's resume token (the hostile client started the stream itself);
 * ws-resumes     ``--resumes`` WebSocket sockets each resuming that stream at once;
@@ -551,10 +551,10 @@ def run(a: argparse.Namespace, workdir: Path) -> Run:
         serve.stop(60)
     text = next((c.got.text for c in res.cases if c.got and c.got.text), "")
     if text:  # after the measurements: the old pattern holds this process for seconds
-        from tokenrelay.core.wire.tools import call_blocks
+        from tokenrelay.core.wire.tools import Tool, parse_tool_calls
 
         t = time.perf_counter()
-        call_blocks(text)
+        parse_tool_calls(text, (Tool("get_time"),), "s")
         res.new_scan = time.perf_counter() - t
         t = time.perf_counter()
         OLD_BLOCK_RE.findall(text)
@@ -616,7 +616,7 @@ def report(res: Run, a: argparse.Namespace) -> str:
     if res.old_pattern is not None and res.new_scan is not None:
         lines.append(
             f"- on the tool-spaces text, the block pattern used before commit 33001cb took "
-            f"{res.old_pattern:.2f} s (GIL held); `call_blocks` {res.new_scan * 1e3:.3f} ms"
+            f"{res.old_pattern:.2f} s (GIL held); the call reader {res.new_scan * 1e3:.3f} ms"
         )
     lines += [f"- missed: {m}" for m in missed(res)]
     return "\n".join(lines)

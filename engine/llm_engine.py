@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from tokenrelay.core.wire.logprobs import Logprobs, TokenLogprob
 from tokenrelay.core.wire.params import SamplingParams
 from tokenrelay.core.wire.response_format import ResponseFormat
+from tokenrelay.core.wire.tool_formats import detect_format
 from tokenrelay.core.wire.tools import Tool
 from tokenrelay.core.wire.vocabulary import FinishReason
 from tokenrelay.engine.config import EngineConfig
@@ -28,7 +29,7 @@ from tokenrelay.engine.guided.compiler import EngineGrammars
 from tokenrelay.engine.scheduling.block_manager import BlockManager
 from tokenrelay.engine.scheduling.scheduler import Scheduler
 from tokenrelay.engine.scheduling.sequence import Sequence
-from tokenrelay.engine.text.chat import render_chat
+from tokenrelay.engine.text.chat import marker_tokens, render_chat
 
 if TYPE_CHECKING:
     from tokenrelay.engine.guided.matcher import GuidedMatcher
@@ -137,6 +138,8 @@ class LLMEngine:
         )
         self._detok: dict[str, Any] = {}
         self._grammars = EngineGrammars(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        self.tool_format = detect_format(getattr(self.tokenizer, "chat_template", None))
+        self._kept = marker_tokens(self.tokenizer, self.tool_format)
         self._matchers: dict[str, GuidedMatcher] = {}  # request id -> its grammar's state
         self._arrivals = 0
         self.num_steps = 0
@@ -188,8 +191,9 @@ class LLMEngine:
         if output and (len(output) >= params.max_tokens or
                        len(token_ids) + len(output) >= self.max_model_len):  # fmt: skip
             raise ValueError(f"generated: {len(output)} tokens leave no room to generate")
-        matcher = self._grammars.for_request(params, guide)
-        detok = self._detokenizer_cls(self.tokenizer, list(params.stop))
+        matcher = self._grammars.for_request(params, guide, self.tool_format)
+        kept = self._kept if params.offered_tools else None  # the parser reads the markers
+        detok = self._detokenizer_cls(self.tokenizer, list(params.stop), kept)
         for token in output:  # the state they left: held-back text, the grammar's position
             detok.add(token)
             if matcher is not None and not matcher.accept(token):

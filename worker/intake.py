@@ -39,7 +39,7 @@ from tokenrelay.core.wire.params import SamplingParams
 from tokenrelay.core.wire.records import MetaField as M
 from tokenrelay.core.wire.requests import Limits
 from tokenrelay.core.wire.schema_verdicts import deferred_verdicts
-from tokenrelay.core.wire.vocabulary import ErrorCode, FinishReason, StreamStatus
+from tokenrelay.core.wire.vocabulary import ErrorCode, FinishReason, StreamStatus, ToolFormat
 from tokenrelay.worker import continuation
 from tokenrelay.worker.continuation import Continuation
 from tokenrelay.worker.engine_client import EngineClient, MakesGuides, Starter, TakesBody
@@ -140,8 +140,9 @@ class Intake:
         self.preparing[a.stream_id] = (params, meta)
         if params.offered_tools:  # the template shows them (a key no client body has)
             body = {**body, "_tools": params.offered_tools}
-        if params.guided is not None:  # its grammar compiles beside the loop
-            body = {**body, GUIDED: params.guided}
+        guided = params.guided_for(getattr(self.engine, "tool_format", ToolFormat.HERMES))
+        if guided is not None:  # its grammar compiles beside the loop
+            body = {**body, GUIDED: guided}
         self.preparer.submit(a.stream_id, body)
 
     def _take_over(self, req: Request, meta: dict[str, str]) -> Continuation | None:
@@ -259,7 +260,8 @@ class Intake:
         going_on = a.continued
         if going_on is not None and len(going_on) >= params.max_tokens:  # all but the done
             n = len(prepared.token_ids or [])
-            a.events.append(a.done_event(FinishReason.LENGTH, n, len(going_on), None))
+            a.read_calls(params.offered_tools, getattr(self.engine, "tool_format", None))
+            a.events += a.finish_events(FinishReason.LENGTH, n, len(going_on), None)
             a.final = True
             return
         try:
@@ -280,7 +282,7 @@ class Intake:
             self._refuse(a, ErrorCode.INTERNAL, f"could not start: {exc.__class__.__name__}")
             return
         a.in_engine = True
-        a.tools = params.offered_tools
+        a.read_calls(params.offered_tools, getattr(self.engine, "tool_format", None))
         self.telemetry.admitted(a.stream_id, meta, a.traceparent)
         if going_on is not None:  # seq 0 and the tokens so far are in the log already
             a.meta[M.PROMPT_TOKENS] = str(n)

@@ -239,7 +239,7 @@ class Worker:
                 reason = a.abort_reason or FinishReason.CANCELLED
             self.counters[reason] = self.counters.get(reason, 0) + 1
             message = getattr(out, "message", None)  # why, for an error (engine_client.py)
-            a.events.append(a.done_event(reason, out.prompt_tokens, out.completion_tokens, message))
+            a.events += a.finish_events(reason, out.prompt_tokens, out.completion_tokens, message)
             a.final = True
 
     # --- requests --------------------------------------------------------------------

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from tokenrelay.core.wire.events import TOKEN, decode_event, done_fields, entry_id, token_fields
 from tokenrelay.core.wire.logprobs import Logprobs, encode_logprobs
 from tokenrelay.core.wire.scripts import OWNED_ELSEWHERE, AppendResult
-from tokenrelay.core.wire.tools import Tool, encode_calls, parse_tool_calls
-from tokenrelay.core.wire.vocabulary import FinishReason
+from tokenrelay.core.wire.tool_stream import CallStream
+from tokenrelay.core.wire.tools import Tool, encode_calls, encode_deltas
+from tokenrelay.core.wire.vocabulary import FinishReason, ToolFormat
 from tokenrelay.worker.store import Batch, WorkerStore
 
 log = logging.getLogger("tokenrelay.worker")
@@ -50,31 +51,52 @@ class Active:
     # logprobs of tokens whose text has not come out yet (they go with the next text)
     pending_logprobs: list[Logprobs] = field(default_factory=list)
     queue: str | None = None  # the request queue of ``entry`` (None: ``P requests``)
-    tools: tuple[Tool, ...] = ()  # offered tools: the finished text's calls are parsed
-    text: list[str] = field(default_factory=list)  # the completion text, kept with tools
+    tools: tuple[Tool, ...] = ()  # offered tools
+    # reads the calls from the text as it comes (core/wire/tool_stream.py); None: no tools,
+    # or a relay, whose upstream sends its calls read already
+    calls: CallStream | None = None
+    text: list[str] = field(default_factory=list)  # a continued stream's text so far
     traceparent: str | None = None  # the request entry's (--otlp-endpoint): spans' parent
     # token ids sampled since the last token event (its ``i`` field: a continuation's input)
     pending_ids: list[int] = field(default_factory=list)
     # taken over from a dead worker: the generated tokens already in the log (else None)
     continued: list[int] | None = None
 
-    def done_event(
+    def read_calls(self, tools: tuple[Tool, ...], fmt: ToolFormat | None) -> None:
+        """Offer ``tools``: their calls are read from the text in ``fmt`` (the engine's
+        model's format; None: an upstream, which sends its calls read already). A
+        continued stream's reader goes on from the text already in its log."""
+        self.tools = tools
+        self.calls = None
+        if tools and fmt is not None:
+            self.calls = CallStream(fmt, tools, self.stream_id)
+            for piece in self.text:
+                self.calls.feed(piece)
+
+    def finish_events(
         self, reason: FinishReason, prompt_tokens: int, completion_tokens: int, message: str | None
-    ) -> list[str]:
-        """The ``done`` event, with the calls the text made when tools were offered
-        (then a ``stop`` is ``tool_calls``, core/wire/tools.py)."""
+    ) -> list[list[str]]:
+        """The events that end the stream: the ``done`` event, with the calls the text
+        made when tools were offered (then a ``stop`` is ``tool_calls``), after a last
+        token event when the call reader still held text that turned out to be content."""
+        out: list[list[str]] = []
         calls = None
-        if self.tools:
-            _, parsed = parse_tool_calls("".join(self.text), self.tools, self.stream_id)
-            if parsed:
-                calls = encode_calls(parsed)
+        if self.calls is not None:
+            last = self.calls.finish()
+            if last.content or last.deltas:
+                deltas = encode_deltas(last.deltas) if last.deltas else None
+                out.append(token_fields("", None, [], content=last.content, calls=deltas))
+            if self.calls.calls:
+                calls = encode_calls(self.calls.calls)
                 reason = FinishReason.TOOL_CALLS if reason == FinishReason.STOP else reason
-        return done_fields(reason, prompt_tokens, completion_tokens, message, calls)
+        out.append(done_fields(reason, prompt_tokens, completion_tokens, message, calls))
+        return out
 
     def token_event(self, text: str, *, with_ids: bool) -> list[str]:
         """The next token event: ``text``, the logprobs of the tokens whose text it carries
         (when the request asked; tokens that never add text, EOS or a stop string's, are
-        left out, as OpenAI leaves them out) and, ``with_ids``, their token ids."""
+        left out, as OpenAI leaves them out), ``with_ids``, their token ids, and with
+        tools, the content it shows and the call deltas it carries."""
         lp = (
             encode_logprobs(self.text_chars, self.pending_logprobs)
             if self.pending_logprobs
@@ -83,9 +105,12 @@ class Active:
         ids = self.pending_ids if with_ids else None
         self.pending_logprobs, self.pending_ids = [], []
         self.text_chars += len(text)
-        if self.tools:
-            self.text.append(text)
-        return token_fields(text, lp, ids)
+        if self.calls is None:
+            return token_fields(text, lp, ids)
+        split = self.calls.feed(text)
+        content = None if split.content == text else split.content
+        deltas = encode_deltas(split.deltas) if split.deltas else None
+        return token_fields(text, lp, ids, content=content, calls=deltas)
 
     @property
     def completion_events(self) -> int:

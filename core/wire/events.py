@@ -33,6 +33,8 @@ class F:
     WORKER = "w"  # an accepted event's worker id
     TOOL_CALLS = "tc"  # a done event's calls (core/wire/tools.py)
     TOKEN_IDS = "i"  # a token event's token ids, space-separated (see encode_ids)
+    CONTENT = "v"  # a token event's content, where it is not its text (tool calls)
+    CALL_DELTAS = "d"  # a token event's tool-call deltas (core/wire/tools.py encode_deltas)
 
 
 def entry_id(seq: int) -> str:
@@ -62,6 +64,10 @@ class Event:
     (``text``; ``logprobs``, the stored ``l`` field, when the request asked for
     them) or ``done`` (``finish_reason``, usage, ``message`` for errors, the
     ``tool_calls`` made when the request offered tools).
+
+    With tools offered, a token event's ``text`` is what the model wrote (call markup
+    included: a continuation reads it back) and :attr:`shown` what clients see as
+    content; ``call_deltas`` are the tool-call pieces it carries.
     """
 
     seq: int
@@ -75,6 +81,13 @@ class Event:
     worker: str | None = None
     logprobs: str | None = None  # as stored: core.wire.logprobs.decode_logprobs reads it
     tool_calls: str | None = None  # a done event's calls as stored (core.wire.tools.decode_calls)
+    content: str | None = None  # a token event's content where it differs from ``text``
+    call_deltas: str | None = None  # as stored: core.wire.tools.decode_deltas reads it
+
+    @property
+    def shown(self) -> str:
+        """A token event's content: the text clients see."""
+        return self.text if self.content is None else self.content
 
 
 _KIND_NAMES: dict[str, EventKind] = {
@@ -109,19 +122,32 @@ def event_from_fields(seq: int, f: dict[str, str]) -> Event:
         worker=f.get(F.WORKER),
         logprobs=f.get(F.LOGPROBS),
         tool_calls=f.get(F.TOOL_CALLS),
+        content=f.get(F.CONTENT),
+        call_deltas=f.get(F.CALL_DELTAS),
     )
 
 
 def token_fields(
-    text: str, logprobs: str | None = None, token_ids: list[int] | None = None
+    text: str,
+    logprobs: str | None = None,
+    token_ids: list[int] | None = None,
+    *,
+    content: str | None = None,
+    calls: str | None = None,
 ) -> list[str]:
     """A token event; ``logprobs``: its ``l`` field (core.wire.logprobs.encode_logprobs);
-    ``token_ids``: the engine tokens whose text it carries (its ``i`` field)."""
+    ``token_ids``: the engine tokens whose text it carries (its ``i`` field); ``content``:
+    the content it shows where that is not ``text`` (its ``v`` field); ``calls``: its
+    tool-call deltas (``d``, core.wire.tools.encode_deltas)."""
     out = [F.KIND, TOKEN, F.TEXT, text]
     if logprobs is not None:
         out += [F.LOGPROBS, logprobs]
     if token_ids is not None:
         out += [F.TOKEN_IDS, encode_ids(token_ids)]
+    if content is not None:
+        out += [F.CONTENT, content]
+    if calls is not None:
+        out += [F.CALL_DELTAS, calls]
     return out
 
 

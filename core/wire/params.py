@@ -15,6 +15,7 @@ from tokenrelay.core.wire.tools import (
     parse_tool_choice,
     parse_tools,
 )
+from tokenrelay.core.wire.vocabulary import ToolFormat
 
 MAX_TOP_LOGPROBS = 20  # the most alternatives a token's logprobs carry (OpenAI's top_logprobs)
 MAX_LOGIT_BIAS = 300  # entries of logit_bias (OpenAI's limit)
@@ -175,6 +176,16 @@ class SamplingParams:
         ``schema`` is the Lark text of the calls ``tool_choice`` requires (None: free)."""
         fmt: ResponseFormat | None = self.__dict__.get("_guided")
         return fmt
+
+    def guided_for(self, fmt: ToolFormat) -> ResponseFormat | None:
+        """:attr:`guided`, with the calls a ``tool_choice`` requires written the way a
+        model of ``fmt`` writes them (core/wire/tool_formats.py)."""
+        guided = self.guided
+        if guided is None or guided.type != "tool_calls" or fmt == ToolFormat.HERMES:
+            return guided
+        tools, choice = self.__dict__["_tools"]
+        grammar = call_grammar(tools, choice, self.parallel_tool_calls, fmt)
+        return ResponseFormat("tool_calls", grammar)
 
     @property
     def offered_tools(self) -> tuple[Tool, ...]:

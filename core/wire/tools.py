@@ -1,14 +1,15 @@
 """Tool calls: the request's ``tools`` and ``tool_choice``, and calls parsed from the text.
 
 Sans I/O and torch-free: the gateway validates with it, the engine builds the prompt
-and the grammar from it, the worker parses the finished text with it.
+and the grammar from it, the worker reads the calls with it as they are generated.
 
-The format is Hermes-style, the one Qwen's chat templates use: a call is
-``<tool_call>`` + newline + ``{"name": ..., "arguments": {...}}`` + newline +
-``</tool_call>`` in the completion text. What comes before the first ``<tool_call>``
-is the answer's content; a finished completion with at least one well-formed call of
-an offered tool ends with ``finish_reason`` ``tool_calls``. A block that does not
-parse, or names a tool that was not offered, is no call: the whole text is then
+How a model writes a call depends on its family (core/wire/tool_formats.py: Hermes'
+``<tool_call>`` blocks, Llama 3's JSON, Mistral's ``[TOOL_CALLS]``, Granite's
+``<|tool_call|>``); core/wire/tool_stream.py reads them while the text streams, as
+:class:`CallDelta` s that token events carry (:func:`encode_deltas`). A finished
+completion with at least one well-formed call of an offered tool ends with
+``finish_reason`` ``tool_calls`` and its done event lists the calls
+(:func:`encode_calls`). Text that is no call (not JSON, a tool that was not offered) is
 content, as a model that wrote prose about tags.
 
 ``tool_choice`` (OpenAI's values):
@@ -31,14 +32,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenrelay.core.wire.errors import ToolError
-from tokenrelay.core.wire.response_format import GRAMMAR_OPTIONS, MAX_NAME, check_schema
-from tokenrelay.core.wire.vocabulary import ErrorCode
+from tokenrelay.core.wire.response_format import MAX_NAME, check_schema
+from tokenrelay.core.wire.tool_formats import call_grammar
+from tokenrelay.core.wire.tool_stream import MAX_CALL_CHARS, MAX_CALLS, CallDelta, CallStream
+from tokenrelay.core.wire.vocabulary import ErrorCode, ToolFormat
 
 __all__ = [
     "CLOSE",
+    "MAX_CALLS",
+    "MAX_CALL_CHARS",
     "MAX_TOOLS",
     "OPEN",
-    "CallTextFilter",
+    "CallDelta",
     "Tool",
     "ToolCall",
     "ToolChoice",
@@ -47,7 +52,10 @@ __all__ = [
     "call_id",
     "content_before_calls",
     "decode_calls",
+    "decode_deltas",
+    "delta_to_openai",
     "encode_calls",
+    "encode_deltas",
     "parse_tool_calls",
     "parse_tool_choice",
     "parse_tools",
@@ -59,8 +67,6 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 MAX_TOOLS = 128
 MAX_DESCRIPTION = 4096
 _NAME_RE = re.compile(r"[A-Za-z0-9_-]+")
-MAX_CALL_CHARS = 256 * 1024  # a block longer than this is no call (never parsed)
-MAX_CALLS = 128  # calls parsed from one completion, at most
 _EMPTY_PARAMETERS = '{"type":"object","properties":{}}'
 
 
@@ -189,36 +195,6 @@ def parse_tool_choice(value: Any, tools: Sequence[Tool], field: str = "tool_choi
     raise ToolError(message, field)
 
 
-def call_grammar(tools: Sequence[Tool], choice: ToolChoice, parallel: bool) -> str:
-    """The Lark grammar (llguidance's dialect) of the calls ``choice`` requires.
-
-    One call (``parallel`` off, or a named function) or one or more, each
-    ``OPEN\\n{"name": <const>, "arguments": <its schema>}\\nCLOSE``, compact JSON as
-    ``response_format`` gives it (GRAMMAR_OPTIONS).
-    """
-    chosen = [t for t in tools if choice.mode != "function" or t.name == choice.name]
-    if not choice.constrained or not chosen:
-        raise ValueError(f"tool_choice {choice.mode!r} does not constrain the output")
-    options = [
-        {
-            "type": "object",
-            "properties": {"name": {"const": t.name}, "arguments": json.loads(t.parameters)},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-        for t in chosen
-    ]
-    schema = {"x-guidance": GRAMMAR_OPTIONS, "anyOf": options}
-    many = parallel and choice.mode == "required"
-    return "\n".join(
-        [
-            f"start: call{'+' if many else ''}",
-            f"call: {json.dumps(OPEN + chr(10))} obj {json.dumps(chr(10) + CLOSE)}",
-            "obj: %json " + json.dumps(schema, separators=(",", ":"), ensure_ascii=False),
-        ]
-    )
-
-
 def render_call(name: str, arguments: Any) -> str:
     """One call as the model writes it (``arguments``: an object or its JSON text)."""
     if isinstance(arguments, str):
@@ -248,53 +224,48 @@ def call_id(stream_id: str, index: int) -> str:
     return "call_" + digest[:24]
 
 
-def call_blocks(text: str) -> list[str]:
-    """What stands between each ``<tool_call>`` and the first ``</tool_call>`` after it,
-    stripped: one linear scan (``str.find``), whatever the text holds; a block over
-    :data:`MAX_CALL_CHARS` is skipped unread."""
-    blocks: list[str] = []
-    at = text.find(OPEN)
-    while at >= 0:
-        start = at + len(OPEN)
-        end = text.find(CLOSE, start)
-        if end < 0:
-            break
-        if end - start <= MAX_CALL_CHARS:
-            blocks.append(text[start:end].strip())
-        at = text.find(OPEN, end + len(CLOSE))
-    return blocks
-
-
 def parse_tool_calls(
-    text: str, tools: Sequence[Tool], stream_id: str
+    text: str, tools: Sequence[Tool], stream_id: str, fmt: ToolFormat = ToolFormat.HERMES
 ) -> tuple[str, tuple[ToolCall, ...]]:
-    """``(content, calls)`` of a finished completion's text (see the module docstring)."""
-    if OPEN not in text:
-        return text, ()
-    offered = {t.name for t in tools}
-    calls: list[ToolCall] = []
-    for block in call_blocks(text):
-        if len(calls) >= MAX_CALLS:
-            break
-        try:
-            obj = json.loads(block)
-        except (ValueError, RecursionError):  # not JSON, or nested deeper than Python goes
-            continue
-        if not isinstance(obj, dict) or obj.get("name") not in offered:
-            continue
-        args = obj.get("arguments", obj.get("parameters", {}))
-        if not isinstance(args, dict):
-            continue
-        arguments = json.dumps(args, ensure_ascii=False)
-        calls.append(ToolCall(call_id(stream_id, len(calls)), str(obj["name"]), arguments))
-    if not calls:
-        return text, ()
-    return text.split(OPEN, 1)[0], tuple(calls)
+    """``(content, calls)`` of a finished completion's text, read as the worker reads it
+    while it streams (core/wire/tool_stream.py)."""
+    reader = CallStream(fmt, tools, stream_id)
+    first, last = reader.feed(text), reader.finish()
+    return first.content + last.content, tuple(reader.calls)
 
 
 def encode_calls(calls: Sequence[ToolCall]) -> str:
     """The ``done`` event's ``tc`` field: compact JSON ``[[id, name, arguments], ...]``."""
     return json.dumps([[c.id, c.name, c.arguments] for c in calls], ensure_ascii=False)
+
+
+def encode_deltas(deltas: Sequence[CallDelta]) -> str:
+    """A token event's ``d`` field: compact JSON ``[[index, name or null, arguments], ...]``."""
+    return json.dumps([[d.index, d.name, d.arguments] for d in deltas], ensure_ascii=False)
+
+
+def decode_deltas(raw: str | None) -> tuple[CallDelta, ...]:
+    """The call deltas of a ``d`` field (none when absent or unreadable)."""
+    if not raw:
+        return ()
+    try:
+        rows = json.loads(raw)
+        return tuple(CallDelta(int(i), None if n is None else str(n), str(a)) for i, n, a in rows)
+    except (ValueError, TypeError):
+        return ()
+
+
+def delta_to_openai(delta: CallDelta, stream_id: str) -> dict[str, Any]:
+    """One entry of OpenAI's ``delta.tool_calls``: the first of a call carries its id,
+    type and name, the others its index and an ``arguments`` fragment."""
+    fn: dict[str, Any] = {"arguments": delta.arguments}
+    out: dict[str, Any] = {"index": delta.index}
+    if delta.name is not None:
+        out["id"] = call_id(stream_id, delta.index)
+        out["type"] = "function"
+        fn = {"name": delta.name, **fn}
+    out["function"] = fn
+    return out
 
 
 def decode_calls(raw: str | None) -> tuple[ToolCall, ...]:
@@ -311,39 +282,3 @@ def decode_calls(raw: str | None) -> tuple[ToolCall, ...]:
 def content_before_calls(text: str) -> str:
     """The content of a completion that made calls: its text before the first call."""
     return text.split(OPEN, 1)[0]
-
-
-class CallTextFilter:
-    """Streams a completion's content while holding back what may be calls.
-
-    :meth:`feed` returns the text to show now: everything before the first
-    :data:`OPEN` (a partial tag at the end waits for the next piece). From the tag
-    on, text is held; :meth:`end` gives it back when the finished completion made
-    no call (it was content after all), nothing when it did.
-    """
-
-    def __init__(self) -> None:
-        self._pending = ""
-        self._held: list[str] | None = None  # not None once OPEN was seen
-
-    def feed(self, text: str) -> str:
-        if self._held is not None:
-            self._held.append(text)
-            return ""
-        text = self._pending + text
-        self._pending = ""
-        at = text.find(OPEN)
-        if at >= 0:
-            self._held = [text[at:]]
-            return text[:at]
-        for keep in range(min(len(OPEN) - 1, len(text)), 0, -1):
-            if OPEN.startswith(text[-keep:]):
-                self._pending = text[-keep:]
-                return text[:-keep]
-        return text
-
-    def end(self, made_calls: bool) -> str:
-        """What is left to show once the completion is done."""
-        rest = self._pending + "".join(self._held or ())
-        self._pending, self._held = "", None
-        return "" if made_calls else rest

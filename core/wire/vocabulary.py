@@ -63,6 +63,15 @@ class StoredKind(StrEnum):
     REJECTED = "x"
 
 
+class ToolFormat(StrEnum):
+    """How a model family writes tool calls (core/wire/tool_formats.py)."""
+
+    HERMES = "hermes"  # <tool_call>{json}</tool_call> (Qwen, SmolLM, Hermes)
+    LLAMA3 = "llama3"  # {"name": ..., "parameters": ...} (Llama 3.x)
+    MISTRAL = "mistral"  # [TOOL_CALLS][{...}]
+    GRANITE = "granite"  # <|tool_call|>[{...}]
+
+
 class StreamStatus(StrEnum):
     """The ``st`` field of a stream's metadata (``P m:{id}``)."""
 

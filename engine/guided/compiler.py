@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from tokenrelay.core.wire.params import SamplingParams
 from tokenrelay.core.wire.response_format import GRAMMAR_OPTIONS, ResponseFormat
+from tokenrelay.core.wire.vocabulary import ToolFormat
 
 if TYPE_CHECKING:
     from tokenrelay.engine.guided.matcher import GuidedMatcher
@@ -194,7 +195,10 @@ class EngineGrammars:
             return self._compiler
 
     def for_request(
-        self, params: SamplingParams, guide: GuidedMatcher | None = None
+        self,
+        params: SamplingParams,
+        guide: GuidedMatcher | None = None,
+        tool_format: ToolFormat = ToolFormat.HERMES,
     ) -> GuidedMatcher | None:
         """The grammar state a new request starts in (``None``: free text): ``guide``, a
         matcher made ahead for its format (:meth:`GrammarCompiler.matcher`), else a new one.
@@ -202,7 +206,7 @@ class EngineGrammars:
         Raises ``ValueError`` for a grammar refused here, a ``guide`` of another grammar,
         or a guided request with ``ignore_eos``.
         """
-        fmt = params.guided
+        fmt = params.guided_for(tool_format)
         if fmt is None:
             if guide is not None:
                 raise ValueError("guide: the request has no response_format")

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tokenrelay.core.wire.content import TEXT_ONLY, has_images
+from tokenrelay.core.wire.tool_formats import SYNTAX, ToolFormat
 from tokenrelay.core.wire.tools import Tool, render_call, system_prompt
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
@@ -113,3 +114,16 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], tools: Sequence[
             plain_messages(messages, tools), add_generation_prompt=True, tokenize=False
         )
     return str(text)
+
+
+def marker_tokens(tokenizer: Any, fmt: ToolFormat) -> dict[int, str]:
+    """The special tokens among ``fmt``'s markers (``<|python_tag|>``, ``[TOOL_CALLS]``,
+    ``<|tool_call|>`` in their families' vocabularies), by id: a detokenizer that skips
+    special tokens keeps these, so the call parser sees them."""
+    syntax = SYNTAX[fmt]
+    markers = [*syntax.openers, syntax.closer, syntax.named_args]
+    special = set(getattr(tokenizer, "all_special_ids", ()) or ())
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    special |= {int(i) for i, tok in added.items() if getattr(tok, "special", False)}
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    return {vocab[m]: m for m in markers if m and vocab.get(m) in special}

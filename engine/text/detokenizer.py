@@ -8,12 +8,13 @@ byte-level tokens decodes to U+FFFD) is held back until it completes; and text
 that could still be the beginning of a stop string is held back until it is
 known not to be one. Concatenated deltas plus :meth:`flush` equal
 ``tokenizer.decode(all_ids, skip_special_tokens=True)`` when no stop string hit;
-when one hits, the text ends right before it.
+when one hits, the text ends right before it. The special tokens in ``keep`` (a tool-call
+format's markers, core/wire/tool_formats.py) are the exception: their text is kept.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 REPLACEMENT = "\ufffd"
@@ -28,8 +29,11 @@ class Decoder(Protocol):
 class IncrementalDetokenizer:
     """Turns a stream of token ids into text deltas, honouring stop strings."""
 
-    def __init__(self, tokenizer: Decoder, stop: Iterable[str] = ()) -> None:
+    def __init__(
+        self, tokenizer: Decoder, stop: Iterable[str] = (), keep: Mapping[int, str] | None = None
+    ) -> None:
         self.tokenizer = tokenizer
+        self.keep = dict(keep or {})  # special token id -> its text, shown all the same
         self.stop = [s for s in stop]
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError("stop: stop strings must be non-empty strings")
@@ -52,6 +56,9 @@ class IncrementalDetokenizer:
         if self.stopped:
             return ""
         self.ids.append(token_id)
+        kept = self.keep.get(token_id)
+        if kept is not None:  # what came before it is final, then the token's own text
+            return self._emit(self._decode_new(final=True) + kept, final=False)
         return self._emit(self._decode_new(final=False), final=False)
 
     def add_many(self, token_ids: Iterable[int]) -> str:

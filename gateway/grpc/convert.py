@@ -181,8 +181,10 @@ def server_frame(pb2: Any, frame: dict[str, Any]) -> Any:
     if kind == "token":
         lp = frame.get("logprobs")
         logprobs_json = "" if lp is None else p.encode(lp)
+        deltas = frame.get("tool_calls")
         token = pb2.Token(stream_id=frame["stream_id"], seq=frame["seq"], text=frame["text"],
-                          logprobs_json=logprobs_json)  # fmt: skip
+                          logprobs_json=logprobs_json,
+                          tool_calls_json="" if deltas is None else p.encode(deltas))  # fmt: skip
         return pb2.ServerFrame(token=token)
     if kind == "done":
         usage = pb2.Usage(**frame["usage"])

@@ -48,7 +48,7 @@ class Collector:
         if ev.kind == EventKind.REJECTED and ev.code != FinishReason.CANCELLED:
             raise stream_error(ev)
         if ev.kind == EventKind.TOKEN:
-            self.parts.append(ev.text)
+            self.parts.append(ev.shown)  # the content: call markup left out
             if self.fmt.logprobs:
                 for key, value in (self.fmt.render_logprobs(ev) or {}).items():
                     if isinstance(value, list) and value:  # (chat's "refusal" is null)

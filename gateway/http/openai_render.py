@@ -15,10 +15,12 @@ chunk; ``done`` -> the chunk with ``finish_reason`` (``stop``, ``length``,
 ``tool_calls``, or this server's ``cancelled``/``expired``), or for ``error`` an
 ``{"error": {...}}`` event, which the OpenAI SDKs raise as ``APIError``.
 
-When the request offered tools, content stops at the first ``<tool_call>``: the rest
-is held back until ``done``, which carries the calls the worker parsed
-(core/wire/tools.py): each goes out as a ``delta.tool_calls`` chunk (and as
-``message.tool_calls`` in a body); text that made no call goes out as content then.
+When the request offered tools, each token event's content (:attr:`Event.shown`: the
+worker reads the calls out of the text as it streams, core/wire/tool_stream.py) goes out
+as ``delta.content`` and its call deltas as ``delta.tool_calls`` entries (the first of a
+call with its id, type and name, then ``arguments`` fragments), in the same chunk; an
+event that shows nothing sends no chunk. A log whose done event lists calls that no
+token event streamed gets them at the end, one chunk each.
 
 When the request asked for logprobs, each content chunk (and the body) carries
 the logprobs of its tokens in OpenAI's shape: chat ``logprobs.content[]``,
@@ -40,7 +42,7 @@ from tokenrelay.core.wire.logprobs import (
     completion_logprobs,
     decode_logprobs,
 )
-from tokenrelay.core.wire.tools import CallTextFilter, decode_calls
+from tokenrelay.core.wire.tools import decode_deltas, delta_to_openai
 from tokenrelay.core.wire.vocabulary import ErrorCode, EventKind, FinishReason
 from tokenrelay.gateway.http.openai_request import ApiError, error_body, error_for_code
 from tokenrelay.gateway.http.sse import DONE, encode_event
@@ -145,21 +147,12 @@ def stream_error(ev: Event) -> ApiError:
 class ChunkEncoder:
     """Renders one stream's events as SSE bytes, in seq order."""
 
-    def __init__(self, fmt: StreamFormat, stream_id: str, *, quiet_through: int = -1) -> None:
-        """``quiet_through``: events up to this seq only bring the tool-call filter up to
-        date (a resume of a stream with tools replays from the start, see needs_history)."""
+    def __init__(self, fmt: StreamFormat, stream_id: str) -> None:
         self.fmt = fmt
         self.stream_id = stream_id
         self.id = fmt.response_id(stream_id)
         self.finished = False
         self._failed = False
-        self._calls = CallTextFilter() if fmt.tools else None
-        self._quiet_through = quiet_through
-
-    @property
-    def needs_history(self) -> bool:
-        """Whether a resume must replay from the start (with ``quiet_through``)."""
-        return self._calls is not None
 
     def _chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -202,10 +195,6 @@ class ChunkEncoder:
         """The SSE bytes for ``ev`` (empty when it shows as nothing)."""
         if self.finished:
             return b""
-        if ev.seq <= self._quiet_through and ev.kind != EventKind.DONE:
-            if ev.kind == EventKind.TOKEN and self._calls is not None:
-                self._calls.feed(ev.text)
-            return b""
         if ev.kind == EventKind.ACCEPTED or (
             ev.kind == EventKind.REJECTED and ev.code == FinishReason.CANCELLED
         ):
@@ -216,14 +205,23 @@ class ChunkEncoder:
             self._failed = True
             return self._event(ev.seq, stream_error(ev).body())
         if ev.kind == EventKind.TOKEN:
-            lp = self.fmt.render_logprobs(ev)
-            text = ev.text if self._calls is None else self._calls.feed(ev.text)
-            if not text and self._calls is not None:
-                return b""  # held back: maybe a call (its logprobs are left out)
-            return self._event(ev.seq, self._chunk([self._choice(text, None, logprobs=lp)]))
+            return self._token(ev)
         if ev.kind == EventKind.DONE:
             return self.done(ev)
         return b""
+
+    def _token(self, ev: Event) -> bytes:
+        lp = self.fmt.render_logprobs(ev)
+        text = ev.shown
+        deltas = decode_deltas(ev.call_deltas) if self.fmt.kind == "chat" else ()
+        if not deltas:
+            if not text and self.fmt.tools:
+                return b""  # call markup: nothing to show (its logprobs are left out)
+            return self._event(ev.seq, self._chunk([self._choice(text, None, logprobs=lp)]))
+        delta: dict[str, Any] = {"content": text} if text else {}
+        delta["tool_calls"] = [delta_to_openai(d, self.stream_id) for d in deltas]
+        choice = {"index": self.fmt.index, "delta": delta, "logprobs": lp, "finish_reason": None}
+        return self._event(ev.seq, self._chunk([choice]))
 
     def done(self, ev: Event) -> bytes:
         """The end: finish chunk (or error event), usage chunk if asked for, ``[DONE]``."""
@@ -234,28 +232,12 @@ class ChunkEncoder:
             if not self._failed:
                 out += self._event(ev.seq, stream_error(ev).body())
         else:
-            out += self._calls_end(ev)
             out += self._event(ev.seq, self._chunk([self._choice(None, reason)]))
         if self.fmt.include_usage:
             last = self._chunk([])
             last["usage"] = usage(ev)
             out += self._event(ev.seq, last)
         return out + DONE
-
-    def _calls_end(self, ev: Event) -> bytes:
-        """The held-back text as content when it made no call; else the calls, one
-        ``delta.tool_calls`` chunk each (name and whole arguments at once)."""
-        if self._calls is None:
-            return b""
-        calls = decode_calls(ev.tool_calls)
-        rest = self._calls.end(bool(calls))
-        out = self._event(ev.seq, self._chunk([self._choice(rest, None)])) if rest else b""
-        for i, call in enumerate(calls):
-            delta = {"tool_calls": [call.to_openai(i)]}
-            choice = {"index": self.fmt.index, "delta": delta, "logprobs": None,
-                      "finish_reason": None}  # fmt: skip
-            out += self._event(ev.seq, self._chunk([choice]))
-        return out
 
     def error(self, exc: ApiError, *, final: bool = True) -> bytes:
         """An ``{"error": ...}`` event (no id); then ``[DONE]`` when ``final``.

@@ -229,9 +229,8 @@ class StreamsApi:
             fmt = dataclasses.replace(fmt, include_usage=usage.lower() in ("1", "true"))
         extra = {"request_id": rid, "stream_id": sid, "after": after}
         log.info("resume", extra=extra)
-        encoder = ChunkEncoder(fmt, sid, quiet_through=after)
-        start = -1 if encoder.needs_history else after
-        pump: Pump[Event] = Pump(streams.tail(sid, start, resumed=True))
+        encoder = ChunkEncoder(fmt, sid)
+        pump: Pump[Event] = Pump(streams.tail(sid, after, resumed=True))
         cleaned = False
 
         async def cleanup() -> None:  # once: the frames' finally and the response's on_close

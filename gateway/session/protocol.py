@@ -35,7 +35,7 @@ from tokenrelay.core.wire.requests import (
 )
 from tokenrelay.core.wire.requests import Limits as Limits  # re-exported: parse_frame takes them
 from tokenrelay.core.wire.requests import Message as Message
-from tokenrelay.core.wire.tools import decode_calls
+from tokenrelay.core.wire.tools import decode_calls, decode_deltas, delta_to_openai
 from tokenrelay.core.wire.vocabulary import ErrorCode
 
 PROTOCOL_VERSION = 1
@@ -310,11 +310,18 @@ def started_frame(
     return out
 
 
-def token_frame(stream_id: str, seq: int, text: str, logprobs: str | None = None) -> dict[str, Any]:
-    """A ``token`` frame; ``logprobs``: the event's stored ``l`` field, when it has one."""
+def token_frame(
+    stream_id: str, seq: int, text: str, logprobs: str | None = None, calls: str | None = None
+) -> dict[str, Any]:
+    """A ``token`` frame; ``logprobs``: the event's stored ``l`` field, when it has one;
+    ``calls``: its stored tool-call deltas (``d``), sent as ``tool_calls`` in OpenAI's
+    ``delta.tool_calls`` shape."""
     out: dict[str, Any] = {"type": "token", "stream_id": stream_id, "seq": seq, "text": text}
     if logprobs is not None:
         out["logprobs"] = chat_content(decode_logprobs(logprobs)[1])
+    deltas = decode_deltas(calls)
+    if deltas:
+        out["tool_calls"] = [delta_to_openai(d, stream_id) for d in deltas]
     return out
 
 

@@ -352,8 +352,10 @@ async def tail_frames(
         tail = streams.tail(sid, after, resumed=started is None)
         async with contextlib.aclosing(tail) as events:
             async for ev in events:
-                if ev.kind == EventKind.TOKEN:
-                    await send_token(sid, ev.seq, ev.text, ev.logprobs)
+                if ev.kind == EventKind.TOKEN and ev.call_deltas:
+                    await send(p.token_frame(sid, ev.seq, ev.shown, ev.logprobs, ev.call_deltas))
+                elif ev.kind == EventKind.TOKEN:
+                    await send_token(sid, ev.seq, ev.shown, ev.logprobs)
                 elif ev.kind == EventKind.DONE:
                     reason = ev.finish_reason or FinishReason.ERROR
                     await send(p.done_frame(sid, ev.seq, reason, ev.prompt_tokens,

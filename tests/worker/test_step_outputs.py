@@ -47,7 +47,7 @@ def test_one_broken_output_ends_only_its_stream(
     def broken(*args: Any, **kwargs: Any) -> list[str]:
         raise RecursionError("a tool call nested too deep")
 
-    monkeypatch.setattr(bad, "done_event", broken)
+    monkeypatch.setattr(bad, "finish_events", broken)
     while engine.has_unfinished():
         worker._step()
 

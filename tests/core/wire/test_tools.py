@@ -12,7 +12,6 @@ from tokenrelay.core.wire.params import SamplingParams
 from tokenrelay.core.wire.requests import Limits, validate_messages, validate_params
 from tokenrelay.core.wire.tools import (
     OPEN,
-    CallTextFilter,
     ToolChoice,
     call_grammar,
     decode_calls,
@@ -110,21 +109,10 @@ def test_calls_parse_from_text_with_stable_ids() -> None:
         f"{OPEN}\nnot json\n</tool_call>",
         f'{OPEN}\n{{"name": "launch_rockets", "arguments": {{}}}}\n</tool_call>',  # not offered
         f'{OPEN}\n{{"name": "get_time", "arguments": [1]}}\n</tool_call>',
-        f'{OPEN}\n{{"name": "get_time", "arguments": {{}}}}',  # never closed
     ],
 )
 def test_text_that_makes_no_call_is_all_content(text: str) -> None:
     assert parse_tool_calls(text, parse_tools([WEATHER, TIME]), "s") == (text, ())
-
-
-def test_filter_holds_back_from_the_tag_and_gives_it_back_without_calls() -> None:
-    f = CallTextFilter()
-    pieces = ["Hi <", "tool", "_call>\n{", '"name"']
-    assert [f.feed(p) for p in pieces] == ["Hi ", "", "", ""]
-    assert f.end(made_calls=True) == ""
-    f = CallTextFilter()
-    assert f.feed("a <to") == "a " and f.feed("day") == "<today"
-    assert f.feed("x <tool_call") == "x " and f.end(made_calls=False) == "<tool_call"
 
 
 def test_required_grammar_compiles_and_accepts_a_call() -> None:

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from tests.gateway.grpc.client import frame_dict, pb2
+from tokenrelay.core.wire.tools import call_id
 from tokenrelay.gateway.grpc.convert import client_frame_json, parse_client_frame, server_frame
 from tokenrelay.gateway.session import protocol as p
 
@@ -74,6 +75,7 @@ def test_server_frames_carry_the_websocket_frames_fields() -> None:
         p.started_frame("r1", "S", "T", 42, 1),
         p.token_frame("S", 1, "Hel"),
         p.done_frame("S", 9, "length", 42, 8, "why"),
+        p.token_frame("S", 2, "", calls='[[0, "get_time", "{\\"zone\\""]]'),
         p.resumed_frame("S", 17),
         p.cancelled_frame("S", "finished", "stop"),
         p.error_frame("rate_limited", "slow", request_id="r1", retry_after=1.5),
@@ -87,7 +89,10 @@ def test_server_frames_carry_the_websocket_frames_fields() -> None:
     assert got[0] == hello
     assert got[1]["index"] == 1 and got[1]["prompt_tokens"] == 42
     assert got[2] == {"type": "token", "stream_id": "S", "seq": 1, "text": "Hel",
-                      "logprobs_json": ""}  # fmt: skip
+                      "logprobs_json": "", "tool_calls_json": ""}  # fmt: skip
+    deltas = json.loads(got.pop(4)["tool_calls_json"])
+    assert deltas == [{"index": 0, "id": call_id("S", 0), "type": "function",
+                       "function": {"name": "get_time", "arguments": '{"zone"'}}]  # fmt: skip
     assert got[3]["usage"] == {"prompt_tokens": 42, "completion_tokens": 8}
     assert got[3]["message"] == "why" and got[3]["finish_reason"] == "length"
     assert got[4] == {"type": "resumed", "stream_id": "S", "after": 17}

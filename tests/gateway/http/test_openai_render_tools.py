@@ -1,13 +1,16 @@
-"""gateway/http/openai_render.py with tools offered: content stops at the first call,
-calls come as delta.tool_calls / message.tool_calls, a resume renders the same."""
+"""gateway/http/openai_render.py with tools offered: the worker's log (worker/outbox.py
+reading the calls as they stream) renders as content, then delta.tool_calls fragments as
+they were generated, message.tool_calls in a body, and a resume renders the same."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from tokenrelay.core.wire.events import Event
-from tokenrelay.core.wire.tools import encode_calls, parse_tool_calls, parse_tools, render_call
+from tokenrelay.core.wire.events import Event, event_from_fields
+from tokenrelay.core.wire.tool_stream import CallStream
+from tokenrelay.core.wire.tools import parse_tools, render_call
+from tokenrelay.core.wire.vocabulary import FinishReason, ToolFormat
 from tokenrelay.gateway.http.openai_body import Collector
 from tokenrelay.gateway.http.openai_render import ChunkEncoder, StreamFormat
 from tokenrelay.gateway.http.sse import SSEParser
@@ -18,22 +21,24 @@ FMT = StreamFormat("chat", "default", 1700000000, tools=True)
 
 
 def log_of(pieces: list[str]) -> list[Event]:
-    """The stream log a worker writes for these text pieces (calls parsed at done)."""
-    _, calls = parse_tool_calls("".join(pieces), TOOLS, SID)
+    """The stream log an engine worker writes for these text pieces, as it writes it."""
+    from tokenrelay.worker.outbox import Active
+
+    a = Active(SID, None, "1-0", 30.0, 600.0, tools=TOOLS)
+    a.calls = CallStream(ToolFormat.HERMES, TOOLS, SID)
+    stored = [a.token_event(t, with_ids=True) for t in pieces]
+    stored += a.finish_events(FinishReason.STOP, 5, len(pieces), None)
     out = [Event(0, "accepted", prompt_tokens=5)]
-    out += [Event(i + 1, "token", text=t) for i, t in enumerate(pieces)]
-    reason = "tool_calls" if calls else "stop"
-    stored = encode_calls(calls) if calls else None
-    out.append(Event(len(pieces) + 1, "done", finish_reason=reason, prompt_tokens=5,
-                     completion_tokens=len(pieces), tool_calls=stored))  # fmt: skip
+    for seq, flat in enumerate(stored, start=1):
+        out.append(event_from_fields(seq, dict(zip(flat[::2], flat[1::2], strict=True))))
     return out
 
 
 def sse(evs: list[Event], after: int = -1) -> list[tuple[str | None, Any]]:
-    enc = ChunkEncoder(FMT, SID, quiet_through=after)
+    enc = ChunkEncoder(FMT, SID)
     parser = SSEParser()
     out = []
-    for ev in evs:
+    for ev in evs[after + 1 :]:
         for msg in parser.feed(enc.encode(ev)):
             out.append((msg.id, msg.data if msg.data == "[DONE]" else json.loads(msg.data)))
     return out
@@ -44,18 +49,20 @@ def deltas(chunks: list[tuple[str | None, Any]]) -> list[dict[str, Any]]:
 
 
 CALL = render_call("get_time", {"zone": "UTC"})
-PIECES = ["Let me ", "check. <", "tool", "_call>", CALL[len("<tool_call>") : 20], CALL[20:]]
+AT = CALL.index('"UTC"')
+PIECES = ["Let me ", "check. <", "tool", "_call>", CALL[len("<tool_call>") : AT], CALL[AT:]]
 
 
-def test_content_stops_at_the_call_and_the_call_comes_whole() -> None:
+def test_content_stops_at_the_call_and_the_call_streams_in_fragments() -> None:
     got = sse(log_of(PIECES))
     d = deltas(got)
     content = "".join(x.get("content") or "" for x in d)
     assert content == "Let me check. "
-    calls = [x["tool_calls"] for x in d if "tool_calls" in x]
-    assert len(calls) == 1 and calls[0][0]["index"] == 0
-    assert calls[0][0]["function"] == {"name": "get_time", "arguments": '{"zone": "UTC"}'}
-    assert calls[0][0]["id"].startswith("call_") and calls[0][0]["type"] == "function"
+    calls = [c for x in d for c in x.get("tool_calls", [])]
+    assert len(calls) == 2 and {c["index"] for c in calls} == {0}  # name, then the rest
+    assert calls[0]["function"]["name"] == "get_time" and "name" not in calls[1]["function"]
+    assert calls[0]["id"].startswith("call_") and calls[0]["type"] == "function"
+    assert "".join(c["function"]["arguments"] for c in calls) == '{"zone": "UTC"}'
     finish = [c["choices"][0]["finish_reason"] for _, c in got if c != "[DONE]" and c["choices"]]
     assert finish[-1] == "tool_calls" and got[-1][1] == "[DONE]"
 

@@ -1,6 +1,7 @@
 """Tool calls with the official ``openai`` SDK against a real gateway and model: a
-required call parses and validates, streamed as ``delta.tool_calls``; a named one over
-the WebSocket; the tool's answer goes back in a ``tool`` message."""
+required call parses and validates, streamed as ``delta.tool_calls`` fragments as they
+are generated; over the WebSocket as token frames' ``tool_calls``; the tool's answer
+goes back in a ``tool`` message."""
 
 from __future__ import annotations
 
@@ -63,12 +64,13 @@ def test_a_named_call_streams_as_delta_tool_calls(api_stack: ApiStack) -> None:
         tool_choice={"type": "function", "function": {"name": "get_time"}}, stream=True,
     )  # fmt: skip
     calls: dict[int, dict[str, str]] = {}
-    finish, content = None, ""
+    finish, content, pieces = None, "", 0
     for chunk in stream:
         if not chunk.choices:
             continue
         delta = chunk.choices[0].delta
         content += delta.content or ""
+        pieces += bool(delta.tool_calls)
         for tc in delta.tool_calls or []:
             slot = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
             slot["id"] += tc.id or ""
@@ -76,6 +78,7 @@ def test_a_named_call_streams_as_delta_tool_calls(api_stack: ApiStack) -> None:
             slot["arguments"] += (tc.function and tc.function.arguments) or ""
         finish = chunk.choices[0].finish_reason or finish
     assert finish == "tool_calls" and content == ""
+    assert pieces > 2  # the arguments came as they were generated, not whole at the end
     assert list(calls) == [0] and calls[0]["name"] == "get_time"
     jsonschema.validate(json.loads(calls[0]["arguments"]), SCHEMAS["get_time"])
 
@@ -119,6 +122,18 @@ async def test_websocket_done_carries_the_calls(api_stack: ApiStack) -> None:
         await ws.close()
     done = frames[-1]
     assert done["type"] == "done" and done["finish_reason"] == "tool_calls", done
-    text = "".join(f["text"] for f in frames if f["type"] == "token")
-    assert text.startswith("<tool_call>\n") and text.endswith("</tool_call>")
+    tokens = [f for f in frames if f["type"] == "token"]
+    assert "".join(f["text"] for f in tokens) == ""  # the call markup is no content
+    assert [f["seq"] for f in tokens] == list(range(1, done["seq"]))  # no gap all the same
     assert done["tool_calls"] and all(c["type"] == "function" for c in done["tool_calls"])
+    # the token frames carried the calls as they were generated: they add up to done's
+    streamed: dict[int, dict[str, str]] = {}
+    for d in (d for f in tokens for d in f.get("tool_calls", [])):
+        slot = streamed.setdefault(d["index"], {"id": "", "name": "", "arguments": ""})
+        slot["id"] += d.get("id", "")
+        slot["name"] += d["function"].get("name", "")
+        slot["arguments"] += d["function"]["arguments"]
+    assert sum("tool_calls" in f for f in tokens) > 2
+    assert [streamed[i] for i in sorted(streamed)] == [
+        {"id": c["id"], **c["function"]} for c in done["tool_calls"]
+    ]
