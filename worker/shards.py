@@ -4,20 +4,28 @@ On one Redis a worker reads all its queues with one ``XREADGROUP`` and, when idl
 blocks in it (worker/store.py). On a cluster a model's queue is
 :data:`~core.wire.keys.QUEUE_SHARDS` streams on several masters: a command's keys share
 a slot, so :class:`ShardReader` sweeps them, one ``XREADGROUP`` each, in one pipeline.
-No command blocks on them all, so a gateway that queues a request also publishes on the
-model's wake channel (``SPUBLISH P wake:{w}:<model>``, one small message per request),
-and an idle worker waits on the channels of its models (:class:`Wake`) between sweeps:
-no polling while idle, and no delay for a request.
+No command blocks on them all, so a gateway that queues a request on a shard also
+publishes on that shard's wake channel (``SPUBLISH P wake:{qN}:<model>``, in the
+shard's slot: one small message per request), and an idle worker waits on the wake
+channels of all its shards (:class:`Wake`) between sweeps: no polling while idle, and
+no delay for a request.
 
-The subscription is confirmed before the first sweep, so a request queued after any
-sweep wakes the next wait. While the channel's master does not answer, :meth:`Wake.wait`
-polls instead (:data:`POLL_S`) and subscribes again every :data:`RETRY_S`.
+:class:`Wake` keeps one subscription per master, to the channels of the slots it
+serves, and waits on all of them at once (``select`` on their sockets). A master that
+does not answer takes only its own shards' wake-ups with it (their requests cannot be
+read meanwhile anyway): the worker goes on waiting on the others, and tries to subscribe
+the missing channels again every :data:`RETRY_S`, a wait lasting no longer than that
+while any is missing. Subscriptions are confirmed before the caller sweeps, so a request
+queued after any sweep wakes the next wait; a new or lost subscription makes the wait
+return at once, for a sweep. With no subscription at all, :meth:`Wake.wait` polls
+(:data:`POLL_S`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import select
 import time
 from typing import Any
 
@@ -32,82 +40,150 @@ from tokenrelay.worker.requests import entries_of
 
 log = logging.getLogger("tokenrelay.worker")
 
-POLL_S = 0.01  # without a subscription: a sweep this often
-RETRY_S = 1.0  # ... and a new subscription this often
+POLL_S = 0.01  # without any subscription: a sweep this often
+RETRY_S = 1.0  # ... and new subscriptions for the missing channels this often
 CONFIRM_S = 1.0  # how long a new subscription may take to be confirmed
 
 
+class _Subscription:
+    """One master's connection, subscribed to the wake channels of its slots."""
+
+    def __init__(self, node: Any, channels: list[str], auth: dict[str, Any]) -> None:
+        self.channels = channels
+        self.conn = redis.Redis(
+            host=node.host,
+            port=int(node.port),
+            protocol=2,
+            socket_connect_timeout=1.0,
+            socket_timeout=None,
+            retry=Retry(NoBackoff(), 0),
+            **auth,
+        )
+        self.pubsub: Any = self.conn.pubsub()
+
+    def confirm(self) -> None:
+        """Subscribe every channel and wait for the confirmations."""
+        for channel in self.channels:
+            self.pubsub.ssubscribe(channel)
+        waiting, deadline = set(self.channels), time.monotonic() + CONFIRM_S
+        while waiting:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the wake channels' subscription was not confirmed")
+            msg = self.pubsub.get_message(timeout=0.05)
+            if msg is not None and msg["type"] == "ssubscribe":
+                waiting.discard(text(msg["channel"]))
+
+    def fileno(self) -> int:
+        """The connection's socket, for ``select`` (redis-py keeps it as ``_sock``)."""
+        sock = getattr(self.pubsub.connection, "_sock", None)
+        if sock is None:
+            raise ConnectionError("the wake channels' connection is closed")
+        return int(sock.fileno())
+
+    def drain(self) -> int:
+        """Wake-ups waiting (every message read); ``-1`` when the master dropped the
+        subscription (a slot moved)."""
+        woken = 0
+        while (msg := self.pubsub.get_message(timeout=0)) is not None:
+            if msg["type"] == "smessage":
+                woken += 1
+            elif msg["type"] == "sunsubscribe":
+                return -1
+        return woken
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.pubsub.close()
+        with contextlib.suppress(Exception):
+            self.conn.close()
+
+
 class Wake:
-    """The wake channels of one worker's models, on the master of their slot."""
+    """The wake channels of one worker's queue shards, one subscription per master."""
 
     def __init__(self, cluster: Any, url: str, channels: list[str]) -> None:
-        self._cluster = cluster  # redis-py's RedisCluster: its slot map finds the master
+        self._cluster = cluster  # redis-py's RedisCluster: its slot map finds the masters
         self._credentials = credentials(url)
         self.channels = sorted(set(channels))
-        self._conn: redis.Redis | None = None
-        self._pubsub: Any = None
+        self._subs: list[_Subscription] = []
+        self._missing = set(self.channels)  # channels with no confirmed subscription
         self._retry_at = 0.0
+        self.messages = 0  # wake-ups received
 
     def wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for a wake-up; True when one came (or this
-        cannot tell: no subscription, so the caller should sweep anyway)."""
-        if self._pubsub is None and not self._subscribe():
+        cannot tell: a subscription is new or lost, so the caller should sweep)."""
+        if self._missing and time.monotonic() >= self._retry_at and self._subscribe():
+            return True
+        if not self._subs:
             time.sleep(min(timeout, POLL_S))
             return True
-        try:
-            msg = self._pubsub.get_message(timeout=timeout)
-            while msg is not None and self._pubsub.get_message(timeout=0) is not None:
-                pass  # several requests, one sweep
-        except Exception as exc:
-            if not is_outage(exc):
-                log.warning("wake channel failed: %r", exc)
-            self.close()
-            return True
-        if msg is not None and msg["type"] != "smessage":  # dropped (its slot moved)
-            self.close()
-        return msg is not None
+        if self._missing:  # try the missing channels again in time
+            timeout = min(timeout, max(0.0, self._retry_at - time.monotonic()))
+        deadline = time.monotonic() + timeout
+        while True:
+            woken = self._drain()
+            if woken:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            with contextlib.suppress(InterruptedError):
+                select.select(self._subs, [], [], left)
+
+    def _drain(self) -> bool:
+        """Read every subscription's messages; True for a wake-up or a lost subscription."""
+        woken = False
+        for sub in list(self._subs):
+            try:
+                got = sub.drain()
+                sub.fileno()  # still connected
+            except Exception as exc:
+                if not is_outage(exc):
+                    log.warning("wake channel failed: %r", exc)
+                got = -1
+            if got < 0:
+                self._drop(sub)
+            self.messages += max(got, 0)
+            woken = woken or got != 0
+        return woken
+
+    def _drop(self, sub: _Subscription) -> None:
+        sub.close()
+        self._subs.remove(sub)
+        self._missing.update(sub.channels)
 
     def _subscribe(self) -> bool:
-        """Subscribe every channel on its master and wait for the confirmations."""
-        if time.monotonic() < self._retry_at:
-            return False
+        """Subscribe the missing channels, one connection per master; True when any was."""
         self._retry_at = time.monotonic() + RETRY_S
+        by_master: dict[str, tuple[Any, list[str]]] = {}
         try:
-            node = self._cluster.nodes_manager.get_node_from_slot(slot_of(self.channels[0]))
-            self._conn = redis.Redis(
-                host=node.host,
-                port=int(node.port),
-                protocol=2,
-                socket_connect_timeout=1.0,
-                socket_timeout=None,
-                retry=Retry(NoBackoff(), 0),
-                **self._credentials,
-            )
-            self._pubsub = self._conn.pubsub()
-            for channel in self.channels:  # one slot: they share a master
-                self._pubsub.ssubscribe(channel)
-            waiting, deadline = set(self.channels), time.monotonic() + CONFIRM_S
-            while waiting:
-                if time.monotonic() > deadline:
-                    raise TimeoutError("the wake channels' subscription was not confirmed")
-                msg = self._pubsub.get_message(timeout=0.05)
-                if msg is not None and msg["type"] == "ssubscribe":
-                    waiting.discard(text(msg["channel"]))
+            for channel in sorted(self._missing):
+                node = self._cluster.nodes_manager.get_node_from_slot(slot_of(channel))
+                by_master.setdefault(node.name, (node, []))[1].append(channel)
         except Exception as exc:
-            if not is_outage(exc) and not isinstance(exc, TimeoutError):
-                log.warning("wake channel subscription failed: %r", exc)
-            self.close()
+            log.warning("wake channels: no slot map: %r", exc)
             return False
-        return True
+        made = False
+        for node, channels in by_master.values():
+            sub: _Subscription | None = None
+            try:
+                sub = _Subscription(node, channels, self._credentials)
+                sub.confirm()
+            except Exception as exc:
+                if not is_outage(exc) and not isinstance(exc, TimeoutError):
+                    log.warning("wake channel subscription failed: %r", exc)
+                if sub is not None:
+                    sub.close()
+                continue
+            self._subs.append(sub)
+            self._missing.difference_update(channels)
+            made = True
+        return made
 
     def close(self) -> None:
-        if self._pubsub is not None:
-            with contextlib.suppress(Exception):
-                self._pubsub.close()
-        if self._conn is not None:
-            with contextlib.suppress(Exception):
-                self._conn.close()
-        self._pubsub = self._conn = None
+        for sub in list(self._subs):
+            self._drop(sub)
 
 
 class ShardReader:

@@ -98,7 +98,7 @@ class WorkerStore:
         self.models = list(models)
         named: list[str | None] = [*models] or [None]
         self.queues = [q for m in named for q in self.keys.queue_shards(m)]
-        self.wake_channels = [self.keys.wake(m) for m in named]
+        self.wake_channels = [w for m in named for w in self.keys.wakes(m)]
         if self.shards is not None:
             self.shards.reset()
 

@@ -23,7 +23,9 @@ Key layout (``P`` is the key prefix, ``tr:`` by default):
   On a Redis Cluster (``--redis-cluster``) each stream has its own sharded
   channel ``P e:{stream_id}`` instead (``SPUBLISH`` on the stream's shard only),
   and each request queue is split over :data:`QUEUE_SHARDS` streams
-  ``P requests:{qN}[:<model>]``, spread over the slot space, so no shard is hot.
+  ``P requests:{qN}[:<model>]``, spread over the slot space, so no shard is hot; a
+  gateway that queues a request on one of them wakes idle workers on that shard's
+  channel ``P wake:{qN}[:<model>]`` (:meth:`Keys.wakes`).
 - ``P w:<worker_id>``: a worker's heartbeat hash (stats), expiring after a
   few seconds unless refreshed; ``P workers`` is the set of worker ids.
 """
@@ -168,10 +170,13 @@ class Keys:
     def attach(self, stream_id: str) -> str:
         return f"{self.prefix}a:{{{stream_id}}}"
 
-    def wake(self, model: str | None) -> str:
-        """The sharded channel on which a gateway wakes idle workers of ``model`` when it
-        queues a request (cluster only: worker/shards.py)."""
-        return f"{self.prefix}wake:{{w}}" + (f":{model}" if model else "")
+    def wakes(self, model: str | None) -> list[str]:
+        """The sharded channels on which a gateway wakes idle workers of ``model`` when it
+        queues a request (cluster only: worker/shards.py): one per queue shard, in that
+        shard's slot, so a master that is down takes only its own shards' wake-ups with it.
+        """
+        tail = f":{model}" if model else ""
+        return [f"{self.prefix}wake:{{{tag}}}{tail}" for tag in SHARD_TAGS]
 
     def channel(self, stream_id: str) -> str:
         """The stream's own sharded pub/sub channel (cluster only; see the module doc)."""

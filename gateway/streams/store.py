@@ -342,7 +342,8 @@ class StreamStore:
         if not await self.live_workers():
             raise NoWorker("no engine worker is running")
         shards = self.keys.queue_shards(model)  # one, or a cluster's: any, at random
-        queue = random.choice(shards)
+        shard = random.randrange(len(shards))
+        queue = shards[shard]
         if await self._guard(self.redis.xlen(queue)) >= math.ceil(self.max_pending / len(shards)):
             raise Overloaded("too many requests are waiting")
         if await self.memory.full():  # the room left is for the streams already running
@@ -375,7 +376,7 @@ class StreamStore:
             # pipeline sends to each master at once, so it is a round trip of its own.
             await self._guard(pipe.execute())
             await self._guard(self.redis.xadd(queue, request))  # type: ignore[arg-type]
-            await self._wake(model)
+            await self._wake(self.keys.wakes(model)[shard])
         else:
             pipe.xadd(queue, request)  # type: ignore[arg-type]
             await self._guard(pipe.execute())
@@ -384,12 +385,13 @@ class StreamStore:
         log.debug("stream created", extra={"stream_id": sid, "request_id": request_id})
         return NewStream(sid, token, attach_id)
 
-    async def _wake(self, model: str | None) -> None:
-        """Wake an idle worker of ``model`` (a cluster's queue has no blocking read), best
-        effort once the request is queued: with the channel's master down the request
-        still runs (workers poll their queues without a subscription, worker/shards.py)."""
+    async def _wake(self, channel: str) -> None:
+        """Wake an idle worker on the wake ``channel`` of the queue shard just written (a
+        cluster's queue has no blocking read), best effort once the request is queued: a
+        request whose wake-up is lost still runs (workers sweep their queues every wait,
+        worker/shards.py)."""
         try:
-            await self.redis.spublish(self.keys.wake(model), "1")  # type: ignore[attr-defined]
+            await self.redis.spublish(channel, "1")  # type: ignore[attr-defined]
         except Exception as exc:
             if not is_outage(exc):
                 raise

@@ -58,6 +58,8 @@ def test_slots_and_queue_shards() -> None:
     assert len(shards) == QUEUE_SHARDS == len(set(shards))
     slots = [slot_of(q) for q in shards]
     assert [s * QUEUE_SHARDS // 16384 for s in slots] == list(range(QUEUE_SHARDS))
+    assert [slot_of(w) for w in keys.wakes("m")] == slots  # each wakes in its shard's slot
+    assert keys.wakes("m") == [q.replace(":requests:", ":wake:") for q in shards]
     assert Keys("tr:").queue_shards("m") == ["tr:requests:m"]
     sid = "a" * 22
     assert len({slot_of(k) for k in (keys.stream(sid), keys.meta(sid), keys.attach(sid))}) == 1
@@ -171,24 +173,36 @@ async def test_an_idle_worker_waits_for_a_wake_up_not_a_poll(
     assert [r.stream_id for r in got] == [new.stream_id]
 
 
-async def test_streams_are_created_while_the_wake_channels_master_is_down(
-    fresh_redis_cluster: LocalCluster,
-) -> None:
-    """The wake-up is published best effort after the request is queued: with the wake
-    channel's master down, a stream whose own keys and queue shard live elsewhere is
-    created and its request reaches the worker (which sweeps its queues)."""
-    cluster = fresh_redis_cluster
-    client = redis.RedisCluster.from_url(cluster.url)
+def _live_xreadgroup_calls(cluster: LocalCluster, down: int) -> int:
+    """``XREADGROUP`` calls so far on every master but ``down``."""
+    stats = [cluster.client(i).info("commandstats") for i in range(len(cluster.ports)) if i != down]
+    return sum(int(s.get("cmdstat_xreadgroup", {}).get("calls", 0)) for s in stats)
+
+
+def _prefix_off(cluster: LocalCluster, client: redis.RedisCluster) -> tuple[str, int]:
+    """A key prefix and a master (the one of the first queue shard's wake channel) that
+    holds none of the prefix's worker keys, so the worker stays live with it down."""
 
     def master(key: str) -> int:
         return cluster.ports.index(int(client.get_node_from_key(key).port))
 
-    for _ in range(200):  # a prefix whose worker keys are not on the wake channel's master
+    for _ in range(200):
         prefix = f"w{secrets.token_hex(3)}:"
         keys = Keys(prefix, cluster=True)
-        down = master(keys.wake(None))
+        down = master(keys.wakes(None)[0])
         if down not in (master(keys.workers), master(keys.worker("w-test"))):
-            break
+            return prefix, down
+    raise AssertionError("no prefix found")
+
+
+async def test_streams_are_created_while_a_wake_channels_master_is_down(
+    fresh_redis_cluster: LocalCluster,
+) -> None:
+    """The wake-up is published best effort after the request is queued: with a master
+    down, a stream whose own keys and queue shard live elsewhere is created and its
+    request reaches the worker (which sweeps its queues)."""
+    cluster = fresh_redis_cluster
+    prefix, down = _prefix_off(cluster, redis.RedisCluster.from_url(cluster.url))
     with open_wlog(cluster.url, prefix, cluster=True) as worker:
         async with open_slog(cluster.url, prefix, cluster=True) as gateway:
             assert await gateway.live_workers(max_age=0) == ["w-test"]
@@ -206,3 +220,51 @@ async def test_streams_are_created_while_the_wake_channels_master_is_down(
                 if created <= got:
                     break
             assert created <= got
+
+
+async def test_wake_channels_spread_over_the_masters_and_outlive_one(
+    fresh_redis_cluster: LocalCluster,
+) -> None:
+    """Every master holds some queue shards' wake channels. With one master down an idle
+    worker keeps waiting on the others' channels (a wait lasts, it does not turn into a
+    poll) and is woken by a request queued on a live master's shard."""
+    cluster = fresh_redis_cluster
+    client = redis.RedisCluster.from_url(cluster.url)
+    masters = {client.get_node_from_key(w).name for w in Keys("x:", cluster=True).wakes("m")}
+    assert len(masters) == len(cluster.ports) == 3
+    prefix, down = _prefix_off(cluster, client)
+    loop = asyncio.get_running_loop()
+    with open_wlog(cluster.url, prefix, cluster=True) as worker:
+        async with open_slog(cluster.url, prefix, cluster=True) as gateway:
+            assert await gateway.live_workers(max_age=0) == ["w-test"]
+            assert await loop.run_in_executor(None, worker.read_requests, 64, 200) == []
+            cluster.kill(down)
+            await loop.run_in_executor(None, worker.read_requests, 64, 200)  # sees it go
+            calls = _live_xreadgroup_calls(cluster, down)
+            for _ in range(3):
+                worker.heartbeat(WorkerStats())
+                assert await loop.run_in_executor(None, worker.read_requests, 64, 1000) == []
+            # one sweep a read: it waited on the live masters' channels, not polling
+            assert _live_xreadgroup_calls(cluster, down) - calls <= 3 * QUEUE_SHARDS
+            assert worker.shards is not None and worker.shards._wake is not None
+            woken = worker.shards._wake.messages
+
+            def read_until_some() -> set[str]:
+                for _ in range(20):
+                    got = {r.stream_id for r in worker.read_requests(64, 1000)}
+                    if got:
+                        worker.read_requests(64, 200)  # the wake-up read, if a sweep came first
+                        return got
+                return set()
+
+            waiting = loop.run_in_executor(None, read_until_some)
+            await asyncio.sleep(0.2)
+            new = None
+            for i in range(10):
+                worker.heartbeat(WorkerStats())
+                with contextlib.suppress(RedisUnavailable):  # its keys on the dead master
+                    new = await gateway.create(BODY, f"r{i}")
+                    break
+            assert new is not None
+            assert await asyncio.wait_for(waiting, 30) == {new.stream_id}
+            assert worker.shards._wake.messages > woken
