@@ -19,6 +19,11 @@ ratio; every token must arrive, in order, on both paths.
 
     .venv/bin/python -m bench.relay                  # 1 and 32 streams, 200 tokens each
     .venv/bin/python -m bench.relay --levels 1,2 --tokens 10 --interval 0.01 --json out.json
+
+``--upstream llamacpp`` relays to llama.cpp's ``llama-server`` on the default model
+instead, and checks what the relay passes on (bench/relay_llamacpp.py says what it does):
+
+    .venv/bin/python -m bench.relay --upstream llamacpp --levels 1,4 --tokens 32
 """
 
 from __future__ import annotations
@@ -282,10 +287,22 @@ def main() -> int:
     p.add_argument("--interval", type=float, default=0.02, help="seconds between tokens")
     p.add_argument("--json", default=None, help="also write the result as JSON here")
     p.add_argument("--serve-upstream", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--upstream", choices=("synthetic", "llamacpp"), default="synthetic",
+                   help="the upstream: the synthetic server, or llama-server")  # fmt: skip
+    from bench import relay_llamacpp  # (it imports this module)
+
+    relay_llamacpp.add_options(p)
     args = p.parse_args()
     if args.serve_upstream is not None:
         serve_upstream(args.serve_upstream, args.interval)
         return 0
+    if args.upstream == "llamacpp":
+        result = relay_llamacpp.run_llamacpp(args)
+        print(relay_llamacpp.table(result))
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        return 1 if not all(f["same"] for k, f in result["features"].items()
+                            if k != "image") else 0  # fmt: skip
     result = run(args)
     print(table(result))
     if args.json:

@@ -173,11 +173,14 @@ def start_ours(args: argparse.Namespace, gguf: Path, config: ServerConfig) -> Pr
     return proc
 
 
-def start_peer(args: argparse.Namespace, binary: Path, gguf: Path, config: ServerConfig) -> Proc:
+def start_peer(
+    args: argparse.Namespace, binary: Path, gguf: Path, config: ServerConfig, *extra: str
+) -> Proc:
+    """``llama-server`` on this GGUF file, sized by ``config``; ``extra``: more options."""
     port = free_port()
     cmd = [str(binary), "-m", str(gguf), "-t", str(args.threads),
            "-np", str(config.slots), "-c", str(config.ctx),
-           "--port", str(port), "--host", "127.0.0.1"]  # fmt: skip
+           "--port", str(port), "--host", "127.0.0.1", *extra]  # fmt: skip
     env = dict(os.environ)  # a shared build's libraries lie next to the binary
     env["LD_LIBRARY_PATH"] = os.pathsep.join(
         x for x in (str(binary.parent), env.get("LD_LIBRARY_PATH")) if x
