@@ -7,10 +7,12 @@ import json
 from typing import Any
 
 import jsonschema
+import pytest
 
 from tests.engine.test_guided_engine import run
 from tokenrelay.core.wire.params import SamplingParams
 from tokenrelay.core.wire.tools import parse_tool_calls
+from tokenrelay.core.wire.vocabulary import ToolFormat
 from tokenrelay.engine.text.chat import plain_messages
 
 WEATHER: dict[str, Any] = {
@@ -102,3 +104,24 @@ def test_required_and_named_calls_validate(llm_engine: Any) -> None:
             assert len(calls) == 1
         if rid == "named":
             assert calls[0].name == "get_time"
+
+
+@pytest.mark.parametrize("fmt", [ToolFormat.LLAMA3, ToolFormat.MISTRAL, ToolFormat.GRANITE])
+def test_a_named_call_is_written_in_the_models_own_format(llm_engine: Any, fmt: ToolFormat) -> None:
+    """An engine whose model writes calls another way (its chat template says which)
+    constrains a named call to that format, and the reader gets it back from the text."""
+    named = {"type": "function", "function": {"name": "get_time"}}
+    params = SamplingParams(max_tokens=120, temperature=0.0, tools=[WEATHER, CLOCK],
+                            tool_choice=named)  # fmt: skip
+    was = llm_engine.tool_format
+    llm_engine.tool_format = fmt
+    try:
+        prompt = llm_engine.apply_chat_template(ASK, params.offered_tools)
+        [(_, text, reason)] = run(llm_engine, {"f": (prompt, params)}).values()
+    finally:
+        llm_engine.tool_format = was
+    assert reason == "stop", text
+    assert "<tool_call>" not in text and text.lstrip()[:1] in ("{", "[", "<")
+    content, calls = parse_tool_calls(text, params.offered_tools, "f", fmt)
+    assert content == "" and [c.name for c in calls] == ["get_time"], text
+    jsonschema.validate(json.loads(calls[0].arguments), SCHEMAS["get_time"])
