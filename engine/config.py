@@ -149,6 +149,10 @@ class EngineConfig:
         ready, gguf, _ = locate_model(self.model)
         if self.weights == "native" and gguf is None:
             raise ValueError(f"model: weights=native needs a .gguf model, got {self.model!r}")
+        if self.weights == "native" and gguf is not None:  # a family served dense only
+            from tokenrelay.engine.models.gguf_weights import check_native
+
+            check_native(gguf)
         self._check_tensor_parallel(ready)
 
     def _check_tensor_parallel(self, ready: Path | None) -> None:
@@ -191,7 +195,7 @@ class EngineConfig:
         if free is not None and need > free * DENSE_SHARE:
             raise ValueError(
                 f"model: {why}, more than this machine can hold ({free / 2**30:.1f} GiB "
-                "available): pick a file in a type the kernels multiply"
+                "available): pick a smaller model, or a file the kernels multiply as it is"
             )
         log.warning(
             "weights auto: dequantizing to fp32", extra={"model": self.model, "reason": why}

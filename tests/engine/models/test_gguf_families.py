@@ -1,0 +1,212 @@
+"""Granite, OLMo 2 and Phi-3 from GGUF files, through our own metadata reader and the dense
+path (engine/models/gguf_dense.py), against transformers on the same random weights.
+
+Each file is written here with gguf-py from a tiny random checkpoint of
+tests/engine/models/test_families.py / test_phi3.py, as llama.cpp's converter writes it:
+its architecture keys (Granite's four ``*_scale`` keys, Phi-3's rotated-value count,
+original context, cos/sin scale and factor tensors), the tensor names of gguf-py's own
+name map, Granite's q/k rows permuted (``LlamaModel.permute``), the norms in F32 and the
+matrices in F32, F16 or Q8_0 (``gguf.quants.quantize``), the default model's tokenizer.
+The engine serves it from the file (weights auto: dense, with a one-line note) and its
+greedy tokens must be transformers' on the checkpoint whose matrices are the file's
+(dequantized: the same numbers the engine holds).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from tests.engine.models.test_families import Reference, build_checkpoint, prompts, run
+from tests.engine.models.test_kquant_model import _copy_tokenizer
+from tests.engine.models.test_phi3 import ORIGINAL, build_phi3
+from tokenrelay.engine import EngineConfig, LLMEngine
+from tokenrelay.engine.models.config import ModelConfig
+from tokenrelay.engine.models.gguf_file import GGUFIndex
+from tokenrelay.engine.models.gguf_meta import write_metadata
+from tokenrelay.engine.models.store import locate_model
+
+__all__ = ["prompts"]  # the shared fixture: five prompts, 5 to 93 tokens
+GGML = gguf.GGMLQuantizationType
+ARCH = {"granite-bias": "granite", "olmo2": "olmo2", "phi3-longrope": "phi3"}
+CASES = [("granite-bias", "F32"), ("olmo2", "F16"), ("phi3-longrope", "Q8_0"),
+         ("granite-bias", "Q8_0")]  # fmt: skip
+
+
+def _permute(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """llama.cpp's ``LlamaModel.permute`` of q/k rows (weights and biases)."""
+    return (
+        w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    )
+
+
+def _stored(w: np.ndarray, qtype: str) -> tuple[np.ndarray, Any]:
+    """``w`` as the file holds it, and the ggml type (1-D tensors stay F32, as llama.cpp's)."""
+    if w.ndim == 1 or qtype == "F32":
+        return w.astype(np.float32), None
+    if qtype == "F16":
+        return w.astype(np.float16), None
+    return gguf.quants.quantize(w.astype(np.float32), GGML[qtype]), GGML[qtype]
+
+
+def _round_trip(w: torch.Tensor, qtype: str) -> torch.Tensor:
+    """What the file gives back for ``w``: its dequantized matrix."""
+    if w.ndim == 1 or qtype == "F32":
+        return w
+    stored, raw = _stored(w.numpy(), qtype)
+    back = stored.astype(np.float32) if raw is None else gguf.quants.dequantize(stored, raw)
+    return torch.from_numpy(np.ascontiguousarray(back)).reshape(w.shape)
+
+
+def write_gguf(path: Path, kind: str, hf: Any, qtype: str) -> Path:
+    """``hf`` as llama.cpp's converter writes a ``kind`` model, matrices in ``qtype``."""
+    c, arch = hf.config, ARCH[kind]
+    w = gguf.GGUFWriter(str(path), arch)
+    heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
+    head_dim = c.hidden_size // heads
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    rope = c.rope_parameters
+    w.add_rope_freq_base(rope["rope_theta"])
+    if arch == "granite":  # GraniteModel(LlamaModel): the four multipliers as *_scale
+        w.add_rope_dimension_count(head_dim)
+        w.add_attention_scale(c.attention_multiplier)
+        w.add_embedding_scale(c.embedding_multiplier)
+        w.add_residual_scale(c.residual_multiplier)
+        w.add_logit_scale(c.logits_scaling)
+    if arch == "phi3":  # Phi3MiniModel: rotated values, original context, longrope tensors
+        w.add_rope_dimension_count(int(rope["partial_rotary_factor"] * c.hidden_size) // heads)
+        w.add_rope_scaling_orig_ctx_len(c.original_max_position_embeddings)
+        w.add_sliding_window(0)
+        scale = c.max_position_embeddings / c.original_max_position_embeddings
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(ORIGINAL)))
+        for name in ("long", "short"):
+            factors = np.asarray(rope[f"{name}_factor"], dtype=np.float32)
+            w.add_tensor(f"rope_factors_{name}.weight", factors)
+    _copy_tokenizer(w)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], c.num_hidden_layers)
+    for hf_name, tensor in hf.state_dict().items():
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        assert name is not None, hf_name
+        t = tensor.detach().float()
+        if arch == "granite" and ".q_proj." in hf_name:
+            t = _permute(t, heads)
+        elif arch == "granite" and ".k_proj." in hf_name:
+            t = _permute(t, kv_heads)
+        data, raw = _stored(t.numpy(), qtype)
+        w.add_tensor(name, data, raw_dtype=raw)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A $TOKENRELAY_HOME of this module's own: the prepared folders go there."""
+    folder = tmp_path_factory.mktemp("home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TOKENRELAY_HOME", str(folder))
+        yield folder
+
+
+def _build(kind: str, folder: Path, tokenizer_dir: Path) -> Any:
+    if kind.startswith("phi3"):
+        return build_phi3(kind, folder, tokenizer_dir)
+    return build_checkpoint(kind, folder, tokenizer_dir)
+
+
+@pytest.mark.parametrize(("kind", "qtype"), CASES)
+def test_greedy_from_a_gguf_is_transformers_on_its_weights(
+    kind: str,
+    qtype: str,
+    home: Path,
+    tmp_path: Path,
+    model_path: Path,
+    prompts: list[list[int]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    hf = _build(kind, tmp_path / "folder", model_path)
+    path = write_gguf(tmp_path / f"{kind}-{qtype}.gguf", kind, hf, qtype)
+    assert GGUFIndex(path).arch == ARCH[kind]
+    ref_model = copy.deepcopy(hf)
+    with torch.no_grad():
+        for p in ref_model.parameters():
+            p.copy_(_round_trip(p.detach(), qtype))
+    if qtype != "F32":
+        assert not torch.equal(ref_model.lm_head.weight, hf.lm_head.weight)
+    with caplog.at_level(logging.WARNING, logger="tokenrelay.engine"):
+        engine = LLMEngine(EngineConfig(model=str(path), device="cpu", num_blocks=128))
+    (note,) = [r for r in caplog.records if "dequantizing to fp32" in r.getMessage()]
+    assert f"a {ARCH[kind]} file runs op by op" in note.reason  # type: ignore[attr-defined]
+    assert engine.runner.weights == "float32" and engine.runner.model.fused is None
+    assert str(engine.model_path).startswith(str(home))
+    assert type(engine.runner.model).__name__ == hf.__class__.__name__
+    # the folder's config, read back from the file's keys and tensors (the token ids are
+    # the default tokenizer's; Phi-3's cos/sin scale is a key, the folder computes it)
+    want = ModelConfig.from_pretrained(tmp_path / "folder")
+    got = ModelConfig.from_pretrained(engine.model_path)
+    if kind == "phi3-longrope":
+        assert got.rope.attention_factor == pytest.approx(math.sqrt(1 + math.log(4) / math.log(32)))
+        got = replace(got, rope=replace(got.rope, attention_factor=None))
+    assert got.rms_norm_eps == pytest.approx(want.rms_norm_eps, rel=1e-6)  # a float32 key
+    same: dict[str, Any] = {"eos_token_ids": frozenset(), "bos_token_id": None,
+                            "rms_norm_eps": want.rms_norm_eps}  # fmt: skip
+    assert replace(got, **same) == replace(want, **same)
+    chosen = [p for p in prompts if kind != "phi3-longrope" or len(p) > ORIGINAL]
+    refs = [Reference(ref_model, p) for p in chosen]
+    for i, ours in enumerate(run(engine, chosen)):
+        refs[i].check(ours, f"{kind} {qtype} prompt {i}")
+
+
+def _header_only(path: Path, arch: str) -> Path:
+    """A GGUF of ``arch`` with its shape keys, a 3-token tokenizer and an embedding only."""
+    w = gguf.GGUFWriter(str(path), arch)
+    for key, value in [("block_count", 1), ("embedding_length", 64), ("context_length", 64),
+                       ("feed_forward_length", 128), ("attention.head_count", 4)]:  # fmt: skip
+        w.add_uint32(f"{arch}.{key}", value)
+    w.add_token_list(["a", "b", "ab"])
+    w.add_tokenizer_model("gpt2")
+    w.add_token_merges(["a b"])
+    w.add_tensor("token_embd.weight", np.zeros((3, 64), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("arch", ["granite", "olmo2", "phi3"])
+def test_native_weights_are_refused_in_one_line(arch: str, home: Path, tmp_path: Path) -> None:
+    path = _header_only(tmp_path / f"{arch}.gguf", arch)
+    with pytest.raises(ValueError) as err:
+        EngineConfig(model=str(path), device="cpu", weights="native")
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith(f"weights=native: a {arch} GGUF runs dense, op by op")
+    _, _, target = locate_model(str(path))  # refused before anything is prepared
+    assert target is not None and not target.with_name(target.name + ".meta").exists()
+
+
+def test_granite_defaults_are_llama_cpps(tmp_path: Path) -> None:
+    """A Granite file without the scale keys: no scaling, and 1/sqrt(head_dim) attention."""
+    write_metadata(_header_only(tmp_path / "g.gguf", "granite"), tmp_path / "meta")
+    cfg = ModelConfig.from_pretrained(tmp_path / "meta")
+    assert cfg.attention_scale == pytest.approx(16**-0.5)
+    assert cfg.embedding_multiplier == cfg.residual_multiplier == cfg.logits_scaling == 1.0
