@@ -1,8 +1,9 @@
 """Building blocks the decoder families share: norms, the gated MLP, attention projections.
 
-Each family module (``llama.py``, ``granite.py``, ``olmo2.py``) assembles its layers from
-these; what differs between families (where the norms sit, scalar multipliers, how q and
-k are normalised) lives in the family's module as a small override, not a copy.
+Each family module (``llama.py``, ``granite.py``, ``olmo2.py``, ``gemma.py``, ...)
+assembles its layers from these; what differs between families (where the norms sit,
+scalar multipliers, how q and k are normalised, Gemma's ``1 + weight`` norms and GeGLU)
+lives in the family's module as a small override, not a copy.
 
 Every projection is one dense weight that :func:`cpu_linear.pack` may move into oneDNN's
 layout (CPU fp32), or a quantized one set by the GGUF loader; under tensor parallelism
@@ -80,6 +81,18 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
+class OffsetRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: scaled by ``1 + weight`` (checkpoints store the offset from 1), in
+    fp32 and cast back, as transformers' ``Gemma2RMSNorm`` / ``Gemma3RMSNorm``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = 1.0 + self.weight.float()
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, self.shape, scale, self.eps)
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * scale).to(x.dtype)
+
+
 class GatedMLP(nn.Module):
     """SwiGLU feed-forward ``down(silu(gate(x)) * up(x))`` with a fused gate/up projection."""
 
@@ -105,10 +118,21 @@ class GatedMLP(nn.Module):
         """``x`` ``[T, hidden]`` -> ``[T, hidden]``."""
         gate_up = cpu_linear.linear(x, self.gate_up_weight, self.gate_up_packed, self.gate_up_bias)
         gate, up = gate_up[:, : self.inter], gate_up[:, self.inter :]  # [T, I] each
-        act = F.silu(gate) * up
+        act = self.activation(gate) * up
         if self.tp is None:
             return cpu_linear.linear(act, self.down_weight, self.down_packed, self.down_bias)
         return row_parallel(act, self.down_weight, self.down_packed, self.down_bias, self.tp)
+
+    def activation(self, gate: torch.Tensor) -> torch.Tensor:
+        """The gate's nonlinearity (a family's hook): SiLU."""
+        return F.silu(gate)
+
+
+class GeGLUMLP(GatedMLP):
+    """GeGLU ``down(gelu_tanh(gate(x)) * up(x))``: Gemma's ``gelu_pytorch_tanh``."""
+
+    def activation(self, gate: torch.Tensor) -> torch.Tensor:
+        return F.gelu(gate, approximate="tanh")
 
 
 class AttentionProjections(nn.Module):

@@ -10,7 +10,9 @@ RoPE scaling types: ``default``, ``linear``, ``llama3``, ``yarn`` and ``longrope
 ``partial_rotary_factor`` rotates the first part of each head only (``rope.py``).
 Sliding-window attention (Mistral, Qwen2 ``use_sliding_window``) is ignored:
 every layer attends to the full context, which equals sliding-window attention
-for sequences shorter than the window.
+for sequences shorter than the window. ``gemma2`` and ``gemma3_text`` (``gemma.py``) are
+the exception: their local layers attend to their window only (``_gemma``), and Gemma 3
+gives its local and global layers a RoPE each (per layer type in ``rope_parameters``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "granite", "olmo2", "phi3")
+SUPPORTED_MODEL_TYPES = (
+    "llama", "mistral", "qwen2", "qwen3", "granite", "olmo2", "phi3", "gemma2", "gemma3_text"
+)  # fmt: skip
+GEMMA_TYPES = ("gemma2", "gemma3_text")  # gemma.py; their fields: _gemma()
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
@@ -78,6 +83,12 @@ class ModelConfig:
     residual_multiplier: float = 1.0  # each sublayer's output, before the residual add
     attention_multiplier: float | None = None  # the softmax scale; None: 1 / sqrt(head_dim)
     logits_scaling: float = 1.0  # the logits are divided by it
+    # Gemma 2 / 3 (``_gemma``): each layer's sliding window (None: global; (): none has one),
+    # the sliding layers' RoPE where it differs (Gemma 3), soft-capped scores and logits
+    layer_windows: tuple[int | None, ...] = ()
+    local_rope: RopeConfig | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
 
     @property
     def num_kv_groups(self) -> int:
@@ -90,6 +101,10 @@ class ModelConfig:
         if self.attention_multiplier is not None:
             return self.attention_multiplier
         return self.head_dim**-0.5
+
+    def window(self, layer: int) -> int | None:
+        """Layer ``layer``'s sliding window (its queries see that many keys), or ``None``."""
+        return self.layer_windows[layer] if self.layer_windows else None
 
     @classmethod
     def from_dict(
@@ -111,13 +126,14 @@ class ModelConfig:
                 f"num_key_value_heads: {kv_heads} must divide num_attention_heads ({heads})"
             )
         act = cfg.get("hidden_act", "silu")
-        if act not in ("silu", "swish"):
+        if act not in ("silu", "swish") and model_type not in GEMMA_TYPES:
             raise ValueError(f"hidden_act: {act!r} is not supported (only silu)")
         max_pos = int(cfg.get("max_position_embeddings") or 4096)
         eps = float(cfg.get("rms_norm_eps", 1e-6))
         if not eps > 0:
             raise ValueError(f"rms_norm_eps: expected a positive number in config.json, got {eps}")
         attn_bias = model_type != "mistral" and bool(cfg.get("attention_bias", False))
+        gemma = _gemma(cfg, model_type, max_pos, head_dim) if model_type in GEMMA_TYPES else {}
         eos = _ids(cfg.get("eos_token_id"))
         if generation_config:
             eos |= _ids(generation_config.get("eos_token_id"))
@@ -131,18 +147,19 @@ class ModelConfig:
             head_dim=head_dim,
             intermediate_size=_int(cfg, "intermediate_size"),
             rms_norm_eps=eps,
-            rope=_rope(cfg, max_pos, head_dim),
+            rope=gemma.pop("rope", None) or _rope(cfg, max_pos, head_dim),
             max_position_embeddings=max_pos,
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", model_type in GEMMA_TYPES)),
             # Qwen2 always has a qkv bias (and none on o_proj); Llama/Qwen3 use attention_bias.
             qkv_bias=model_type == "qwen2" or attn_bias,
             o_bias=model_type != "qwen2" and attn_bias,
             mlp_bias=model_type in ("llama", "granite") and bool(cfg.get("mlp_bias", False)),
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3", "gemma3_text"),
             qk_norm_full=model_type == "olmo2",
             eos_token_ids=frozenset(eos),
             bos_token_id=cfg.get("bos_token_id"),
             **(_granite(cfg) if model_type == "granite" else {}),
+            **gemma,
         )
 
     @classmethod
@@ -174,7 +191,7 @@ def _positive(cfg: dict[str, Any], key: str, default: float) -> float:
     return float(value)
 
 
-def _granite(cfg: dict[str, Any]) -> dict[str, float]:
+def _granite(cfg: dict[str, Any]) -> dict[str, Any]:
     """Granite's multipliers (transformers' ``GraniteConfig`` defaults: all 1.0; the
     attention multiplier replaces ``1 / sqrt(head_dim)``, so its default 1.0 is no scale)."""
     return {
@@ -263,3 +280,51 @@ def _factors(params: dict[str, Any], name: str, count: int) -> tuple[float, ...]
 
 def _opt_float(value: Any) -> float | None:
     return None if value is None else float(value)
+
+
+def _gemma(cfg: dict[str, Any], model_type: str, max_pos: int, head_dim: int) -> dict[str, Any]:
+    """Gemma 2 / 3's fields, with transformers' ``Gemma2Config`` / ``Gemma3TextConfig``
+    defaults: the softmax scale ``query_pre_attn_scalar ** -0.5``, which layers slide
+    (``layer_types``, else every 2nd (Gemma 2) or ``sliding_window_pattern``-th layer
+    global), the soft-caps (Gemma 3 attention has none), Gemma 3's two RoPEs."""
+    act = cfg.get("hidden_activation") or "gelu_pytorch_tanh"
+    if act != "gelu_pytorch_tanh":
+        raise ValueError(f"hidden_activation: {act!r} is not supported (only gelu_pytorch_tanh)")
+    if cfg.get("use_bidirectional_attention"):
+        raise ValueError("use_bidirectional_attention: only causal attention is supported")
+    layers, gemma2 = _int(cfg, "num_hidden_layers"), model_type == "gemma2"
+    kinds = ("sliding_attention", "full_attention")
+    types = cfg.get("layer_types")
+    if types is None:
+        every = 2 if gemma2 else int(cfg.get("sliding_window_pattern") or 6)
+        types = [kinds[0] if (i + 1) % every else kinds[1] for i in range(layers)]
+    if not isinstance(types, list) or len(types) != layers or any(t not in kinds for t in types):
+        raise ValueError(f"layer_types: expected {layers} of {' or '.join(map(repr, kinds))}")
+    window = cfg.get("sliding_window", 4096)
+    if kinds[0] in types:
+        window = _int({"sliding_window": window}, "sliding_window")
+    fields: dict[str, Any] = {
+        "layer_windows": tuple(window if t == kinds[0] else None for t in types),
+        "attention_multiplier": _positive(cfg, "query_pre_attn_scalar", 256) ** -0.5,
+        "final_softcap": _cap(cfg, "final_logit_softcapping", 30.0 if gemma2 else None),
+        "attn_softcap": _cap(cfg, "attn_logit_softcapping", 50.0) if gemma2 else None,
+    }
+    params = cfg.get("rope_parameters") or {}
+    if gemma2:
+        return fields
+    if any(isinstance(v, dict) for v in params.values()):  # transformers 5: by layer type
+        plain = {k: v for k, v in cfg.items() if k not in ("rope_scaling", "rope_theta")}
+        for name, kind, theta in (("rope", kinds[1], 1e6), ("local_rope", kinds[0], 1e4)):
+            typed = {"rope_theta": theta, **(params.get(kind) or {})}
+            fields[name] = _rope({**plain, "rope_parameters": typed}, max_pos, head_dim)
+        return fields
+    fields["rope"] = _rope({"rope_theta": 1e6, **cfg}, max_pos, head_dim)  # global layers
+    local = {"rope_theta": float(cfg.get("rope_local_base_freq") or 1e4)}
+    fields["local_rope"] = _rope({"rope_parameters": local}, max_pos, head_dim)
+    return fields
+
+
+def _cap(cfg: dict[str, Any], key: str, default: float | None) -> float | None:
+    """A soft-cap: a positive number, or ``None`` (null in ``config.json``: no cap)."""
+    value = cfg.get(key, default)
+    return None if value is None else _positive({key: value}, key, 1.0)

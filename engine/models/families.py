@@ -8,6 +8,7 @@ list a refused ``config.json`` is told, and every name in it has a class here.
 from __future__ import annotations
 
 from tokenrelay.engine.models.config import SUPPORTED_MODEL_TYPES, ModelConfig
+from tokenrelay.engine.models.gemma import GemmaForCausalLM
 from tokenrelay.engine.models.granite import GraniteForCausalLM
 from tokenrelay.engine.models.llama import CausalLM
 from tokenrelay.engine.models.olmo2 import Olmo2ForCausalLM
@@ -20,6 +21,8 @@ FAMILIES: dict[str, type[CausalLM]] = {
     "qwen3": CausalLM,
     "granite": GraniteForCausalLM,
     "olmo2": Olmo2ForCausalLM,
+    "gemma2": GemmaForCausalLM,
+    "gemma3_text": GemmaForCausalLM,
     "phi3": Phi3ForCausalLM,
 }
 assert set(FAMILIES) == set(SUPPORTED_MODEL_TYPES)

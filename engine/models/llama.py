@@ -52,12 +52,14 @@ class QuantRows(Protocol):
 
 class Attention(AttentionProjections):
     """GQA self-attention through the paged KV cache: rotary q and k, optional per-head
-    q/k norm (Qwen3), the checkpoint's softmax scale (Granite's ``attention_multiplier``)."""
+    q/k norm (Qwen3), the checkpoint's softmax scale (Granite's ``attention_multiplier``),
+    the layer's sliding window and soft-capped scores (Gemma; ``None`` elsewhere)."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__(cfg)
         self.layer_idx = layer_idx
         self.scale = cfg.attention_scale
+        self.window, self.softcap = cfg.window(layer_idx), cfg.attn_softcap
         self.q_norm, self.k_norm = self.qk_norms(cfg)
 
     def qk_norms(self, cfg: ModelConfig) -> tuple[RMSNorm | None, RMSNorm | None]:
@@ -95,9 +97,10 @@ class Attention(AttentionProjections):
         qkv = self.project_qkv(x)  # [T, (H + 2 Hkv) D]
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
         q, k = self.rotate_qk(qkv, cos, sin, rope)
-        o = paged_attention(
-            q, k, v, kv_cache.k[self.layer_idx], kv_cache.v[self.layer_idx], meta, self.scale
-        )  # [T, H, D]
+        o = paged_attention(  # [T, H, D]
+            q, k, v, kv_cache.k[self.layer_idx], kv_cache.v[self.layer_idx], meta, self.scale,
+            self.window, self.softcap,
+        )  # fmt: skip
         return self.project_out(o.reshape(t, self.q_size))
 
 

@@ -309,9 +309,9 @@ def test_family_fields_are_checked(overrides: dict[str, Any], field: str) -> Non
 
 def test_an_unknown_model_type_is_one_line_naming_the_families() -> None:
     with pytest.raises(ValueError) as err:
-        ModelConfig.from_dict(_base(model_type="gemma2"))
+        ModelConfig.from_dict(_base(model_type="gemma"))
     message = str(err.value)
-    assert "\n" not in message and "'gemma2' is not supported" in message
+    assert "\n" not in message and "'gemma' is not supported" in message
     assert message.endswith(f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
 
 
