@@ -171,6 +171,25 @@ def test_the_offset_norm_is_transformers_bit_for_bit(dtype: torch.dtype) -> None
         assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_embeddings_scale_by_sqrt_hidden_rounded_as_transformers(dtype: torch.dtype) -> None:
+    """sqrt(48) = 6.93 is 6.94 in bf16: the rows are scaled by the rounded value, bit for
+    bit as transformers' ``Gemma2TextScaledWordEmbedding``."""
+    from transformers.models.gemma2.modeling_gemma2 import Gemma2TextScaledWordEmbedding
+
+    cfg = ModelConfig.from_dict(_base("gemma2", hidden_size=48))
+    with torch.device("meta"):
+        model = GemmaForCausalLM(cfg)
+    weight = torch.randn(100, 48, generator=torch.Generator().manual_seed(0)).to(dtype)
+    model.embed = torch.nn.Parameter(weight, requires_grad=False)
+    ref = Gemma2TextScaledWordEmbedding(100, 48, 0, embed_scale=48**0.5).to(dtype)
+    with torch.no_grad():
+        ref.weight.copy_(weight)
+        ids = torch.tensor([3, 0, 99, 3, 41])
+        got, want = model.embed_tokens(ids), ref(ids)
+    assert got.dtype == want.dtype == dtype and torch.equal(got, want)
+
+
 # --- the engine's greedy tokens against transformers' generate -------------------------
 
 
