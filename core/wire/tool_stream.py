@@ -28,21 +28,18 @@ at most :data:`MAX_CALLS` calls are read.
 
 from __future__ import annotations
 
-import json
-import re
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tokenrelay.core.wire.tool_formats import SYNTAX, ToolFormat
+from tokenrelay.core.wire.tool_json import MAX_CALL_CHARS, MAX_NAME_CHARS, CallObject, NotACall
 
-MAX_CALL_CHARS = 256 * 1024  # characters of one call object (and of a region's held text)
 MAX_CALLS = 128  # calls read from one completion, at most
-MAX_NAME_CHARS = 256  # a name string longer than this is no tool's
 _WS = " \t\r\n"
-_STRING_STOP = re.compile(r'["\\]')
 
-__all__ = ["MAX_CALLS", "MAX_CALL_CHARS", "CallDelta", "CallStream", "Split"]
+__all__ = ["MAX_CALLS", "MAX_CALL_CHARS", "CallDelta", "CallStream", "Split", "ToolCall", "call_id"]
 
 
 @dataclass(frozen=True)
@@ -63,42 +60,34 @@ class Split:
     deltas: list[CallDelta] = field(default_factory=list)
 
 
-class _Fail(Exception):
-    """The region being read is not (or no longer) calls."""
+@dataclass(frozen=True)
+class ToolCall:
+    """A parsed call: ``arguments`` is JSON text (OpenAI sends it as a string)."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def to_openai(self, index: int | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {} if index is None else {"index": index}
+        fn = {"name": self.name, "arguments": self.arguments}
+        return {**out, "id": self.id, "type": "function", "function": fn}
 
 
-@dataclass
-class _Object:
-    """One call object being read (``bare``: the object is the arguments: ``name[ARGS]``)."""
-
-    bare: bool = False
-    name: str | None = None
-    depth: int = 0
-    in_str: bool = False
-    esc: bool = False
-    phase: str = "key"  # at depth 1: key, colon, value, comma
-    key: list[str] = field(default_factory=list)
-    key_done: str | None = None
-    target: str | None = None  # the value being read: "name", "args", or None (skipped)
-    name_buf: list[str] = field(default_factory=list)
-    args: list[str] = field(default_factory=list)
-    args_done: bool = False
-    scalar: bool = False  # a number/literal value at depth 1
-    chars: int = 0
-    index: int | None = None  # set once its first delta went out
+def call_id(stream_id: str, index: int) -> str:
+    """A call's id: stable for the stream, so a resumed or re-read answer shows the same."""
+    digest = hashlib.sha256(f"{stream_id}:{index}".encode()).hexdigest()
+    return "call_" + digest[:24]
 
 
 class CallStream:
     """Splits a completion into content and call deltas (see the module docstring)."""
 
     def __init__(self, fmt: ToolFormat, tools: Sequence[Any], stream_id: str) -> None:
-        from tokenrelay.core.wire.tools import ToolCall, call_id  # tools.py imports us
-
-        self._ToolCall, self._call_id = ToolCall, call_id
         self.syntax = SYNTAX[fmt]
         self.offered = {t.name for t in tools}
         self.stream_id = stream_id
-        self.calls: list[Any] = []  # ToolCall: the calls read whole
+        self.calls: list[ToolCall] = []  # the calls read whole
         self._next_index = 0
         self._mode = "text"
         self._pending = ""  # text mode: a possible marker (or leading whitespace) held back
@@ -106,7 +95,7 @@ class CallStream:
         self._after_call = False  # text mode: whitespace after a call is dropped
         self._region: list[str] | None = None  # the region's text, while no delta went out
         self._region_chars = 0
-        self._obj: _Object | None = None
+        self._obj: CallObject | None = None
         self._match = ""  # a marker being matched (closer, [ARGS])
         self._name: list[str] = []  # mistral's name[ARGS]
         self._out = Split()
@@ -130,9 +119,9 @@ class CallStream:
             c = text[i]
             try:
                 i = self._region_char(text, i, c)
-            except _Fail:
+            except NotACall as stop:  # the text up to ``resume`` is held: shown, or dropped
                 self._fail()
-                i += 1
+                i = i + 1 if stop.resume is None else stop.resume
         return self._flush()
 
     def finish(self) -> Split:
@@ -222,24 +211,19 @@ class CallStream:
         self._region, self._obj, self._match, self._name = None, None, "", []
         self._mode, self._after_call = "text", True
 
-    def _hold(self, c: str) -> None:
-        if self._region is not None:
-            self._region.append(c)
-            self._region_chars += 1
-            if self._region_chars > MAX_CALL_CHARS:
-                raise _Fail
-
     def _region_char(self, text: str, i: int, c: str) -> int:
         mode = self._mode
         if mode == "object":
             return self._object(text, i)
-        self._hold(c)
+        self.hold(c)
+        if self._region_chars > MAX_CALL_CHARS:
+            raise NotACall
         s = self.syntax
         if mode in ("start", "opened", "next"):
             if c in _WS:
                 return i + 1
             if c == "{":
-                self._obj = _Object()
+                self._obj = CallObject()
                 self._mode = "object"
                 return self._object(text, i, first=True)
             if c == "[" and s.array and mode == "opened":
@@ -248,11 +232,11 @@ class CallStream:
             if s.named_args and mode == "opened" and (c.isalnum() or c in "_-"):
                 self._mode, self._name = "name", [c]
                 return i + 1
-            raise _Fail
+            raise NotACall
         if mode == "name":  # mistral: name[ARGS]{...}
             if not self._match and (c.isalnum() or c in "_-"):
                 if len(self._name) >= MAX_NAME_CHARS:
-                    raise _Fail
+                    raise NotACall
                 self._name.append(c)
                 return i + 1
             return self._marker(c, s.named_args or "", "bare", i)
@@ -260,9 +244,9 @@ class CallStream:
             if c in _WS:
                 return i + 1
             if c != "{":
-                raise _Fail
-            self._obj = _Object(bare=True)
-            self._named("".join(self._name))
+                raise NotACall
+            self._obj = CallObject(bare=True)
+            self.named(self._obj, "".join(self._name))
             self._mode = "object"
             return self._object(text, i, first=True)
         if mode == "after":  # after a call object
@@ -280,7 +264,7 @@ class CallStream:
                 self._mode = "start"
                 return i + 1
             if s.leading_object and c == "{":
-                self._obj = _Object()
+                self._obj = CallObject()
                 self._mode = "object"
                 return self._object(text, i, first=True)
             self._end_region()  # llama3: text after the calls
@@ -292,7 +276,7 @@ class CallStream:
         region ends, for Hermes' closer)."""
         self._match += c
         if not marker.startswith(self._match):
-            raise _Fail
+            raise NotACall
         if self._match == marker:
             self._match = ""
             if then == "closed":
@@ -301,184 +285,35 @@ class CallStream:
                 self._mode = then
         return i + 1
 
-    # --- one call object --------------------------------------------------------------
+    # --- one call object (core/wire/tool_json.py reads it, these hear from it) ----------
 
     def _object(self, text: str, i: int, *, first: bool = False) -> int:
-        """Reads object characters from ``i`` on (one, or a run inside a string)."""
         obj = self._obj
         assert obj is not None
-        c = text[i]
-        if not first:
-            self._hold(c)
-        obj.chars += 1
-        if obj.chars > MAX_CALL_CHARS:
-            raise _Fail
-        if obj.in_str:
-            return self._string(text, i, obj)
-        if obj.bare:
-            self._args_text(obj, c)
-            return self._bare(obj, c, i)
-        if obj.depth == 0:  # the opening brace
-            obj.depth = 1
-            return i + 1
-        if obj.depth > 1:
-            if obj.target == "args":
-                self._args_text(obj, c)
-            if c == '"':
-                obj.in_str = True
-            elif c in "{[":
-                obj.depth += 1
-            elif c in "}]":
-                obj.depth -= 1
-                if obj.depth == 1:
-                    self._value_done(obj)
-            return i + 1
-        return self._top(obj, c, i)
+        return obj.read(text, i, self, first=first)
 
-    def _top(self, obj: _Object, c: str, i: int) -> int:
-        """A character at depth 1 of a call object."""
-        if obj.scalar:
-            if c in ",}" or c in _WS:
-                obj.scalar = False
-                obj.phase = "comma"
-            else:
-                return i + 1
-        if c in _WS:
-            return i + 1
-        phase = obj.phase
-        if phase == "key":
-            if c == '"':
-                obj.in_str, obj.key = True, []
-                return i + 1
-            if c == "}":
-                return self._object_done(obj, i)
-            raise _Fail
-        if phase == "colon":
-            if c != ":":
-                raise _Fail
-            obj.phase = "value"
-            return i + 1
-        if phase == "value":
-            key = obj.key_done
-            obj.target = "name" if key == "name" else None
-            if key in ("arguments", "parameters") and not obj.args_done:
-                if c != "{":
-                    raise _Fail  # arguments must be an object
-                obj.target = "args"
-                if obj.name is not None:
-                    self._open_call(obj)
-                self._args_text(obj, c)
-            if obj.target == "name" and c != '"':
-                raise _Fail
-            if c == '"':
-                obj.in_str = True
-                if obj.target == "name":
-                    obj.name_buf = []
-            elif c in "{[":
-                obj.depth += 1
-            else:
-                obj.scalar = True
-            return i + 1
-        if phase == "comma":
-            if c == ",":
-                obj.phase = "key"
-                return i + 1
-            if c == "}":
-                return self._object_done(obj, i)
-        raise _Fail
+    def hold(self, run: str) -> None:
+        """Text of the region, kept to be shown should it be no call, while no delta of
+        it went out (the region's own cap is checked a character at a time; an object
+        has its own, core/wire/tool_json.py)."""
+        if self._region is not None:
+            self._region.append(run)
+            self._region_chars += len(run)
 
-    def _string(self, text: str, i: int, obj: _Object) -> int:
-        """Inside a JSON string: jumps to the next quote or backslash."""
-        c = text[i]
-        if obj.esc:
-            obj.esc = False
-            self._string_chars(obj, c)
-            return i + 1
-        if c == "\\":
-            obj.esc = True
-            self._string_chars(obj, c)
-            return i + 1
-        if c == '"':
-            obj.in_str = False
-            self._string_chars(obj, c, closing=True)
-            return i + 1
-        m = _STRING_STOP.search(text, i + 1)
-        end = m.start() if m else len(text)
-        rest = text[i + 1 : end]  # text[i] is held already; the rest is held here
-        if obj.chars + len(rest) > MAX_CALL_CHARS or (
-            self._region is not None and self._region_chars + len(rest) > MAX_CALL_CHARS
-        ):
-            raise _Fail
-        if rest:
-            obj.chars += len(rest)
-            if self._region is not None:
-                self._region.append(rest)
-                self._region_chars += len(rest)
-        self._string_chars(obj, text[i:end])
-        return end
-
-    def _string_chars(self, obj: _Object, run: str, *, closing: bool = False) -> None:
-        if obj.bare or obj.target == "args":
-            self._args_text(obj, run)
-            return
-        if obj.depth != 1:
-            return
-        if obj.phase == "key":
-            if closing:
-                obj.key_done = _decode_string(obj.key)
-                obj.phase = "colon"
-            else:
-                obj.key.append(run)
-                if sum(map(len, obj.key)) > MAX_NAME_CHARS:
-                    obj.key = obj.key[:1]  # a long key is no key we read
-            return
-        if obj.target == "name":
-            if closing:
-                obj.target = None
-                obj.phase = "comma"
-                self._named(_decode_string(obj.name_buf))
-            else:
-                obj.name_buf.append(run)
-                if sum(map(len, obj.name_buf)) > MAX_NAME_CHARS:
-                    raise _Fail
-            return
-        if closing:  # a skipped string value
-            obj.phase = "comma"
-
-    def _bare(self, obj: _Object, c: str, i: int) -> int:
-        if c == '"':
-            obj.in_str = True
-        elif c in "{[":
-            obj.depth += 1
-        elif c in "}]":
-            obj.depth -= 1
-            if obj.depth == 0:
-                obj.args_done = True
-                return self._object_done(obj, i)
-        return i + 1
-
-    def _args_text(self, obj: _Object, run: str) -> None:
-        obj.args.append(run)
+    def args_text(self, obj: CallObject, run: str) -> None:
+        """A piece of the arguments' JSON: a fragment once the call is open."""
         if obj.index is not None:
             self._frag.setdefault(obj.index, []).append(run)
 
-    def _value_done(self, obj: _Object) -> None:
-        if obj.target == "args":
-            obj.args_done = True
-        obj.target = None
-        obj.phase = "comma"
-
-    def _named(self, name: str | None) -> None:
+    def named(self, obj: CallObject, name: str | None) -> None:
         """The call's name is read: an offered tool's, or the region is no call."""
-        obj = self._obj
-        assert obj is not None
         if name is None or name not in self.offered or obj.name is not None:
-            raise _Fail
+            raise NotACall
         obj.name = name
         if obj.args or obj.bare:  # its arguments came first (or come next: name[ARGS]{)
-            self._open_call(obj)
+            self.open_call(obj)
 
-    def _open_call(self, obj: _Object) -> None:
+    def open_call(self, obj: CallObject) -> None:
         """The call's first delta goes out (with the arguments read so far): from here on
         the region is calls, never shown."""
         assert obj.name is not None
@@ -489,30 +324,23 @@ class CallStream:
         if obj.args:
             self._frag[obj.index] = list(obj.args)
 
-    def _object_done(self, obj: _Object, i: int) -> int:
+    def object_done(self, obj: CallObject) -> None:
+        """The call object ended: a call if it is whole and its arguments are JSON."""
         if obj.name is None:
-            raise _Fail
+            raise NotACall
         if obj.index is None:  # no arguments: {} (opened once they are known to be fine)
             if obj.args:
-                raise _Fail
-            self._open_call(obj)
+                raise NotACall
+            self.open_call(obj)
         assert obj.index is not None
-        args = "".join(obj.args) if obj.args_done else ""
+        args = obj.arguments()
+        if args is None:
+            raise NotACall
         if not obj.args:
-            args = "{}"
             self._frag.setdefault(obj.index, []).append(args)
-        elif not obj.args_done:
-            raise _Fail
-        try:
-            ok = isinstance(json.loads(args), dict)
-        except (ValueError, RecursionError):
-            ok = False
-        if not ok:
-            raise _Fail
-        self.calls.append(self._ToolCall(self._call_id(self.stream_id, obj.index), obj.name, args))
+        self.calls.append(ToolCall(call_id(self.stream_id, obj.index), obj.name, args))
         self._obj = None
         self._mode = "after"
-        return i + 1
 
     def _flush(self) -> Split:
         out = self._out
@@ -527,12 +355,3 @@ class CallStream:
         self._frag = {}
         out.deltas = sorted(merged, key=lambda d: d.index)
         return out
-
-
-def _decode_string(parts: list[str]) -> str | None:
-    """A JSON string's value from its raw inside (escapes included), None if broken."""
-    try:
-        value = json.loads('"' + "".join(parts) + '"')
-    except (ValueError, RecursionError):
-        return None
-    return value if isinstance(value, str) else None

@@ -24,7 +24,6 @@ content, as a model that wrote prose about tags.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Sequence
@@ -34,7 +33,14 @@ from typing import Any
 from tokenrelay.core.wire.errors import ToolError
 from tokenrelay.core.wire.response_format import MAX_NAME, check_schema
 from tokenrelay.core.wire.tool_formats import call_grammar
-from tokenrelay.core.wire.tool_stream import MAX_CALL_CHARS, MAX_CALLS, CallDelta, CallStream
+from tokenrelay.core.wire.tool_stream import (
+    MAX_CALL_CHARS,
+    MAX_CALLS,
+    CallDelta,
+    CallStream,
+    ToolCall,
+    call_id,
+)
 from tokenrelay.core.wire.vocabulary import ErrorCode, ToolFormat
 
 __all__ = [
@@ -102,20 +108,6 @@ class ToolChoice:
         if self.mode != "function":
             return self.mode
         return {"type": "function", "function": {"name": self.name}}
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """A parsed call: ``arguments`` is JSON text (OpenAI sends it as a string)."""
-
-    id: str
-    name: str
-    arguments: str
-
-    def to_openai(self, index: int | None = None) -> dict[str, Any]:
-        out: dict[str, Any] = {} if index is None else {"index": index}
-        fn = {"name": self.name, "arguments": self.arguments}
-        return {**out, "id": self.id, "type": "function", "function": fn}
 
 
 def _kind(value: Any) -> str:
@@ -216,12 +208,6 @@ def system_prompt(tools: Sequence[Tool]) -> str:
         "To call one, answer with a JSON object holding its name and arguments inside "
         f"{OPEN}{CLOSE} tags, like this:\n{example}"
     )
-
-
-def call_id(stream_id: str, index: int) -> str:
-    """A call's id: stable for the stream, so a resumed or re-read answer shows the same."""
-    digest = hashlib.sha256(f"{stream_id}:{index}".encode()).hexdigest()
-    return "call_" + digest[:24]
 
 
 def parse_tool_calls(

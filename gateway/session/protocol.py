@@ -313,14 +313,12 @@ def started_frame(
 def token_frame(
     stream_id: str, seq: int, text: str, logprobs: str | None = None, calls: str | None = None
 ) -> dict[str, Any]:
-    """A ``token`` frame; ``logprobs``: the event's stored ``l`` field, when it has one;
-    ``calls``: its stored tool-call deltas (``d``), sent as ``tool_calls`` in OpenAI's
-    ``delta.tool_calls`` shape."""
+    """A ``token`` frame; ``logprobs``, ``calls``: the event's stored ``l`` and ``d``
+    fields (``calls`` go as ``tool_calls``, OpenAI's ``delta.tool_calls`` shape)."""
     out: dict[str, Any] = {"type": "token", "stream_id": stream_id, "seq": seq, "text": text}
     if logprobs is not None:
         out["logprobs"] = chat_content(decode_logprobs(logprobs)[1])
-    deltas = decode_deltas(calls)
-    if deltas:
+    if deltas := decode_deltas(calls):
         out["tool_calls"] = [delta_to_openai(d, stream_id) for d in deltas]
     return out
 

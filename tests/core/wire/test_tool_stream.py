@@ -144,6 +144,9 @@ def test_hostile_text_stays_within_the_caps() -> None:
     assert read(H, cuts(f"<tool_call>{huge}</tool_call>", 4096))[2] == []
     many = '<tool_call>{"name": "add"}</tool_call>' * (MAX_CALLS + 10)
     assert len(read(H, [many])[2]) == MAX_CALLS
+    long_value = '<tool_call>{"note": "' + "a" * MAX_CALL_CHARS + '"} and after'
+    for every in (4096, 7, len(long_value)):  # over the cap: shown as it came, once
+        assert read(H, cuts(long_value, every))[:3] == (long_value, {}, [])
     for filler in ("\n" * 200_000, "<tool_call> " * 30_000):
         text = "Sure. <tool_call>" + filler
         assert read(H, cuts(text, 1000))[0] == text
