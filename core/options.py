@@ -12,6 +12,7 @@ from typing import Any
 
 from tokenrelay.core.tracing import DEFAULT_CLIENT_TRACE, ClientTrace
 from tokenrelay.core.wire.keys import DEFAULT_PREFIX
+from tokenrelay.core.wire.log_ledger import DEFAULT_MAX_LOG_BYTES
 from tokenrelay.core.wire.requests import (
     DEFAULT_MAX_DETACH_TIMEOUT,
     DEFAULT_MAX_OUTPUT_ENTRIES,
@@ -154,6 +155,9 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     add(p, "--max-num-seqs", default=64, type=int, help="most sequences in one batch")
     add(p, "--max-num-batched-tokens", default=None, type=int,
         help="token budget per step (default: 8192 on CUDA, 1024 on CPU)")  # fmt: skip
+    add(p, "--max-prefill-while-decoding", default=None, type=int,
+        help="prompt tokens of a step that also decodes (default: 256 on CPU, the "
+             "step budget on CUDA)")  # fmt: skip
     add(p, "--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
         help="compute dtype (auto: bfloat16 on CUDA, float32 on CPU)")  # fmt: skip
     add(p, "--attention-backend", default="auto",
@@ -261,3 +265,6 @@ def add_security_options(p: argparse.ArgumentParser) -> None:
     add(p, "--max-output-entries", default=DEFAULT_MAX_OUTPUT_ENTRIES, type=int,
         help="most token entries one request may ask for: n x max_tokens x "
              "(1 + top_logprobs)")  # fmt: skip
+    add(p, "--max-log-bytes-per-key", default=DEFAULT_MAX_LOG_BYTES,
+        help="stream-log bytes one API key (without keys: one client address) may hold in "
+             "Redis at once (256mb, 1gb, bytes; 0: no limit)")  # fmt: skip

@@ -79,6 +79,7 @@ WORKER_FLAGS = (
     "kv_cache_dtype",
     "max_num_seqs",
     "max_num_batched_tokens",
+    "max_prefill_while_decoding",
     "worker_id",
     "detach_timeout",
     "stream_ttl",

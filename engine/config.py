@@ -33,6 +33,9 @@ WEIGHTS = ("auto", "native", "fp32", "bf16")
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 CPU_BATCHED_TOKENS = 1024
 GPU_BATCHED_TOKENS = 8192
+# prompt tokens a CPU step computes beside running decodes: a long prompt's chunk then
+# delays the streams' next token by a few hundred milliseconds, not by a 1024-token chunk
+CPU_PREFILL_WHILE_DECODING = 256
 
 
 # weights auto dequantizes a GGUF the kernels cannot multiply only into at most this share
@@ -71,6 +74,8 @@ class EngineConfig:
     num_blocks: int | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int | None = None  # per-step token budget
+    # prompt tokens of a step that also decodes (None: 256 on the CPU, the budget on CUDA)
+    max_prefill_while_decoding: int | None = None
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     weights: str = "auto"
@@ -125,6 +130,8 @@ class EngineConfig:
         _check_int("max_num_seqs", self.max_num_seqs, 1)
         if self.max_num_batched_tokens is not None:
             _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        if self.max_prefill_while_decoding is not None:
+            _check_int("max_prefill_while_decoding", self.max_prefill_while_decoding, 1)
         if self.max_model_len is not None:
             _check_int("max_model_len", self.max_model_len, 2)
         if not isinstance(self.enable_prefix_caching, bool):
@@ -207,3 +214,13 @@ class EngineConfig:
         if self.max_num_batched_tokens is not None:
             return self.max_num_batched_tokens
         return GPU_BATCHED_TOKENS if device_type == "cuda" else CPU_BATCHED_TOKENS
+
+    def default_prefill_while_decoding(self, device_type: str) -> int:
+        """Prompt tokens a step computes beside decodes: the configured number, else 256
+        on the CPU (where a step's time grows with its tokens) and the whole budget on
+        CUDA (where a step of a few thousand tokens takes about as long as a decode)."""
+        if self.max_prefill_while_decoding is not None:
+            return self.max_prefill_while_decoding
+        if device_type == "cuda":
+            return self.default_batched_tokens(device_type)
+        return min(CPU_PREFILL_WHILE_DECODING, self.default_batched_tokens(device_type))

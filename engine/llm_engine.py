@@ -134,8 +134,9 @@ class LLMEngine:
         )
         self.max_num_batched_tokens = config.default_batched_tokens(self.runner.device.type)
         self.scheduler = Scheduler(
-            self.block_manager, config.max_num_seqs, self.max_num_batched_tokens
-        )
+            self.block_manager, config.max_num_seqs, self.max_num_batched_tokens,
+            config.default_prefill_while_decoding(self.runner.device.type),
+        )  # fmt: skip
         self._detok: dict[str, Any] = {}
         self._grammars = EngineGrammars(self.tokenizer, self.vocab_size, self.eos_token_ids)
         self.tool_format = detect_format(getattr(self.tokenizer, "chat_template", None))

@@ -199,6 +199,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        max_prefill_while_decoding=getattr(args, "max_prefill_while_decoding", None),
     )
 
 

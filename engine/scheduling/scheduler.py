@@ -7,7 +7,10 @@ sequences (``max_num_seqs``). A step is filled in this order:
    never waits behind prompts;
 2. the next chunk of running sequences still prefilling (chunked prefill: a
    long prompt takes at most what is left of the budget, so running streams
-   stall at most one budget of tokens);
+   stall at most one budget of tokens; when the step decodes, its prompt tokens
+   (here and in 3.) are at most ``prefill_while_decoding``, so on a CPU, where a
+   step's time grows with its tokens, a long prompt delays the streams' next
+   token by a short chunk's time, and takes the whole budget only when alone);
 3. waiting sequences, first come first served, reusing their longest cached
    prefix; the last of them may get a partial chunk. A waiting sequence whose next
    uncached prompt block a running sequence is still computing (``n`` choices of
@@ -59,11 +62,16 @@ class Scheduler:
     """Owns the waiting queue and the running batch; asks the block manager for room."""
 
     def __init__(
-        self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        prefill_while_decoding: int | None = None,
     ) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.prefill_while_decoding = prefill_while_decoding or max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._live: dict[str, Sequence] = {}  # every unfinished sequence, by request id
@@ -179,6 +187,9 @@ class Scheduler:
                 plan.append((seq, 1))
                 scheduled.add(seq.request_id)
                 budget -= 1
+
+        if plan:  # the step decodes: its prompt tokens are capped (see the module doc)
+            budget = min(budget, self.prefill_while_decoding)
 
         # 2. chunks of running prefills, oldest first; only newer ones are preempted.
         for seq in list(self.running):

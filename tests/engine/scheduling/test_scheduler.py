@@ -219,3 +219,33 @@ def test_a_fork_does_not_wait_for_a_sequence_past_the_shared_blocks() -> None:
     add(sched, "r1", list(range(1, 21)), max_tokens=2)
     out = step(sched, runner)
     assert "r1" in [i.request_id for i in out.items]  # admitted at once: a cache hit
+
+
+def test_a_step_that_decodes_caps_its_prompt_tokens() -> None:
+    bm = BlockManager(256, 4)
+    sched, runner = Scheduler(bm, 8, 64, prefill_while_decoding=8), FakeRunner(4)
+    add(sched, "r0", [1, 2, 3], max_tokens=30)
+    step(sched, runner)  # r0 prefilled alone: a whole step's budget was free for it
+    add(sched, "r1", list(range(1, 101)), max_tokens=2)
+    add(sched, "r2", list(range(401, 441)), max_tokens=2)  # (no prefix of r1's)
+    while sched.get("r1") is not None and sched.get("r1").num_output_tokens == 0:  # type: ignore[union-attr]
+        out = step(sched, runner)
+        assert out.num_decode_tokens == 1 and out.num_prefill_tokens <= 8  # beside r0's decode
+    sched.abort("r0")
+    while sched.get("r1") is not None:  # r1's last decode still caps r2's chunk
+        out = step(sched, runner)
+        assert out.num_prefill_tokens <= 8
+    r2 = sched.get("r2")
+    assert r2 is not None
+    left = r2.num_tokens - r2.num_computed_tokens
+    assert left > 8
+    out = step(sched, runner)  # nothing decodes: r2's prompt takes the rest at once
+    assert (out.num_decode_tokens, out.num_prefill_tokens) == (0, left)
+    run_all(sched, runner)
+
+
+def test_alone_a_long_prompt_takes_the_whole_budget() -> None:
+    bm = BlockManager(256, 4)
+    sched, runner = Scheduler(bm, 8, 64, prefill_while_decoding=8), FakeRunner(4)
+    add(sched, "r0", list(range(1, 201)), max_tokens=2)
+    assert step(sched, runner).num_prefill_tokens == 64
