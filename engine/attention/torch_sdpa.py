@@ -15,7 +15,8 @@ A layer with a sliding window (Gemma's local layers) masks, in the same gathered
 blocks, the keys before each row's window too (its masks are made on the first such
 layer of a step and kept in the plan for the others). Soft-capped scores (Gemma 2) are
 computed in plain ops instead of SDPA, which has no soft-capping: the scores in fp32,
-``softcap * tanh(s / softcap)``, the mask, the softmax, then the values.
+``softcap * tanh(s / softcap)``, the mask, the softmax, then the values, for at most
+``SOFTCAP_ROWS`` query rows at a time.
 
 A pool in a narrower dtype than the queries (fp16 K/V under fp32 compute) is read
 back into the queries' dtype after each gather; a chunk without a cached prefix
@@ -43,6 +44,8 @@ DECODE_MAX_BUCKETS = 4
 # cache between the gather and SDPA; one bucket of 64 rows goes out to memory and back
 # (python -m bench.engine_profile attention; docs/benchmarks.md, "Engine profile").
 CPU_DECODE_BUCKET_ROWS = 8
+# soft-capped attention (no SDPA): query rows whose fp32 scores are held at once
+SOFTCAP_ROWS = 256
 
 
 class AttentionScratch:
@@ -113,11 +116,16 @@ def attend(
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # [B, Hq, n, L]
-    scores = torch.tanh(scores / softcap) * softcap
-    if mask is not None:
-        scores = scores + mask
-    return torch.matmul(scores.softmax(-1).to(q.dtype), v)
+    kt = k.float().transpose(-1, -2)
+    out = q.new_empty(q.shape)
+    for i in range(0, q.shape[2], SOFTCAP_ROWS):  # [B, Hq, rows, L] fp32 scores at a time
+        rows = slice(i, i + SOFTCAP_ROWS)
+        scores = torch.matmul(q[:, :, rows].float(), kt) * scale
+        scores = torch.tanh(scores / softcap) * softcap
+        if mask is not None:  # [n, L] (a chunk) or [B, 1, 1, L] (decode rows)
+            scores = scores + mask[..., rows, :]
+        out[:, :, rows] = torch.matmul(scores.softmax(-1).to(q.dtype), v)
+    return out
 
 
 def causal_mask(

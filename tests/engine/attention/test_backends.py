@@ -231,6 +231,17 @@ def test_sliding_window_and_softcap_match_dense(
         assert (out - full).abs().max().item() > 1e-3  # the window or the cap matters here
 
 
+def test_softcapped_rows_in_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The torch path holds the fp32 scores of SOFTCAP_ROWS query rows at a time."""
+    from tokenrelay.engine.attention import torch_sdpa
+
+    monkeypatch.setattr(torch_sdpa, "SOFTCAP_ROWS", 5)
+    seqs = [(12, 1), (0, 23), (9, 1), (30, 17)]
+    for b in (TORCH, CpuBackend(CPU, torch.float32, None)):
+        out, ref = run_case(seqs, 6, 2, 16, seed=9, backend=b, window=6, softcap=2.0)
+        assert (out - ref).abs().max().item() < 1e-5
+
+
 def _same(a: Any, b: Any) -> bool:
     """Equal values, dtypes and shapes, through the plan dataclasses too."""
     if isinstance(a, torch.Tensor):
