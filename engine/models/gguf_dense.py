@@ -27,9 +27,11 @@ import numpy as np
 import torch
 
 from tokenrelay.engine.models.gguf_file import GGUFIndex
+from tokenrelay.engine.models.gguf_meta import DENSE_ARCHITECTURES, write_metadata
+from tokenrelay.engine.models.gguf_weights import unpermute_rows
 
 # architectures prepared here rather than by transformers
-ARCHITECTURES = ("granite", "olmo2", "phi3")
+ARCHITECTURES = DENSE_ARCHITECTURES
 _PERMUTED = ("granite",)  # q/k rows permuted by llama.cpp's converter (LlamaModel)
 _GLOBAL = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -83,8 +85,6 @@ def dequantized(index: GGUFIndex, name: str) -> torch.Tensor:
 
 def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """Undo llama.cpp's rotary row permutation of a q or k weight ``[rows, ...]`` or bias."""
-    from tokenrelay.engine.models.gguf_weights import unpermute_rows
-
     return w[unpermute_rows(w.shape[0], n_heads)].contiguous()
 
 
@@ -120,8 +120,6 @@ def checkpoint_tensors(index: GGUFIndex) -> dict[str, torch.Tensor]:
 def write_dense(gguf: Path, out: Path, progress: Callable[[str], None] = lambda line: None) -> None:
     """``gguf`` as a Hugging Face folder in ``out``: config, tokenizer, fp32 safetensors."""
     from safetensors.torch import save_file
-
-    from tokenrelay.engine.models.gguf_meta import write_metadata
 
     write_metadata(gguf, out, progress)
     started = time.monotonic()

@@ -47,6 +47,8 @@ _CLASSES = {
     "olmo2": "Olmo2ForCausalLM",
     "phi3": "Phi3ForCausalLM",
 }
+# the ones whose layers the fused decoder does not compute: served dense (gguf_dense.py)
+DENSE_ARCHITECTURES = ("granite", "olmo2", "phi3")
 # ggml type of the token embedding -> the checkpoint's dtype (quantized blocks: float32)
 _DTYPES = {"F16": "float16", "BF16": "bfloat16"}
 # Llama 3's rope_scaling beside the factor, as its checkpoints (3.1, 3.2, 3.3) give it

@@ -35,6 +35,7 @@ from tokenrelay.engine.kernels.quant import QUANT_TYPES, QuantStack, QuantWeight
 from tokenrelay.engine.models.config import ModelConfig
 from tokenrelay.engine.models.families import model_class
 from tokenrelay.engine.models.gguf_file import GGUFIndex
+from tokenrelay.engine.models.gguf_meta import DENSE_ARCHITECTURES
 from tokenrelay.engine.models.llama import CausalLM
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
@@ -113,10 +114,8 @@ def native_unsupported(path: Path, index: GGUFIndex | None = None) -> str | None
     ``--weights fp32`` would cost in memory instead. ``index``: the file's, where the
     caller has it.
     """
-    from tokenrelay.engine.models.gguf_dense import ARCHITECTURES as DENSE
-
     index = index if index is not None else GGUFIndex(path)
-    if index.arch in DENSE:
+    if index.arch in DENSE_ARCHITECTURES:
         gib = fp32_bytes(index) / 2**30
         return (
             f"a {index.arch} file runs op by op, dequantized (the fused decoder computes "
@@ -138,10 +137,8 @@ def native_unsupported(path: Path, index: GGUFIndex | None = None) -> str | None
 
 def check_native(path: Path) -> None:
     """Refuse ``weights=native`` in one line for a GGUF of a family served dense only."""
-    from tokenrelay.engine.models.gguf_dense import ARCHITECTURES as DENSE
-
     arch = GGUFIndex(path).arch
-    if arch in DENSE:
+    if arch in DENSE_ARCHITECTURES:
         raise ValueError(
             f"weights=native: a {arch} GGUF runs dense, op by op (the fused decoder "
             "computes Llama's layer only): use weights auto or fp32"
