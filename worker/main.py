@@ -231,15 +231,18 @@ class Worker:
             a.pending_logprobs.extend(out.new_logprobs)
         if self.records_ids:
             a.pending_ids.extend(out.new_token_ids)
-        if out.new_text:
-            a.events.append(a.token_event(out.new_text, with_ids=self.records_ids))
+        relayed = getattr(out, "new_calls", None)  # a relay's tool-call deltas
+        if out.new_text or relayed:
+            a.events.append(a.token_event(out.new_text, with_ids=self.records_ids,
+                                          relayed=relayed or ()))  # fmt: skip
         if out.finished:
             reason = FinishReason(out.finish_reason or FinishReason.STOP)
             if reason == FinishReason.CANCELLED:  # aborted: by a cancel, or expired
                 reason = a.abort_reason or FinishReason.CANCELLED
             self.counters[reason] = self.counters.get(reason, 0) + 1
             message = getattr(out, "message", None)  # why, for an error (engine_client.py)
-            a.events += a.finish_events(reason, out.prompt_tokens, out.completion_tokens, message)
+            a.events += a.finish_events(reason, out.prompt_tokens, out.completion_tokens, message,
+                                        getattr(out, "tool_calls", ()))  # fmt: skip
             a.final = True
 
     # --- requests --------------------------------------------------------------------

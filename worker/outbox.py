@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tokenrelay.core.wire.events import TOKEN, decode_event, done_fields, entry_id, token_fields
 from tokenrelay.core.wire.logprobs import Logprobs, encode_logprobs
 from tokenrelay.core.wire.scripts import OWNED_ELSEWHERE, AppendResult
 from tokenrelay.core.wire.tool_stream import CallStream
-from tokenrelay.core.wire.tools import Tool, encode_calls, encode_deltas
+from tokenrelay.core.wire.tools import CallDelta, Tool, ToolCall, encode_calls, encode_deltas
 from tokenrelay.core.wire.vocabulary import FinishReason, ToolFormat
 from tokenrelay.worker.store import Batch, WorkerStore
 
@@ -74,13 +74,18 @@ class Active:
                 self.calls.feed(piece)
 
     def finish_events(
-        self, reason: FinishReason, prompt_tokens: int, completion_tokens: int, message: str | None
-    ) -> list[list[str]]:
+        self, reason: FinishReason, prompt_tokens: int, completion_tokens: int, message: str | None,
+        relayed: Sequence[ToolCall] = (),
+    ) -> list[list[str]]:  # fmt: skip
         """The events that end the stream: the ``done`` event, with the calls the text
-        made when tools were offered (then a ``stop`` is ``tool_calls``), after a last
-        token event when the call reader still held text that turned out to be content."""
+        made when tools were offered (or an upstream's ``relayed`` calls; then a ``stop``
+        is ``tool_calls``), after a last token event when the call reader still held text
+        that turned out to be content."""
         out: list[list[str]] = []
         calls = None
+        if relayed:
+            calls = encode_calls(relayed)
+            reason = FinishReason.TOOL_CALLS if reason == FinishReason.STOP else reason
         if self.calls is not None:
             last = self.calls.finish()
             if last.content or last.deltas:
@@ -92,11 +97,14 @@ class Active:
         out.append(done_fields(reason, prompt_tokens, completion_tokens, message, calls))
         return out
 
-    def token_event(self, text: str, *, with_ids: bool) -> list[str]:
+    def token_event(
+        self, text: str, *, with_ids: bool, relayed: Sequence[CallDelta] = ()
+    ) -> list[str]:
         """The next token event: ``text``, the logprobs of the tokens whose text it carries
         (when the request asked; tokens that never add text, EOS or a stop string's, are
         left out, as OpenAI leaves them out), ``with_ids``, their token ids, and with
-        tools, the content it shows and the call deltas it carries."""
+        tools, the content it shows and the call deltas it carries (an upstream's
+        ``relayed`` deltas, read already)."""
         lp = (
             encode_logprobs(self.text_chars, self.pending_logprobs)
             if self.pending_logprobs
@@ -106,7 +114,7 @@ class Active:
         self.pending_logprobs, self.pending_ids = [], []
         self.text_chars += len(text)
         if self.calls is None:
-            return token_fields(text, lp, ids)
+            return token_fields(text, lp, ids, calls=encode_deltas(relayed) if relayed else None)
         split = self.calls.feed(text)
         content = None if split.content == text else split.content
         deltas = encode_deltas(split.deltas) if split.deltas else None

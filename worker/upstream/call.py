@@ -1,9 +1,9 @@
 """One request's streaming HTTP exchange with the upstream, retries included.
 
 :class:`Call` posts the request (worker/upstream/openai.py), reads its server-sent
-events and puts each text delta (with its tokens' logprobs when asked for) and the
-finish into the inbox (worker/upstream/inbox.py) as they arrive. Failures follow
-worker/upstream/failures.py:
+events and puts each text delta (with its tokens' logprobs when asked for, and its
+tool-call deltas) and the finish (with the calls) into the inbox
+(worker/upstream/inbox.py) as they arrive. Failures follow worker/upstream/failures.py:
 before the first token, transient ones are tried again and then refuse the stream;
 after it, the stream ends with ``error`` and says why. Nothing waits forever:
 connecting, each read and the pool have the ``--upstream-timeout`` (connect at most
@@ -54,7 +54,7 @@ from tokenrelay.worker.upstream.client import HttpClient, Response
 from tokenrelay.worker.upstream.config import UpstreamConfig
 from tokenrelay.worker.upstream.deadlines import Deadlines
 from tokenrelay.worker.upstream.failures import RetryPolicy, parse_retry_after
-from tokenrelay.worker.upstream.features import top_at_most
+from tokenrelay.worker.upstream.features import CallReader, top_at_most
 from tokenrelay.worker.upstream.inbox import Inbox
 from tokenrelay.worker.upstream.openai import (
     Chunk,
@@ -157,6 +157,7 @@ class Call:
         self.max_tokens = 0  # the request's: no text is forwarded past them
         self.top_logprobs: int | None = None  # the request's logprobs (None: not asked)
         self.logprobs: list[Logprobs] = []  # of tokens whose text has not come yet
+        self.reader = CallReader()  # the answer's tool calls
         self.deadlines = Deadlines(up.cfg)
 
     async def run(self) -> None:
@@ -166,7 +167,7 @@ class Call:
             with deferred_verdicts():  # the gateway checked the schemas; not on this loop
                 params = SamplingParams(**(self.body.get("params") or {}))
             self.max_tokens, self.top_logprobs = params.max_tokens, params.logprobs
-            if names := unrelayed(params):
+            if names := unrelayed(params, chat="messages" in self.body):
                 said = ", ".join(names)
                 raise Refused(ErrorCode.BAD_REQUEST, f"not relayed to an upstream server: {said}")
             while True:
@@ -212,7 +213,7 @@ class Call:
     async def _attempt(self, params: SamplingParams) -> None:
         up = self.up
         self.finish_reason, self.usage = None, None  # (an attempt that failed saw no text)
-        self.logprobs = []
+        self.logprobs, self.reader = [], CallReader()
         served = self.body.get("model")
         model = await up.model_for(served if isinstance(served, str) else None)
         path, payload = request_body(self.body, params, model, include_usage=up.include_usage)
@@ -308,20 +309,24 @@ class Call:
         return Broken(said) if self.started else Refused(ErrorCode.UNAVAILABLE, said)
 
     def _take(self, chunk: Chunk) -> bool:
-        if chunk.text and self._forwarded() >= self.max_tokens:
+        try:
+            deltas = self.reader.feed(chunk.calls) if chunk.calls else []
+        except ValueError as exc:  # past a cap on tool calls
+            raise self._unreadable(str(exc)) from None
+        if (chunk.text or deltas) and self._forwarded() >= self.max_tokens:
             return self._cut()
         if chunk.usage is not None:
             self.usage = chunk.usage
         if chunk.logprobs and self.top_logprobs is not None:  # (a text-less chunk's wait)
             self.logprobs += top_at_most(chunk.logprobs, self.top_logprobs)
-        if chunk.text:
+        if chunk.text or deltas:
             ttft = None if self.started else time.monotonic() - self.sent_at
             if not self.started:
                 self.deadlines.text_in()
             self.started = True
             self.chunks += 1
             logprobs, self.logprobs = self.logprobs, []
-            self.up.inbox.text(self.stream_id, chunk.text, ttft, logprobs)
+            self.up.inbox.text(self.stream_id, chunk.text, ttft, logprobs, deltas)
         if chunk.finish_reason is not None:
             self.finish_reason = chunk.finish_reason  # the usage chunk may follow
         if chunk.done:
@@ -350,7 +355,11 @@ class Call:
     def _finish(self) -> None:
         self.up.count("upstream_chunks", self.chunks)
         reason = self.finish_reason or FinishReason.STOP
-        self.up.inbox.finish(self.stream_id, reason, None, self._usage())
+        done = reason in (FinishReason.STOP, FinishReason.TOOL_CALLS)  # (cut calls are none)
+        calls = self.reader.calls(self.stream_id) if done else ()
+        if reason == FinishReason.TOOL_CALLS and not calls:
+            reason = FinishReason.STOP
+        self.up.inbox.finish(self.stream_id, reason, None, self._usage(), calls)
 
     def _usage(self) -> tuple[int, int]:
         return self.usage if self.usage is not None else (0, self.chunks)

@@ -7,7 +7,8 @@ the worker loop drives the engine from its thread. They meet here, under one loc
   loop's Intake takes it (:meth:`Inbox.take_opened`), writes ``accepted`` and
   attaches it (:meth:`Inbox.attach`); a call that fails before that comes out
   of :meth:`Inbox.take_opened` with its refusal instead;
-- an attached call's text deltas (with their tokens' logprobs), then its finish, come out of
+- an attached call's text deltas (with their tokens' logprobs and the tool-call deltas
+  that came with them), then its finish (with its calls), come out of
   :meth:`Inbox.drain` as the step outputs the worker writes, in arrival order;
 - :meth:`Inbox.abort` ends a call from the loop's side: an attached one reports
   a finish ``abort`` at the next drain (the worker names it ``cancelled`` or
@@ -24,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tokenrelay.core.wire.logprobs import Logprobs
+from tokenrelay.core.wire.tools import CallDelta, ToolCall
 from tokenrelay.core.wire.vocabulary import ErrorCode, FinishReason
 from tokenrelay.worker.errors import EngineRefused
 from tokenrelay.worker.prepare import Prepared
@@ -49,6 +51,8 @@ class Output:
     message: str | None = None  # why, for finish_reason "error"
     new_logprobs: Sequence[Logprobs] | None = None
     upstream_ttft: float | None = None  # the first output's: upstream request to first text
+    new_calls: list[CallDelta] | None = None  # tool-call deltas (worker/upstream/features.py)
+    tool_calls: tuple[ToolCall, ...] = ()  # the finished answer's calls
 
 
 @dataclass
@@ -59,6 +63,8 @@ class CallState:
     phase: str = OPENING
     text: list[str] = field(default_factory=list)  # deltas not yet drained
     logprobs: list[Logprobs] = field(default_factory=list)  # theirs, when asked for
+    deltas: list[CallDelta] = field(default_factory=list)  # tool-call deltas not yet drained
+    calls: tuple[ToolCall, ...] = ()  # the answer's calls, at the finish
     chunks: int = 0  # chunks not yet drained
     finish: tuple[FinishReason, str | None] | None = None  # (reason, message)
     usage: tuple[int, int] | None = None  # (prompt, completion) at the finish
@@ -68,7 +74,7 @@ class CallState:
 
     @property
     def news(self) -> bool:
-        return bool(self.text) or self.finish is not None
+        return bool(self.text) or bool(self.deltas) or self.finish is not None
 
 
 class Inbox:
@@ -96,9 +102,10 @@ class Inbox:
         delta: str,
         upstream_ttft: float | None = None,
         logprobs: Sequence[Logprobs] = (),
+        deltas: Sequence[CallDelta] = (),
     ) -> None:
-        """A text delta (the first with the seconds from the upstream request to it) and
-        the logprobs of its tokens."""
+        """A text delta (the first with the seconds from the upstream request to it), the
+        logprobs of its tokens and the tool-call deltas that came with it."""
         with self._cond:
             st = self._calls.get(stream_id)
             if st is None or st.finish is not None:
@@ -107,6 +114,7 @@ class Inbox:
                 st.upstream_ttft = upstream_ttft
             st.text.append(delta)
             st.logprobs.extend(logprobs)
+            st.deltas.extend(deltas)
             st.chunks += 1
             st.total_chunks += 1
             self._news(st)
@@ -117,13 +125,14 @@ class Inbox:
         reason: FinishReason,
         message: str | None,
         usage: tuple[int, int] | None,
+        calls: tuple[ToolCall, ...] = (),
     ) -> None:
         with self._cond:
             st = self._calls.get(stream_id)
             if st is None or st.finish is not None:
                 return
             st.finish = (reason, message)
-            st.usage = usage
+            st.usage, st.calls = usage, calls
             self._news(st)
 
     def refuse(self, stream_id: str, code: ErrorCode, message: str) -> None:
@@ -186,6 +195,7 @@ class Inbox:
                 st.finish = (FinishReason.CANCELLED, None)
                 st.text.clear()
                 st.logprobs.clear()
+                st.deltas.clear()
                 self._dirty = True
                 self._cond.notify_all()
             return True
@@ -209,14 +219,16 @@ class Inbox:
         ids, st.chunks = [-1] * st.chunks, 0
         ttft, st.upstream_ttft = st.upstream_ttft, None
         lps, st.logprobs = st.logprobs or None, []
+        deltas, st.deltas = st.deltas or None, []
         if st.finish is None:
             return Output(st.stream_id, text, ids, False, None, 0, st.total_chunks,
-                          new_logprobs=lps, upstream_ttft=ttft)  # fmt: skip
+                          new_logprobs=lps, upstream_ttft=ttft, new_calls=deltas)  # fmt: skip
         del self._calls[st.stream_id]
         reason, message = st.finish
         prompt, completion = st.usage if st.usage else (0, st.total_chunks)
         return Output(st.stream_id, text, ids, True, reason, prompt, completion, message,
-                      new_logprobs=lps, upstream_ttft=ttft)  # fmt: skip
+                      new_logprobs=lps, upstream_ttft=ttft, new_calls=deltas,
+                      tool_calls=st.calls)  # fmt: skip
 
     def wait_opened(self, timeout: float) -> bool:
         """Block until a call has opened or been refused (True), or ``timeout`` passes."""

@@ -8,12 +8,13 @@ they differ from the defaults, so an upstream that does not know an extension
 ``stop_token_ids``: vLLM's names) never sees it unless a client asked for it.
 ``stream_options.include_usage`` asks for the usage chunk (the last one, with
 empty ``choices``), which gives the stream's ``done`` event its token counts.
-Logprobs are asked for and read back as worker/upstream/features.py says.
+Logprobs and tools are passed on and read back as worker/upstream/features.py says.
 
 Each streamed ``data:`` JSON object becomes a :class:`Chunk`: the text delta
 (``choices[0].delta.content`` for chat, ``choices[0].text`` for completions),
-its tokens' logprobs, the finish reason mapped onto ours, the usage when present, or the error an
-upstream sends in the stream (``{"error": {...}}``, as vLLM and tokenrelay do).
+its tokens' logprobs, its tool-call pieces, the finish reason mapped onto ours, the
+usage when present, or the error an upstream sends in the stream (``{"error": {...}}``,
+as vLLM and tokenrelay do).
 
 The chunks come as server-sent events (the WHATWG event-stream format):
 ``data: {json}`` events separated by blank lines, ending with ``data: [DONE]``,
@@ -45,7 +46,13 @@ from tokenrelay.core.wire.logprobs import Logprobs
 from tokenrelay.core.wire.params import SamplingParams
 from tokenrelay.core.wire.vocabulary import ErrorCode, FinishReason
 from tokenrelay.worker.errors import Refused, Retryable, UpstreamError
-from tokenrelay.worker.upstream.features import chunk_logprobs, logprob_fields
+from tokenrelay.worker.upstream.features import (
+    RawDelta,
+    chunk_calls,
+    chunk_logprobs,
+    logprob_fields,
+    tool_fields,
+)
 
 # upstream finish reasons -> ours (core/wire/vocabulary.py); others: stop
 UPSTREAM_REASONS: dict[str, FinishReason] = {
@@ -55,6 +62,8 @@ UPSTREAM_REASONS: dict[str, FinishReason] = {
     "length": FinishReason.LENGTH,
     "cancelled": FinishReason.CANCELLED,  # tokenrelay
     "expired": FinishReason.EXPIRED,  # tokenrelay
+    "tool_calls": FinishReason.TOOL_CALLS,
+    "function_call": FinishReason.TOOL_CALLS,  # OpenAI's older name
 }
 _DEFAULTS = SamplingParams()
 MAX_ERROR_CHARS = 300
@@ -62,8 +71,10 @@ MAX_ERROR_CHARS = 300
 RELAYED = frozenset(
     ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "presence_penalty",
      "frequency_penalty", "min_p", "repetition_penalty", "logit_bias", "stop_token_ids",
-     "ignore_eos", "response_format", "logprobs")
+     "ignore_eos", "response_format", "logprobs", "tools", "tool_choice",
+     "parallel_tool_calls")
 )  # fmt: skip
+CHAT_ONLY = frozenset(("tools", "tool_choice", "parallel_tool_calls"))  # not on /completions
 
 
 @dataclass
@@ -76,6 +87,7 @@ class Chunk:
     error: str | None = None  # the upstream reported a failure in the stream
     done: bool = False  # ``[DONE]``
     logprobs: list[Logprobs] = field(default_factory=list)  # of the tokens of ``text``
+    calls: list[RawDelta] = field(default_factory=list)  # tool-call pieces (features.py)
 
 
 MAX_LINE = 1 << 20  # bytes of one line of the event stream
@@ -240,6 +252,8 @@ def request_body(
         out["stream_options"] = {"include_usage": True}
     out.update(sampling_fields(params))
     out.update(logprob_fields(params, chat=path == "/chat/completions"))
+    if path == "/chat/completions":
+        out.update(tool_fields(params))
     return path, out
 
 
@@ -268,14 +282,16 @@ def sampling_fields(p: SamplingParams) -> dict[str, Any]:
     return out
 
 
-def unrelayed(p: SamplingParams) -> list[str]:
+def unrelayed(p: SamplingParams, *, chat: bool = True) -> list[str]:
     """The fields of ``p`` set to other than their defaults that a relay cannot pass on
-    (any field added to SamplingParams since this module learnt its names):
-    better a clear ``bad_request`` than an answer that silently ignores them."""
+    (tools to ``/completions``, and any field added to SamplingParams since this module
+    learnt its names): better a clear ``bad_request`` than an answer that silently
+    ignores them."""
+    passed = RELAYED if chat else RELAYED - CHAT_ONLY
     return [
         f.name
         for f in dataclasses.fields(p)
-        if f.name not in RELAYED and getattr(p, f.name) != getattr(_DEFAULTS, f.name)
+        if f.name not in passed and getattr(p, f.name) != getattr(_DEFAULTS, f.name)
     ]
 
 
@@ -296,6 +312,7 @@ def parse_chunk(data: str) -> Chunk:
         text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
         out.text = text if isinstance(text, str) else ""
         out.logprobs = chunk_logprobs(choice.get("logprobs"))
+        out.calls = chunk_calls(delta)
         reason = choice.get("finish_reason")
         if isinstance(reason, str) and reason:
             out.finish_reason = UPSTREAM_REASONS.get(reason, FinishReason.STOP)

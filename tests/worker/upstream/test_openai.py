@@ -8,7 +8,9 @@ import pytest
 
 from tokenrelay.core.wire.logprobs import LOGPROB_FLOOR, Logprobs, TokenLogprob
 from tokenrelay.core.wire.params import SamplingParams
+from tokenrelay.core.wire.tools import MAX_CALL_CHARS, MAX_CALLS, CallDelta, ToolCall, call_id
 from tokenrelay.worker.errors import Refused, Retryable
+from tokenrelay.worker.upstream.features import CallReader, RawDelta
 from tokenrelay.worker.upstream.openai import (
     SSEDecoder,
     mentions_stream_options,
@@ -77,6 +79,63 @@ def test_a_chunks_logprobs_become_the_values_the_worker_stores() -> None:
     assert parse_chunk(chunk(delta={"content": "x"}, logprobs=None)).logprobs == []
 
 
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}  # fmt: skip
+
+
+def test_tools_go_to_chat_completions_only() -> None:
+    msgs = {"messages": [{"role": "user", "content": "Hi"}]}
+    params = SamplingParams(tools=[TOOL], tool_choice="required", parallel_tool_calls=False)
+    _, out = request_body(msgs, params, None, include_usage=False)
+    assert out["tools"] == params.tools and out["tool_choice"] == "required"
+    assert out["parallel_tool_calls"] is False
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    _, out = request_body(msgs, SamplingParams(tools=[TOOL], tool_choice=named), None,
+                          include_usage=False)  # fmt: skip
+    assert out["tool_choice"] == named and "parallel_tool_calls" not in out
+    assert unrelayed(params) == []
+    assert unrelayed(params, chat=False) == ["tools", "tool_choice", "parallel_tool_calls"]
+
+
+def test_streamed_tool_calls_are_numbered_named_once_and_joined() -> None:
+    def calls(*items: dict[str, object]) -> list[RawDelta]:
+        return parse_chunk(chunk(delta={"tool_calls": list(items)})).calls
+
+    first = calls({"index": 0, "id": "up_1", "type": "function",
+                   "function": {"name": "get_weather", "arguments": ""}})  # fmt: skip
+    assert first == [(0, "get_weather", "")]
+    assert calls({"index": 0, "function": {"arguments": '{"city": '}}) == [(0, None, '{"city": ')]
+    assert calls("junk", {"index": True, "function": {"arguments": {"a": 1}}}) == [
+        (None, None, '{"a": 1}')]  # fmt: skip
+    assert parse_chunk(chunk(delta={"content": "x"})).calls == []
+    reader = CallReader()
+    assert reader.feed(first) == [CallDelta(0, "get_weather", "")]
+    assert reader.feed([(0, None, '{"city": '), (0, None, '"Paris"}')]) == [
+        CallDelta(0, None, '{"city": '), CallDelta(0, None, '"Paris"}')]  # fmt: skip
+    assert reader.feed([(5, None, '{"q"'), (0, None, "")]) == []  # held: no name yet
+    assert reader.feed([(5, "search", ': "x"}')]) == [CallDelta(1, "search", '{"q": "x"}')]
+    assert reader.feed([(None, "get_weather", "{}"), (None, None, " ")]) == [
+        CallDelta(2, "get_weather", "{}"), CallDelta(2, None, " ")]  # fmt: skip
+    assert reader.calls("s1") == (
+        ToolCall(call_id("s1", 0), "get_weather", '{"city": "Paris"}'),
+        ToolCall(call_id("s1", 1), "search", '{"q": "x"}'),
+        ToolCall(call_id("s1", 2), "get_weather", "{} "),
+    )
+
+
+def test_tool_calls_past_their_caps_end_the_read() -> None:
+    reader = CallReader()
+    reader.feed([(i, "f", "{}") for i in range(MAX_CALLS)])
+    with pytest.raises(ValueError, match=f"over {MAX_CALLS} tool calls"):
+        reader.feed([(MAX_CALLS, "f", "{}")])
+    reader = CallReader()
+    reader.feed([(0, "f", "x" * MAX_CALL_CHARS)])
+    with pytest.raises(ValueError, match=f"over {MAX_CALL_CHARS} characters"):
+        reader.feed([(0, None, "x")])
+    with pytest.raises(ValueError, match=f"over {MAX_CALL_CHARS} characters"):
+        CallReader().feed([(1, None, "x" * (MAX_CALL_CHARS + 1))])
+
+
 def chunk(**choice: object) -> str:
     return json.dumps({"choices": [{"index": 0, **choice}], "usage": None})
 
@@ -87,7 +146,7 @@ def test_chunks_give_text_finish_usage_errors_and_done() -> None:
     assert parse_chunk(chunk(text="lo", finish_reason=None)).text == "lo"
     assert parse_chunk(chunk(delta={}, finish_reason="length")).finish_reason == "length"
     assert parse_chunk(chunk(delta={}, finish_reason="eos_token")).finish_reason == "stop"
-    assert parse_chunk(chunk(delta={}, finish_reason="tool_calls")).finish_reason == "stop"
+    assert parse_chunk(chunk(delta={}, finish_reason="tool_calls")).finish_reason == "tool_calls"
     usage = {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
     assert parse_chunk(json.dumps({"choices": [], "usage": usage})).usage == (3, 4)
     err = parse_chunk(json.dumps({"error": {"message": "boom", "type": "server_error"}}))

@@ -9,6 +9,7 @@ directly, and a resume must replay it.
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any
 
 import httpx
@@ -106,3 +107,63 @@ async def test_an_image_our_engine_refuses_comes_back_as_its_400_and_a_bad_reque
     assert TEXT_ONLY in frames[-1]["message"]
     direct = httpx.post(f"{upstream.base}/chat/completions", json=body, timeout=60)
     assert direct.status_code == 400 and TEXT_ONLY in direct.json()["error"]["message"]
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+    "required": ["city"]}}}  # fmt: skip
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+ASK = "What is the weather in Paris?"
+
+
+def deltas_of(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [d for f in frames if f["type"] == "token" for d in f.get("tool_calls", [])]
+
+
+async def test_tool_calls_stream_through_the_relay_as_deltas_and_resume(
+    upstream: Server, relay: Server
+) -> None:
+    params = {"max_tokens": 48, "temperature": 0, "tools": [WEATHER], "tool_choice": NAMED}
+    direct = await run_ws(upstream.addr, ASK, "tc-direct", **params)
+    relayed = await run_ws(relay.addr, ASK, "tc-relayed", **params)
+    done = relayed[-1]
+    assert done["type"] == "done" and done["finish_reason"] == "tool_calls", done
+    assert direct[-1]["finish_reason"] == "tool_calls", direct[-1]
+    calls = [c["function"] for c in done["tool_calls"]]
+    assert calls == [c["function"] for c in direct[-1]["tool_calls"]]
+    assert calls[0]["name"] == "get_weather" and json.loads(calls[0]["arguments"]) == {
+        "city": "Paris"}  # fmt: skip
+    deltas = deltas_of(relayed)  # the upstream's deltas, numbered and named ours
+    assert deltas[0]["index"] == 0 and deltas[0]["id"] == done["tool_calls"][0]["id"]
+    assert deltas[0]["function"]["name"] == "get_weather"
+    assert "".join(d["function"]["arguments"] for d in deltas) == calls[0]["arguments"]
+    started = relayed[0]
+    c = await Client.open(relay.addr)
+    await c.send({"type": "resume", "stream_id": started["stream_id"],
+                  "resume_token": started["resume_token"], "after": 0})  # fmt: skip
+    replay = await c.recv_until(lambda f: f["type"] in ("done", "error"))
+    await c.close()
+    assert replay[1:] == relayed[1:], replay  # ("resumed" in place of "started")
+
+
+def test_tool_calls_over_http_are_the_upstreams(upstream: Server, relay: Server) -> None:
+    body = {"messages": [{"role": "user", "content": ASK}], "max_tokens": 48,
+            "temperature": 0, "tools": [WEATHER], "tool_choice": "required"}  # fmt: skip
+    direct = httpx.post(f"{upstream.base}/chat/completions", json=body, timeout=60)
+    relayed = httpx.post(f"{relay.base}/chat/completions", json=body, timeout=60)
+    assert direct.status_code == relayed.status_code == 200, relayed.text
+    want, got = direct.json()["choices"][0], relayed.json()["choices"][0]
+    assert got["finish_reason"] == want["finish_reason"] == "tool_calls", got
+    assert [c["function"] for c in got["message"]["tool_calls"]] == [
+        c["function"] for c in want["message"]["tool_calls"]]  # fmt: skip
+    pieces = []
+    with httpx.stream("POST", f"{relay.base}/chat/completions", json={**body, "stream": True},
+                      timeout=60) as resp:  # fmt: skip
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            if line.startswith("data: {"):
+                for choice in json.loads(line[6:])["choices"]:
+                    pieces += choice["delta"].get("tool_calls") or []
+    assert pieces and pieces[0]["function"]["name"] == "get_weather"
+    joined = "".join(p["function"]["arguments"] for p in pieces)
+    assert joined == got["message"]["tool_calls"][0]["function"]["arguments"]
