@@ -301,7 +301,11 @@ class Call:
             raise self._unreadable(f"upstream sent a malformed event: {data[:80]!r}") from None
         if chunk.error is not None:
             said = f"upstream error: {chunk.error}"
-            raise Broken(said) if self.started else Retryable(ErrorCode.UNAVAILABLE, said)
+            if self.started:
+                raise Broken(said)
+            if chunk.refusal is not None:  # as its HTTP 400 would: not tried again
+                raise Refused(chunk.refusal, said)
+            raise Retryable(ErrorCode.UNAVAILABLE, said)
         return self._take(chunk)
 
     def _unreadable(self, said: str) -> UpstreamError:

@@ -85,6 +85,7 @@ class Chunk:
     finish_reason: FinishReason | None = None  # ours, mapped
     usage: tuple[int, int] | None = None  # (prompt_tokens, completion_tokens)
     error: str | None = None  # the upstream reported a failure in the stream
+    refusal: ErrorCode | None = None  # ... one that refuses the request (refusal_code)
     done: bool = False  # ``[DONE]``
     logprobs: list[Logprobs] = field(default_factory=list)  # of the tokens of ``text``
     calls: list[RawDelta] = field(default_factory=list)  # tool-call pieces (features.py)
@@ -303,7 +304,8 @@ def parse_chunk(data: str) -> Chunk:
     if not isinstance(obj, dict):
         raise ValueError("a streamed event is not a JSON object")
     if obj.get("error") is not None:
-        return Chunk(error=error_message(obj) or "the upstream reported an error")
+        said = error_message(obj) or "the upstream reported an error"
+        return Chunk(error=said, refusal=refusal_code(obj["error"]))
     out = Chunk(usage=_usage(obj.get("usage")))
     choices = obj.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
@@ -341,6 +343,25 @@ def error_message(obj: Any) -> str | None:
             return value[:MAX_ERROR_CHARS]
         if value is not None and not isinstance(value, dict):
             return json.dumps(value)[:MAX_ERROR_CHARS]
+    return None
+
+
+def refusal_code(err: Any) -> ErrorCode | None:
+    """The code of an in-stream error that refuses the request, as its HTTP answer would
+    (``{"error": {"code": 400}}``, vLLM's and llama.cpp's; tokenrelay's codes; an
+    ``invalid_request_error``): ``bad_request``, or ``too_large`` for a 413; None for any
+    other error, which another attempt may not meet."""
+    if not isinstance(err, dict):
+        return None
+    code = err.get("code")
+    if isinstance(code, str) and code.isdecimal():
+        code = int(code)
+    if type(code) is int and 400 <= code < 500 and code not in (401, 403, 404, 408, 429):
+        return ErrorCode.TOO_LARGE if code == 413 else ErrorCode.BAD_REQUEST
+    if code in (ErrorCode.BAD_REQUEST, ErrorCode.TOO_LARGE):  # a tokenrelay upstream's
+        return ErrorCode(code)
+    if err.get("type") in ("invalid_request_error", "BadRequestError"):
+        return ErrorCode.BAD_REQUEST
     return None
 
 

@@ -263,3 +263,11 @@ async def test_a_malformed_stream_id_or_token_is_logged_and_never_reused(
     assert [r for r in requests if b"/streams/" in r] == []
     said = [r for r in caplog.records if "malformed X-Stream-Id" in r.getMessage()]
     assert len(said) == 1 and getattr(said[0], "stream_id", None) == SID
+
+
+async def test_an_error_event_that_refuses_the_request_is_its_400_not_tried_again() -> None:
+    said = {"error": {"code": 400, "message": "tools are not supported", "type": "server_error"}}
+    out, seen = await run(sse_head(), [event(said)])
+    assert out.refused is not None and out.refused.code == ErrorCode.BAD_REQUEST
+    assert "tools are not supported" in out.refused.message
+    assert seen.closed

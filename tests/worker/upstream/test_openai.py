@@ -158,6 +158,20 @@ def test_chunks_give_text_finish_usage_errors_and_done() -> None:
         parse_chunk("[1, 2]")
 
 
+def test_an_error_event_refuses_when_it_says_what_a_4xx_says() -> None:
+    def refusal(err: object) -> str | None:
+        return parse_chunk(json.dumps({"error": err})).refusal
+
+    assert refusal({"message": "no", "code": 400, "type": "BadRequestError"}) == "bad_request"
+    assert refusal({"message": "no", "code": "422"}) == "bad_request"
+    assert refusal({"message": "big", "code": 413}) == "too_large"
+    assert refusal({"message": "no", "type": "invalid_request_error"}) == "bad_request"
+    assert refusal({"message": "big", "code": "too_large"}) == "too_large"  # tokenrelay's
+    for transient in ({"message": "x", "code": 500}, {"message": "x", "code": 429},
+                      {"message": "x", "code": 404}, {"message": "x"}, "boom"):  # fmt: skip
+        assert refusal(transient) is None, transient
+
+
 def test_statuses_map_onto_retry_or_refuse_with_the_upstreams_words() -> None:
     e = status_error(503, b'{"error": {"message": "no worker"}}', 2.0)
     assert isinstance(e, Retryable) and e.code == "unavailable" and e.retry_after == 2.0
