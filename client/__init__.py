@@ -31,7 +31,7 @@ from tokenrelay.client.errors import (
     TokenRelayError,
     UnavailableError,
 )
-from tokenrelay.client.frames import Usage
+from tokenrelay.client.frames import Token, ToolCallDelta, Usage
 from tokenrelay.client.retry import RetryPolicy
 from tokenrelay.client.stream import AsyncStream
 from tokenrelay.client.sync_client import Client, Stream
@@ -54,7 +54,9 @@ __all__ = [
     "RequestTooLargeError",
     "RetryPolicy",
     "Stream",
+    "Token",
     "TokenRelayError",
+    "ToolCallDelta",
     "UnavailableError",
     "Usage",
 ]

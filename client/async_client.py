@@ -106,20 +106,27 @@ class AsyncClient:
         return await self._generate(frame)
 
     async def resume(
-        self, stream_id: str, resume_token: str, *, after: int = 0, text: str = ""
+        self,
+        stream_id: str,
+        resume_token: str,
+        *,
+        after: int = 0,
+        text: str = "",
+        tool_calls: list[dict[str, Any]] | None = None,
     ) -> AsyncStream:
         """Re-attach to a stream started anywhere (another client, another process):
-        its events with seq > ``after`` are delivered (``text``: what the caller already
-        holds up to ``after``). Raises ``NotFoundError`` (unknown or expired) or
-        ``PermissionDeniedError`` (wrong token) here. A stream this client is streaming
-        already is returned as it is (one socket tails a stream once)."""
+        its events with seq > ``after`` are delivered (``text`` and ``tool_calls``: what the
+        caller already holds up to ``after``; the fragments that follow add to those calls).
+        Raises ``NotFoundError`` (unknown or expired) or ``PermissionDeniedError`` (wrong
+        token) here. A stream this client is streaming already is returned as it is (one
+        socket tails a stream once)."""
         if not STREAM_ID_RE.fullmatch(stream_id):  # the gateway could not say which stream
             raise NotFoundError(NO_SUCH_STREAM, stream_id=stream_id[:64])
         for known in self._streams:
             if known.stream_id == stream_id and not known.finished:
                 return known
         state = StreamState(stream_id=stream_id, resume_token=resume_token, after=after,
-                            text=text, policy=self.retry)  # fmt: skip
+                            text=text, tool_calls=tool_calls, policy=self.retry)  # fmt: skip
         return await self._started(state, lambda: state.resumes > 0)
 
     async def close(self) -> None:

@@ -30,6 +30,7 @@ __all__ = [
     "ServerFrame",
     "Started",
     "Token",
+    "ToolCallDelta",
     "Unknown",
     "Usage",
     "cancel_frame",
@@ -81,13 +82,28 @@ class Started:
 
 
 @dataclass(frozen=True)
+class ToolCallDelta:
+    """One entry of a token frame's ``tool_calls`` (OpenAI's ``delta.tool_calls``): a call's
+    first entry has its ``id`` and ``name``, every entry an ``arguments`` fragment (maybe
+    ``""``); a call's fragments, in seq order, add up to its ``arguments``."""
+
+    index: int
+    arguments: str
+    id: str | None = None
+    name: str | None = None
+
+
+@dataclass(frozen=True)
 class Token:
-    """One event of text (``seq`` 1, 2, ...; ``logprobs`` only when asked for)."""
+    """One token event (``seq`` 1, 2, ...): its ``text`` (the content: ``""`` when it wrote
+    call markup), the ``tool_calls`` deltas it carries (with ``params.tools``) and its
+    ``logprobs`` (only when asked for)."""
 
     stream_id: str
     seq: int
     text: str
     logprobs: list[dict[str, Any]] | None = None
+    tool_calls: tuple[ToolCallDelta, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -250,6 +266,18 @@ def _list_of_dicts(raw: Any) -> list[dict[str, Any]]:
     return [x for x in raw if isinstance(x, dict)] if isinstance(raw, list) else []
 
 
+def _tool_deltas(raw: Any) -> tuple[ToolCallDelta, ...]:
+    out = []
+    for d in _list_of_dicts(raw):
+        index, fn = _int(d.get("index")), d.get("function")
+        if index is None or index < 0:
+            continue
+        fn = fn if isinstance(fn, dict) else {}
+        args = _str(fn.get("arguments")) or ""
+        out.append(ToolCallDelta(index, args, _str(d.get("id")), _str(fn.get("name"))))
+    return tuple(out)
+
+
 def decode(text: str | bytes) -> ServerFrame:
     """One server frame, typed; anything unexpected is :class:`Unknown`."""
     try:
@@ -260,8 +288,9 @@ def decode(text: str | bytes) -> ServerFrame:
         return Unknown(f)
     kind, sid = f.get("type"), _str(f.get("stream_id"))
     if kind == "token" and sid and (seq := _int(f.get("seq"))) is not None:
-        lp = f.get("logprobs")
-        return Token(sid, seq, _str(f.get("text")) or "", _list_of_dicts(lp) if lp else None)
+        lp, text = f.get("logprobs"), _str(f.get("text")) or ""
+        deltas = _tool_deltas(f.get("tool_calls"))
+        return Token(sid, seq, text, _list_of_dicts(lp) if lp else None, deltas)
     if kind == "started" and sid and (token := _str(f.get("resume_token"))):
         pt, index = _int(f.get("prompt_tokens")), _int(f.get("index"))
         return Started(_str(f.get("request_id")), sid, token, pt, index)

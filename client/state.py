@@ -14,7 +14,8 @@ the socket events of docs/protocol.md's client rule of thumb:
 - :meth:`StreamState.cancel`: the user asked to stop generating.
 
 Every token is delivered once, in seq order: a repeated seq is dropped, a gap asks for a
-replay from the last seq instead of skipping. Nothing here touches a socket or a clock.
+replay from the last seq instead of skipping, so a call's argument fragments add up once
+each into :attr:`StreamState.tool_calls`. Nothing here touches a socket or a clock.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from tokenrelay.client.frames import (
     ServerFrame,
     Started,
     Token,
+    ToolCallDelta,
     Usage,
     cancel_frame,
     resume_frame,
@@ -71,6 +73,7 @@ class StreamState:
         resume_token: str | None = None,
         after: int = 0,
         text: str = "",
+        tool_calls: list[dict[str, Any]] | None = None,
         policy: RetryPolicy | None = None,
     ) -> None:
         if request is None and not (stream_id and resume_token):
@@ -83,12 +86,18 @@ class StreamState:
         self.resume_token = resume_token
         self.last_seq = after
         self.chunks: list[str] = [text] if text else []  # the texts delivered, in order
+        self.tokens: list[Token] = []  # the token events received, in seq order
         self.logprobs: list[dict[str, Any]] = []  # with params.logprobs: one per token
         self.prompt_tokens: int | None = None
         self.finish_reason: FinishReason | str | None = None
         self.usage: Usage | None = None
         self.message: str | None = None  # the done frame's, with finish reason error
+        # the calls so far (OpenAI's shape, arguments as far as they came), in index order;
+        # the done frame's list once done. A resume starts from the calls held up to after.
         self.tool_calls: list[dict[str, Any]] = []
+        self._streamed: dict[int, dict[str, Any]] = {}
+        for index, call in enumerate(tool_calls or []):
+            self._tool_delta(_as_delta(index, call))
         self.error: TokenRelayError | None = None
         self.policy = policy or RetryPolicy()
         self.retries = 0  # refused requests sent again, in all
@@ -210,9 +219,20 @@ class StreamState:
             return self._resync()
         self.last_seq = f.seq
         self.chunks.append(f.text)
+        self.tokens.append(f)
         if f.logprobs:
             self.logprobs.extend(f.logprobs)
+        for delta in f.tool_calls:
+            self._tool_delta(delta)
         return []
+
+    def _tool_delta(self, d: ToolCallDelta) -> None:
+        call = self._streamed.get(d.index)
+        if call is None:  # its first entry (or one a resume after it began holds no head of)
+            fn = {"name": d.name or "", "arguments": ""}
+            call = self._streamed[d.index] = {"id": d.id or "", "type": "function", "function": fn}
+            self.tool_calls = [self._streamed[i] for i in sorted(self._streamed)]
+        call["function"]["arguments"] += d.arguments
 
     def _done(self, f: Done) -> list[Action]:
         if f.seq is not None and f.seq > self.last_seq + 1:
@@ -222,7 +242,7 @@ class StreamState:
             self.last_seq = max(self.last_seq, f.seq)
         self.usage = f.usage
         self.message = f.message
-        self.tool_calls = list(f.tool_calls)
+        self.tool_calls = list(f.tool_calls)  # authoritative: a call cut off is not in it
         self.finish_reason = f.finish_reason
         return []
 
@@ -249,3 +269,9 @@ class StreamState:
             return []
         self.retries += 1
         return [Retry(delay, f.code == ErrorCode.UNAVAILABLE and not self.started)]
+
+
+def _as_delta(index: int, call: dict[str, Any]) -> ToolCallDelta:
+    """A call held by a resuming caller (OpenAI's shape) as the first entry of its index."""
+    fn = call.get("function") or {}
+    return ToolCallDelta(index, str(fn.get("arguments") or ""), call.get("id"), fn.get("name"))

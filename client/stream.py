@@ -6,24 +6,28 @@ it the frames its :class:`Connection` routes to it, sends what the state asks fo
 when the socket is lost or a retryable refusal comes, attaches it again (a ``resume``
 after the last seq, or the ``generate`` again when no ``started`` came). It keeps going
 whether or not anyone iterates: ``text``, ``last_seq`` and the rest are always current,
-and every iteration yields every delta from the first.
+and every iteration yields every delta from the first: ``async for text in stream`` the
+texts, ``async for event in stream.events()`` the token events whole (the text, a call's
+``tool_calls`` deltas, ``logprobs``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, Callable, Sequence
+from typing import Any, TypeVar
 
 from tokenrelay.client.connection import Connection
 from tokenrelay.client.errors import InternalServerError, TokenRelayError
-from tokenrelay.client.frames import ServerFrame, Usage
+from tokenrelay.client.frames import ServerFrame, Token, Usage
 from tokenrelay.client.pool import Pool
 from tokenrelay.client.state import Retry, Send, StreamState
 from tokenrelay.core.wire.vocabulary import FinishReason
 
 __all__ = ["AsyncStream"]
+
+T = TypeVar("T")
 
 
 class _Attachment:
@@ -103,7 +107,10 @@ class AsyncStream:
 
     @property
     def tool_calls(self) -> list[dict[str, Any]]:
-        """The calls the answer made (``params.tools``; OpenAI's shape), once done."""
+        """With ``params.tools``, the calls (OpenAI's shape: ``id``, ``type``, ``function``
+        ``{name, arguments}``): while streaming, each call begun so far with its arguments
+        as far as they came; once done, the ``done`` frame's list (a call cut off is not
+        in it)."""
         return self._state.tool_calls
 
     @property
@@ -143,12 +150,22 @@ class AsyncStream:
 
     # --- using it ------------------------------------------------------------------------
 
-    async def __aiter__(self) -> AsyncGenerator[str, None]:
+    def __aiter__(self) -> AsyncGenerator[str, None]:
+        return self._follow(lambda: self._state.chunks)
+
+    def events(self) -> AsyncGenerator[Token, None]:
+        """Each token event received, from the first, as :class:`Token`: its ``seq``,
+        ``text`` and ``tool_calls`` (:class:`ToolCallDelta`: a call's ``index``, with
+        ``id`` and ``name`` in its first entry, and an ``arguments`` fragment), ``logprobs``.
+        Ends after ``done`` and raises as iterating the stream does."""
+        return self._follow(lambda: self._state.tokens)
+
+    async def _follow(self, items: Callable[[], Sequence[T]]) -> AsyncGenerator[T, None]:
         i = 0
         while True:
-            chunks = self._state.chunks
-            while i < len(chunks):
-                yield chunks[i]
+            held = items()
+            while i < len(held):
+                yield held[i]
                 i += 1
             if self._state.finished:
                 if self._state.error is not None:

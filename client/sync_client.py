@@ -3,7 +3,8 @@
 A :class:`Client` runs an :class:`AsyncClient` on an event loop in a thread of its own
 (so it works where a loop already runs, as in Jupyter), and each call waits for its
 result there. A :class:`Stream` is an :class:`AsyncStream` seen from the calling thread:
-``for text in stream`` blocks for each delta; the stream keeps resuming by itself.
+``for text in stream`` (or ``for event in stream.events()``) blocks for each delta; the
+stream keeps resuming by itself.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, TypeVar
 
 from tokenrelay.client.async_client import DEFAULT_URL, AsyncClient
 from tokenrelay.client.errors import TokenRelayError
-from tokenrelay.client.frames import Usage
+from tokenrelay.client.frames import Token, Usage
 from tokenrelay.client.stream import AsyncStream
 from tokenrelay.core.wire.vocabulary import FinishReason
 
@@ -54,7 +55,7 @@ class _LoopThread:
             self.loop.close()
 
 
-async def _next(it: AsyncGenerator[str, None]) -> str:
+async def _next(it: AsyncGenerator[T, None]) -> T:
     return await it.__anext__()
 
 
@@ -70,7 +71,14 @@ class Stream:
         self._stream = stream
 
     def __iter__(self) -> Iterator[str]:
-        it = self._stream.__aiter__()
+        return self._blocking(self._stream.__aiter__())
+
+    def events(self) -> Iterator[Token]:
+        """:meth:`AsyncStream.events`: each token event whole (text, ``tool_calls`` deltas,
+        ``logprobs``), from the first."""
+        return self._blocking(self._stream.events())
+
+    def _blocking(self, it: AsyncGenerator[T, None]) -> Iterator[T]:
         while True:
             try:
                 yield self._runner.run(_next(it))
@@ -132,7 +140,7 @@ class Stream:
 
     @property
     def tool_calls(self) -> list[dict[str, Any]]:
-        """The calls the answer made, once done."""
+        """The calls so far while streaming; the ``done`` frame's once done."""
         return self._stream.tool_calls
 
     @property
@@ -203,10 +211,12 @@ class Client:
         return Stream(self._runner, self._runner.run(coro))
 
     def resume(
-        self, stream_id: str, resume_token: str, *, after: int = 0, text: str = ""
-    ) -> Stream:
+        self, stream_id: str, resume_token: str, *, after: int = 0, text: str = "",
+        tool_calls: list[dict[str, Any]] | None = None,
+    ) -> Stream:  # fmt: skip
         """:meth:`AsyncClient.resume`: re-attach to a stream started anywhere."""
-        coro = self._async.resume(stream_id, resume_token, after=after, text=text)
+        coro = self._async.resume(stream_id, resume_token, after=after, text=text,
+                                  tool_calls=tool_calls)  # fmt: skip
         return Stream(self._runner, self._runner.run(coro))
 
     def close(self) -> None:

@@ -252,3 +252,4 @@ def test_the_examples_of_the_docs_run(stack: Stack) -> None:
                          text=True, timeout=180)  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
     assert "bad_request temperature" in out.stdout and "Usage(prompt_tokens=" in out.stdout
+    assert "[calling get_weather] {" in out.stdout and "tool_calls [{'id': 'call_" in out.stdout

@@ -16,6 +16,7 @@ from tokenrelay.client.frames import (
     Resumed,
     Started,
     Token,
+    ToolCallDelta,
     Unknown,
     Usage,
     cancel_frame,
@@ -88,6 +89,20 @@ def test_every_server_frame_decodes_to_its_record() -> None:
     notice = d(type="notice", code="shutting_down", message="m", drain_s=30)
     assert notice == Notice("shutting_down", "m", 30.0)
     assert d(type="pong") == Pong()
+
+
+def test_a_token_frames_tool_calls_decode_to_deltas() -> None:
+    first = {"index": 0, "id": "call_1", "type": "function",
+             "function": {"name": "get_time", "arguments": ""}}  # fmt: skip
+    more = {"index": 0, "function": {"arguments": '{"zone": '}}
+    f = decode(json.dumps({"type": "token", "stream_id": "S", "seq": 4, "text": "",
+                           "tool_calls": [first, more]}))  # fmt: skip
+    assert f == Token("S", 4, "", None, (ToolCallDelta(0, "", "call_1", "get_time"),
+                                         ToolCallDelta(0, '{"zone": ')))  # fmt: skip
+    # lenient: an entry with no index is skipped, a missing function is no fragment
+    bad = [{"function": {"arguments": "x"}}, {"index": 1}, "nope"]
+    f = decode(json.dumps({"type": "token", "stream_id": "S", "seq": 5, "tool_calls": bad}))
+    assert f == Token("S", 5, "", None, (ToolCallDelta(1, ""),))
 
 
 def test_decoding_is_lenient() -> None:

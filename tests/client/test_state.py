@@ -14,6 +14,7 @@ from tokenrelay.client.frames import (
     Resumed,
     Started,
     Token,
+    ToolCallDelta,
     Usage,
     generate_frame,
 )
@@ -167,3 +168,30 @@ def test_other_errors_end_the_stream_with_their_exception() -> None:
     t = started(new())
     t.receive(ErrorFrame(E.NOT_FOUND, "expired", None, "S"))
     assert t.error is not None and t.error.stream_id == "S"
+
+
+def call(cid: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": cid, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def test_tool_call_deltas_add_up_once_each_and_done_has_the_last_word() -> None:
+    s = started(new())
+    s.receive(Token("S", 1, "", None, (ToolCallDelta(0, '{"a":', "c0", "f"),)))
+    assert s.tool_calls == [call("c0", "f", '{"a":')]  # the call so far, while streaming
+    s.receive(Token("S", 2, "", None, (ToolCallDelta(0, " 1}"), ToolCallDelta(1, "", "c1", "g"))))
+    s.detach()
+    assert s.attach() == [resume(2)]
+    s.receive(Resumed("S", 2))
+    s.receive(Token("S", 2, "", None, (ToolCallDelta(0, " 1}"),)))  # replayed: dropped
+    s.receive(Token("S", 3, "", None, (ToolCallDelta(1, "{}"),)))
+    assert s.tool_calls == [call("c0", "f", '{"a": 1}'), call("c1", "g", "{}")]
+    assert [t.seq for t in s.tokens] == [1, 2, 3] and s.duplicates == 1
+    s.receive(Done("S", 4, FinishReason.TOOL_CALLS, None, None, [call("c0", "f", '{"a": 1}')]))
+    assert s.tool_calls == [call("c0", "f", '{"a": 1}')]  # the done frame's list replaces it
+
+
+def test_a_resume_by_id_goes_on_from_the_calls_it_holds() -> None:
+    held = [call("c0", "f", '{"a"')]
+    s = StreamState(stream_id="S", resume_token="T", after=3, tool_calls=held)
+    s.receive(Token("S", 4, "", None, (ToolCallDelta(0, ": 1}"),)))
+    assert s.tool_calls == [call("c0", "f", '{"a": 1}')] and held == [call("c0", "f", '{"a"')]
