@@ -7,6 +7,8 @@ import type {
   StreamError,
   StreamState,
   ToolCall,
+  ToolCallDelta,
+  ToolCallEvent,
   Usage,
 } from "./tokenrelay-protocol.js";
 
@@ -15,7 +17,16 @@ export {
   PROTOCOL_VERSION,
   RETRYABLE_CODES,
 } from "./tokenrelay-protocol.js";
-export type { ChatMessage, GenerateParams, StreamError, StreamState, ToolCall, Usage };
+export type {
+  ChatMessage,
+  GenerateParams,
+  StreamError,
+  StreamState,
+  ToolCall,
+  ToolCallDelta,
+  ToolCallEvent,
+  Usage,
+};
 
 export type ConnectionState = "idle" | "connecting" | "open" | "reconnecting" | "offline" | "closed";
 export type FinishReason = "stop" | "length" | "tool_calls" | "cancelled" | "error" | "expired";
@@ -53,6 +64,8 @@ export interface ResumeRequest {
   after?: number;
   /** the text already held up to `after` */
   text?: string;
+  /** the calls already held up to `after` (`toJSON()` gives them; later fragments add to them) */
+  toolCalls?: ToolCall[];
   /** aborting it cancels the stream */
   signal?: AbortSignal;
 }
@@ -170,7 +183,11 @@ export interface StreamEventMap {
       bytes: number[];
       top_logprobs: { token: string; logprob: number; bytes: number[] }[];
     }[];
+    /** the frame's `tool_calls` deltas (with `params.tools`; a `tool-call` event follows each) */
+    toolCalls?: ToolCallDelta[];
   }>;
+  /** One per delta of a call, after its `token` event: the call so far (docs/client.md). */
+  "tool-call": CustomEvent<ToolCallEvent>;
   resumed: CustomEvent<{ after: number }>;
   done: CustomEvent<{
     finishReason: FinishReason | string;
@@ -203,6 +220,9 @@ export declare class TokenRelayStream extends EventTarget implements AsyncIterab
   readonly lastSeq: number;
   /** all text delivered so far */
   readonly text: string;
+  /** with `params.tools`: the calls so far (arguments as far as they came), in index order;
+   * the `done` frame's list once done */
+  readonly toolCalls: ToolCall[];
   readonly state: StreamState;
   readonly promptTokens: number | null;
   readonly finishReason: string | null;
@@ -214,7 +234,14 @@ export declare class TokenRelayStream extends EventTarget implements AsyncIterab
   /** settles when the stream ends; never rejects */
   readonly finished: Promise<StreamResult>;
   cancel(): void;
-  toJSON(): { streamId: string | null; resumeToken: string | null; after: number; text: string };
+  /** what `resume()` takes to go on later (`toolCalls` only when calls were begun) */
+  toJSON(): {
+    streamId: string | null;
+    resumeToken: string | null;
+    after: number;
+    text: string;
+    toolCalls?: ToolCall[];
+  };
   [Symbol.asyncIterator](): AsyncIterableIterator<string>;
   addEventListener<K extends keyof StreamEventMap>(
     type: K,

@@ -38,6 +38,8 @@ export default TokenRelayClient;
  * @typedef {import("./tokenrelay-protocol.js").StreamState} StreamState
  * @typedef {import("./tokenrelay-protocol.js").ChatMessage} ChatMessage
  * @typedef {import("./tokenrelay-protocol.js").ToolCall} ToolCall
+ * @typedef {import("./tokenrelay-protocol.js").ToolCallDelta} ToolCallDelta
+ * @typedef {import("./tokenrelay-protocol.js").ToolCallEvent} ToolCallEvent
  * @typedef {import("./tokenrelay-protocol.js").GenerateParams} GenerateParams
  * @typedef {import("./tokenrelay-protocol.js").Usage} Usage
  * @typedef {import("./tokenrelay-protocol.js").StreamError} StreamError
@@ -48,7 +50,8 @@ export default TokenRelayClient;
  *   `signal`: aborting it cancels the stream (a `cancel` frame; nothing at all is sent when
  *   it had already fired) and makes its iteration throw the signal's reason (an AbortError)
  * @typedef {{streamId: string, resumeToken: string, after?: number, text?: string,
- *   signal?: AbortSignal}} ResumeRequest
+ *   toolCalls?: ToolCall[], signal?: AbortSignal}} ResumeRequest
+ *   `text`, `toolCalls`: what is already held up to `after` (see `TokenRelayStream.toJSON`)
  * @typedef {{text: string, finishReason: string|null, usage: Usage|null,
  *   error: StreamError|null}} StreamResult
  * @typedef {{connects: number, reconnects: number, resumes: number, drops: number,

@@ -16,6 +16,32 @@ export interface ToolCall {
 }
 
 /**
+ * One entry of a `token` frame's `tool_calls` (OpenAI's `delta.tool_calls`): a call's first
+ * entry has its `id`, `type` and `name`; each entry an `arguments` fragment. A call's
+ * fragments, in seq order, add up to its `arguments`.
+ */
+export interface ToolCallDelta {
+  index: number;
+  id?: string;
+  type?: "function";
+  function: { name?: string; arguments: string };
+}
+
+/**
+ * The `tool-call` stream event, one per delta: the call's `id` and `name`, whether this is
+ * its `first` entry, the fragment (`argumentsDelta`) and its `arguments` so far.
+ */
+export interface ToolCallEvent {
+  seq: number;
+  index: number;
+  id: string;
+  name: string;
+  first: boolean;
+  argumentsDelta: string;
+  arguments: string;
+}
+
+/**
  * A message of the `generate` frame (docs/protocol.md). A tool round trip: the assistant
  * message that made the calls (with `tool_calls`, `content` then may be null), then one
  * `tool` message per call, answering it by its `tool_call_id`.
@@ -103,6 +129,8 @@ export interface ResumeRequest {
   after?: number;
   /** the text already held up to `after` */
   text?: string;
+  /** the calls already held up to `after` (the fragments that follow add to them) */
+  toolCalls?: ToolCall[];
 }
 
 export interface Usage {
@@ -124,7 +152,14 @@ export interface ProtocolStats {
   retries: number;
 }
 
-export type StreamEventName = "started" | "token" | "resumed" | "done" | "error" | "cancel-ack";
+export type StreamEventName =
+  | "started"
+  | "token"
+  | "tool-call"
+  | "resumed"
+  | "done"
+  | "error"
+  | "cancel-ack";
 export type ClientEventName = "open" | "readiness" | "notice" | "error";
 
 /** What the I/O layer must do, in the order given (see ClientProtocol). */
@@ -190,6 +225,9 @@ export declare class ProtocolStream {
   readonly resumeToken: string | null;
   readonly lastSeq: number;
   readonly text: string;
+  /** with `params.tools`: the calls so far (arguments as far as they came), in index order;
+   * the `done` frame's list once done */
+  readonly toolCalls: ToolCall[];
   readonly state: StreamState;
   readonly promptTokens: number | null;
   readonly finishReason: string | null;

@@ -43,6 +43,14 @@ export const PROTOCOL_VERSION = 1;
  * @typedef {"pending"|"streaming"|"done"|"error"} StreamState
  * @typedef {{id: string, type: "function", function: {name: string, arguments: string}}} ToolCall
  *   a call an answer made (the `done` frame's `tool_calls`; `arguments` is a JSON string)
+ * @typedef {{index: number, id?: string, type?: "function",
+ *   function: {name?: string, arguments: string}}} ToolCallDelta
+ *   one entry of a `token` frame's `tool_calls` (OpenAI's `delta.tool_calls`): a call's first
+ *   entry has its `id`, `type` and `name`; each entry an `arguments` fragment
+ * @typedef {{seq: number, index: number, id: string, name: string, first: boolean,
+ *   argumentsDelta: string, arguments: string}} ToolCallEvent
+ *   the `tool-call` event of one delta: the call's `id` and `name`, whether this is its
+ *   `first` entry, the fragment and its `arguments` so far
  * @typedef {{role: "system"|"user", content: string}
  *   | {role: "assistant", content?: string|null, tool_calls?: ToolCall[]}
  *   | {role: "tool", content: string, tool_call_id: string}} ChatMessage
@@ -64,12 +72,14 @@ export const PROTOCOL_VERSION = 1;
  * @typedef {{messages?: ChatMessage[], prompt?: string, params?: GenerateParams,
  *   model?: string, requestId?: string, traceparent?: string}} GenerateRequest
  *   `model`: one of the gateway's `GET /v1/models` (default: the gateway's default model)
- * @typedef {{streamId: string, resumeToken: string, after?: number, text?: string}} ResumeRequest
+ * @typedef {{streamId: string, resumeToken: string, after?: number, text?: string,
+ *   toolCalls?: ToolCall[]}} ResumeRequest
+ *   `text`, `toolCalls`: what is already held up to `after`
  * @typedef {{prompt_tokens: number, completion_tokens: number}} Usage
  * @typedef {{code: string, message: string, retryAfter?: number}} StreamError
  *   `retryAfter`: seconds, from the error frame's `retry_after` (rate_limited, overloaded)
  * @typedef {{resumes: number, duplicates: number, gaps: number, retries: number}} ProtocolStats
- * @typedef {"started"|"token"|"resumed"|"done"|"error"|"cancel-ack"} StreamEventName
+ * @typedef {"started"|"token"|"tool-call"|"resumed"|"done"|"error"|"cancel-ack"} StreamEventName
  * @typedef {"open"|"readiness"|"notice"|"error"} ClientEventName
  */
 

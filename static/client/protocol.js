@@ -10,7 +10,7 @@
  */
 
 import { ProtocolState } from "./protocol-state.js";
-import { ProtocolStream } from "./protocol-stream.js";
+import { ProtocolStream, toolDelta } from "./protocol-stream.js";
 import { RETRYABLE_CODES, retryDelay } from "./retry.js";
 
 /** @param {string} prefix */
@@ -75,8 +75,9 @@ export class ClientProtocol extends ProtocolState {
 
   /**
    * Re-attach to a stream known from earlier (e.g. saved before a page reload): events with
-   * seq > `after` are delivered; `text` is the text already held up to `after`. Resuming a
-   * stream this machine already tracks returns that stream.
+   * seq > `after` are delivered; `text` and `toolCalls` are what is already held up to `after`
+   * (the fragments that follow add to those calls). Resuming a stream this machine already
+   * tracks returns that stream.
    * @param {ResumeRequest} request
    * @returns {ProtocolStream}
    */
@@ -91,6 +92,7 @@ export class ClientProtocol extends ProtocolState {
       resumeToken: request.resumeToken,
       lastSeq: request.after ?? 0,
       text: request.text ?? "",
+      toolCalls: request.toolCalls ?? [],
     });
     this._track(s);
     if (this._primary !== null) this._attach(s, this._primary);
@@ -249,10 +251,17 @@ export class ClientProtocol extends ProtocolState {
         s.lastSeq = f.seq;
         const text = typeof f.text === "string" ? f.text : "";
         s.text += text;
-        /** @type {{seq: number, text: string, fullText: string, logprobs?: object[]}} */
+        /** @type {{seq: number, text: string, fullText: string, logprobs?: object[],
+         *   toolCalls?: object[]}} */
         const detail = { seq: f.seq, text, fullText: s.text };
         if (Array.isArray(f.logprobs)) detail.logprobs = f.logprobs; // only when asked for
+        const deltas = Array.isArray(f.tool_calls) ? f.tool_calls : []; // params.tools
+        if (deltas.length) detail.toolCalls = deltas;
         this._emit(s, "token", detail);
+        for (const d of deltas) {
+          const call = toolDelta(s, f.seq, d);
+          if (call) this._emit(s, "tool-call", call);
+        }
         return;
       }
       case "done": {
@@ -264,6 +273,7 @@ export class ClientProtocol extends ProtocolState {
           return;
         }
         if (typeof f.seq === "number") s.lastSeq = Math.max(s.lastSeq, f.seq);
+        s.toolCalls = Array.isArray(f.tool_calls) ? f.tool_calls : []; // authoritative
         const extra = { message: f.message, toolCalls: f.tool_calls };
         this._finish(s, f.finish_reason ?? "stop", f.usage ?? null, extra);
         return;

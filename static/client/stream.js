@@ -8,6 +8,7 @@
  * @typedef {import("../tokenrelay-protocol.js").StreamState} StreamState
  * @typedef {import("../tokenrelay-protocol.js").Usage} Usage
  * @typedef {import("../tokenrelay-protocol.js").StreamError} StreamError
+ * @typedef {import("../tokenrelay-protocol.js").ToolCall} ToolCall
  * @typedef {import("../tokenrelay-client.js").StreamResult} StreamResult
  * @typedef {import("./client.js").TokenRelayClient} TokenRelayClient
  */
@@ -51,10 +52,13 @@ export class TokenRelayError extends Error {
 /**
  * One response stream. Events (CustomEvent, data in `event.detail`):
  * - `started` `{streamId, resumeToken, promptTokens}`
- * - `token` `{seq, text, fullText}`: each seq exactly once, in order
+ * - `token` `{seq, text, fullText}`: each seq exactly once, in order (with `params.tools`,
+ *   `toolCalls`: the frame's deltas)
+ * - `tool-call` `{seq, index, id, name, first, argumentsDelta, arguments}`: one per delta of a
+ *   call (after its token event): its id and name, the fragment and its arguments so far
  * - `resumed` `{after}`: the stream was re-attached after a reconnect (or by resume())
- * - `done` `{finishReason, usage, text, seq}`: finish reason stop, length, cancelled, error,
- *   expired
+ * - `done` `{finishReason, usage, text, seq, toolCalls?}`: finish reason stop, length,
+ *   tool_calls, cancelled, error, expired
  * - `error` `{code, message, retryAfter?}`: the stream failed (e.g. `not_found` for an
  *   expired stream)
  * - `cancel-ack` `{state, finishReason}`: the server's answer to cancel()
@@ -119,6 +123,14 @@ export class TokenRelayStream extends EventTarget {
     return this._record.text;
   }
 
+  /**
+   * @returns {ToolCall[]} with `params.tools`: the calls so far (arguments as far as they
+   *   came), in index order; the `done` frame's list once done
+   */
+  get toolCalls() {
+    return this._record.toolCalls;
+  }
+
   /** @returns {StreamState} */
   get state() {
     return this._record.state;
@@ -165,16 +177,22 @@ export class TokenRelayStream extends EventTarget {
   }
 
   /**
-   * What to persist to resume this stream later with `client.resume(...)`.
-   * @returns {{streamId: string|null, resumeToken: string|null, after: number, text: string}}
+   * What to persist to resume this stream later with `client.resume(...)` (`toolCalls`: the
+   * calls begun so far, when there are any).
+   * @returns {{streamId: string|null, resumeToken: string|null, after: number, text: string,
+   *   toolCalls?: ToolCall[]}}
    */
   toJSON() {
-    return {
+    /** @type {{streamId: string|null, resumeToken: string|null, after: number, text: string,
+     *   toolCalls?: ToolCall[]}} */
+    const saved = {
       streamId: this.streamId,
       resumeToken: this.resumeToken,
       after: this.lastSeq,
       text: this.text,
     };
+    if (this.toolCalls.length) saved.toolCalls = this.toolCalls.map((c) => structuredClone(c));
+    return saved;
   }
 
   /** @returns {AsyncIterableIterator<string>} the text of each token, in order */

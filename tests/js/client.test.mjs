@@ -8,7 +8,16 @@ import {
   resolveEndpoint,
   wsTokenFetcher,
 } from "../../static/tokenrelay-client.js";
-import { FakeClock, FakeServer, FakeWebSocket, ask, clientFactory, fakeWindow, record } from "./helpers.mjs";
+import {
+  FakeClock,
+  FakeServer,
+  FakeWebSocket,
+  ask,
+  clientFactory,
+  fakeWindow,
+  record,
+  toolAnswer,
+} from "./helpers.mjs";
 
 let clock;
 let server;
@@ -314,6 +323,35 @@ describe("reconnect and resume", () => {
     });
     server.finish(saved.streamId);
     assert.equal((await s2.finished).text, server.fullText());
+  });
+
+  test("streamed tool calls: a tool-call event per delta, toolCalls so far, saved and resumed", async () => {
+    server = new FakeServer(toolAnswer());
+    const first = connected();
+    const s1 = first.generate(ask);
+    const log = record(s1, "tool-call");
+    server.emit(s1.streamId, 3);
+    const soFar = { id: "call_1", type: "function", function: { name: "get_weather", arguments: '{"city": ' } };
+    assert.deepEqual(s1.toolCalls, [soFar]);
+    assert.deepEqual(log.map((e) => [e.seq, e.id, e.name, e.first, e.argumentsDelta, e.arguments]), [
+      [2, "call_1", "get_weather", true, "", ""],
+      [3, "call_1", "get_weather", false, '{"city": ', '{"city": '],
+    ]);
+    const saved = s1.toJSON();
+    assert.deepEqual(saved.toolCalls, [soFar]);
+    first.close();
+    server.emit(saved.streamId, 2);
+
+    // a reload: a new client resumes with what was saved, and the call goes on from there
+    const second = makeClient();
+    const s2 = second.resume(saved);
+    const later = record(s2, "tool-call");
+    server.connect(FakeWebSocket.last());
+    assert.deepEqual(later.map((e) => [e.seq, e.first, e.arguments]), [[5, false, '{"city": "Paris"}']]);
+    server.finish(saved.streamId);
+    const result = await s2.finished;
+    assert.equal(result.text, "Let me check.");
+    assert.deepEqual(s2.toolCalls, toolAnswer().end.tool_calls); // the done frame's list
   });
 
   test("resuming an unknown stream ends it with not_found", async () => {

@@ -152,8 +152,13 @@ export class FakeWebSocket {
  * must drop).
  */
 export class FakeServer {
-  constructor({ chunks, replayOverlap = 0 } = {}) {
+  /**
+   * `chunks`: each token's text, or the token frame's fields (`{text, tool_calls}`); `end`: the
+   * fields of a `done` that is no cancel (its `finish_reason`, `tool_calls`).
+   */
+  constructor({ chunks, replayOverlap = 0, end = { finish_reason: "stop" } } = {}) {
     this.chunks = chunks ?? ["Hel", "lo", ", ", "wor", "ld", "!"];
+    this.end = end;
     this.replayOverlap = replayOverlap;
     /** @type {Map<string, {events: object[], sockets: Set<FakeWebSocket>, token: string, next: number, cancelled: boolean}>} */
     this.streams = new Map();
@@ -209,7 +214,7 @@ export class FakeServer {
 
   /** The full text the stream will produce. */
   fullText() {
-    return this.chunks.join("");
+    return this.chunks.map((c) => (typeof c === "string" ? c : c.text)).join("");
   }
 
   /** Produce the next n events of stream `id` (tokens, then done). */
@@ -221,9 +226,10 @@ export class FakeServer {
       if (s.cancelled) {
         e = { type: "done", stream_id: id, seq, finish_reason: "cancelled", usage: { prompt_tokens: 5, completion_tokens: seq - 1 } };
       } else if (s.next < this.chunks.length) {
-        e = { type: "token", stream_id: id, seq, text: this.chunks[s.next++] };
+        const c = this.chunks[s.next++];
+        e = { type: "token", stream_id: id, seq, ...(typeof c === "string" ? { text: c } : c) };
       } else {
-        e = { type: "done", stream_id: id, seq, finish_reason: "stop", usage: { prompt_tokens: 5, completion_tokens: seq - 1 } };
+        e = { type: "done", stream_id: id, seq, ...this.end, usage: { prompt_tokens: 5, completion_tokens: seq - 1 } };
       }
       s.events.push(e);
       for (const ws of s.sockets) ws.push(e);
@@ -252,4 +258,19 @@ export function record(target, ...types) {
     target.addEventListener(type, (e) => log.push({ type, ...(e.detail ?? {}) }));
   }
   return log;
+}
+
+/**
+ * A FakeServer answer (`new FakeServer(toolAnswer())`): some text, then a call streamed as
+ * `tool_calls` deltas (docs/protocol.md, `token`; a frame of markup alone has neither), and
+ * the `done` frame listing it whole.
+ */
+export function toolAnswer() {
+  const head = { index: 0, id: "call_1", type: "function", function: { name: "get_weather", arguments: "" } };
+  const more = (args) => ({ text: "", tool_calls: [{ index: 0, function: { arguments: args } }] });
+  const call = { id: "call_1", type: "function", function: { name: "get_weather", arguments: '{"city": "Paris"}' } };
+  return {
+    chunks: ["Let me check.", { text: "", tool_calls: [head] }, more('{"city": '), { text: "" }, more('"Paris"}')],
+    end: { finish_reason: "tool_calls", tool_calls: [call] },
+  };
 }

@@ -249,6 +249,51 @@ describe("tokens, dedupe by seq and gaps", () => {
     assert.deepEqual(list[1].detail, { seq: 2, text: "!", fullText: "Hi!" });
   });
 
+  test("a token frame's tool_calls add up per call, a tool-call event each; done has the last word", () => {
+    const p = machine();
+    const s = started(p);
+    const head = (index, id, name) => ({ index, id, type: "function", function: { name, arguments: "" } });
+    const more = (index, args) => ({ index, function: { arguments: args } });
+    const call = (id, name, args) => ({ id, type: "function", function: { name, arguments: args } });
+    p.receive(1, { ...token(1, ""), tool_calls: [head(0, "c0", "f")] });
+    p.receive(1, { ...token(2, ""), tool_calls: [more(0, '{"a":')] });
+    assert.deepEqual(s.toolCalls, [call("c0", "f", '{"a":')]); // the call so far
+    p.receive(1, { ...token(3, ""), tool_calls: [more(0, " 1}"), head(1, "c1", "g")] });
+    p.receive(1, { ...token(3, ""), tool_calls: [more(0, " 1}")] }); // a repeat: dropped
+    p.receive(1, { ...token(4, ""), tool_calls: [more(1, "{}")] });
+    const list = actions(p);
+    assert.deepEqual(streamEvents(list, "token")[1].detail.toolCalls, [more(0, '{"a":')]);
+    const ev = (seq, index, id, name, first, argumentsDelta, args) =>
+      ({ seq, index, id, name, first, argumentsDelta, arguments: args });
+    assert.deepEqual(streamEvents(list, "tool-call").map((a) => a.detail), [
+      ev(1, 0, "c0", "f", true, "", ""),
+      ev(2, 0, "c0", "f", false, '{"a":', '{"a":'),
+      ev(3, 0, "c0", "f", false, " 1}", '{"a": 1}'),
+      ev(3, 1, "c1", "g", true, "", ""),
+      ev(4, 1, "c1", "g", false, "{}", "{}"),
+    ]);
+    // each tool-call event follows the token event of its frame
+    assert.deepEqual(list.filter((a) => a.type === "stream").map((a) => a.name).slice(0, 4),
+      ["token", "tool-call", "token", "tool-call"]);
+    assert.deepEqual(s.toolCalls, [call("c0", "f", '{"a": 1}'), call("c1", "g", "{}")]);
+    p.receive(1, { ...done(5, "tool_calls"), tool_calls: [call("c0", "f", '{"a": 1}')] });
+    assert.deepEqual(s.toolCalls, [call("c0", "f", '{"a": 1}')]); // c1 was cut off
+  });
+
+  test("resume() with the calls held goes on from them", () => {
+    const p = machine();
+    const held = [{ id: "c0", type: "function", function: { name: "f", arguments: '{"a"' } }];
+    const s = p.resume({ streamId: "S1", resumeToken: "T", after: 3, toolCalls: held });
+    p.opened(1);
+    p.receive(1, { type: "resumed", stream_id: "S1", after: 3 });
+    p.receive(1, { ...token(4, ""), tool_calls: [{ index: 0, function: { arguments: ": 1}" } }] });
+    const [ev] = streamEvents(actions(p), "tool-call");
+    assert.equal(ev.detail.arguments, '{"a": 1}');
+    assert.equal(ev.detail.first, false);
+    assert.equal(s.toolCalls[0].function.arguments, '{"a": 1}');
+    assert.equal(held[0].function.arguments, '{"a"'); // the caller's copy is left alone
+  });
+
   test("a repeated seq is dropped and counted", () => {
     const p = machine();
     const s = started(p);
