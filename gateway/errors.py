@@ -35,6 +35,7 @@ __all__ = [
     "BadPreflight",
     "EventsTrimmed",
     "GrpcUnavailable",
+    "LogBytesFull",
     "NoWorker",
     "Overloaded",
     "RateLimited",
@@ -87,6 +88,11 @@ class Overloaded(Exception):
     def __init__(self, message: str, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class LogBytesFull(Overloaded):
+    """The caller's stream logs in Redis would pass ``--max-log-bytes-per-key`` with this
+    stream's (core/wire/log_ledger.py): ``overloaded``, until some of them expire."""
 
 
 class TooManyReaders(Overloaded):

@@ -123,6 +123,7 @@ class Gateway:
             max_pending=settings.max_pending,
         )
         self.streams.client_trace = check_client_trace(settings.client_traceparent)
+        self.streams.ledger.limit = settings.security.max_log_bytes  # --max-log-bytes-per-key
         if settings.otlp_endpoint:  # else nothing of OpenTelemetry is imported
             self.streams.tracing = start_tracing(
                 settings.otlp_endpoint, GATEWAY_SERVICE, self.streams.gateway_id

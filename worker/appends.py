@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenrelay.core.redis.connection import queue_script
+from tokenrelay.core.wire.events import DONE
 from tokenrelay.core.wire.keys import GROUP, MAXLEN, Keys
 from tokenrelay.core.wire.scripts import (
     APPEND_CLUSTER_LUA,
@@ -24,6 +25,7 @@ from tokenrelay.core.wire.scripts import (
     append_groups,
     decode_append,
 )
+from tokenrelay.worker.ledger import LogLedger
 from tokenrelay.worker.outage import Masters
 
 
@@ -43,14 +45,27 @@ class Appender:
         self.keys = keys
         self.masters = masters
         self._unacked: list[tuple[str, str]] = []  # (queue, entry): a master was down
+        self.ledger = LogLedger(redis, keys, masters)  # the ended streams' log bytes
 
     def flush(self, batches: list[Batch]) -> list[AppendResult | None]:
         """Append every batch in one pipelined round trip; one result per batch: a few
         script calls of up to ``APPEND_CHUNK`` streams each, every call publishing what it
         wrote. On a cluster, one pipeline per master, each call of one master's streams:
-        the batches of a master that does not answer get ``None`` (worker/outage.py)."""
-        if self.masters is not None:
-            return self._flush_by_master(batches)
+        the batches of a master that does not answer get ``None`` (worker/outage.py).
+        The streams whose ``done`` event landed are settled in their owner's ledger
+        (worker/ledger.py)."""
+        results = (
+            self._flush_by_master(batches) if self.masters is not None else self._flush(batches)
+        )
+        ended = [
+            (b.stream_id, b.done_ttl)
+            for b, res in zip(batches, results, strict=True)
+            if res is not None and res.status == 1 and b.events and b.events[-1][1] == DONE
+        ]
+        self.ledger.ended(ended)
+        return results
+
+    def _flush(self, batches: list[Batch]) -> list[AppendResult | None]:
         if not batches:
             return []
         pipe = self.redis.pipeline(transaction=False)

@@ -26,6 +26,8 @@ Key layout (``P`` is the key prefix, ``tr:`` by default):
   ``P requests:{qN}[:<model>]``, spread over the slot space, so no shard is hot; a
   gateway that queues a request on one of them wakes idle workers on that shard's
   channel ``P wake:{qN}[:<model>]`` (:meth:`Keys.wakes`).
+- ``P lb:{<owner>}`` and ``P lb:{<owner>}:b``: the stream logs one API key (or client
+  address) holds in Redis, and their bytes (core/wire/log_ledger.py).
 - ``P w:<worker_id>``: a worker's heartbeat hash (stats), expiring after a
   few seconds unless refreshed; ``P workers`` is the set of worker ids.
 """
@@ -181,6 +183,12 @@ class Keys:
     def channel(self, stream_id: str) -> str:
         """The stream's own sharded pub/sub channel (cluster only; see the module doc)."""
         return f"{self.prefix}e:{{{stream_id}}}"
+
+    def ledger(self, owner: str) -> tuple[str, str]:
+        """The stream-log bytes ``owner`` (a limits bucket: a key, an address) holds in
+        Redis: its ledger and the ledger's bytes, in one slot (core/wire/log_ledger.py)."""
+        ledger = f"{self.prefix}lb:{{{owner}}}"
+        return ledger, ledger + ":b"
 
     def rate_bucket(self, bucket: str) -> str:
         """A per-key (or per-address) rate limit's token bucket (``BUCKET_LUA``)."""

@@ -46,6 +46,7 @@ class MetaField:
     LAST_SEQ = "last"  # likewise
     CANCEL = "cx"  # "1": a cancel was asked for
     TAKEOVERS = "to"  # how many times a live worker took the stream from a dead one
+    LOG_OWNER = "lo"  # whose ledger counts the log's bytes (core/wire/log_ledger.py)
     TRACE = TRACE_FIELD  # the stream's receive span
     RESUMES = RESUMES_FIELD
     DISCONNECTS = DISCONNECTS_FIELD

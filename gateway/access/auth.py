@@ -37,6 +37,8 @@ from pathlib import Path
 from urllib.parse import unquote_plus
 
 from tokenrelay.core import options
+from tokenrelay.core.redis.embedded import parse_memory
+from tokenrelay.core.wire.log_ledger import DEFAULT_MAX_LOG_BYTES
 from tokenrelay.core.wire.requests import DEFAULT_MAX_OUTPUT_ENTRIES, DEFAULT_MAX_TOKENS_LIMIT
 from tokenrelay.gateway.errors import AuthError
 
@@ -210,6 +212,15 @@ def install_log_redaction() -> None:
             logger.addFilter(RedactSecrets())
 
 
+def log_bytes_limit(raw: str | int | None) -> int:
+    """``--max-log-bytes-per-key`` in bytes (the default when ``None``); a clear
+    ``ValueError`` for anything but a Redis memory size."""
+    try:
+        return parse_memory(DEFAULT_MAX_LOG_BYTES if raw is None else raw)
+    except ValueError as exc:
+        raise ValueError(f"--max-log-bytes-per-key: {exc}") from None
+
+
 @dataclass(frozen=True)
 class SecuritySettings:
     """Auth, origins and per-key limits (``tokenrelay gateway`` / ``serve`` flags)."""
@@ -222,6 +233,7 @@ class SecuritySettings:
     max_streams_per_key: int = options.MAX_STREAMS_PER_KEY
     max_tokens: int = DEFAULT_MAX_TOKENS_LIMIT
     max_output_entries: int = DEFAULT_MAX_OUTPUT_ENTRIES
+    max_log_bytes: int = parse_memory(DEFAULT_MAX_LOG_BYTES)  # per key (address); 0: none
     max_streams_per_address: int = options.MAX_STREAMS_PER_ADDRESS  # without keys; 0: off
     rate_limit_per_address: float = options.RATE_LIMIT_PER_ADDRESS  # per minute; 0: off
     allowed_hosts: tuple[str, ...] = ()  # Host names answered besides addresses, localhost
@@ -244,6 +256,7 @@ class SecuritySettings:
             max_streams_per_key=getattr(args, "max_streams_per_key", options.MAX_STREAMS_PER_KEY),
             max_tokens=getattr(args, "max_tokens_limit", DEFAULT_MAX_TOKENS_LIMIT),
             max_output_entries=getattr(args, "max_output_entries", DEFAULT_MAX_OUTPUT_ENTRIES),
+            max_log_bytes=log_bytes_limit(getattr(args, "max_log_bytes_per_key", None)),
             max_streams_per_address=getattr(
                 args, "max_streams_per_address", options.MAX_STREAMS_PER_ADDRESS
             ),

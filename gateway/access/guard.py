@@ -88,6 +88,12 @@ class Guard:
         if self.by_address(who):  # a bucket of its own: not drawn from twice per request
             await self.address_rate.check(f"{who.bucket}:per-address", cost)
 
+    def log_owner(self, who: Principal) -> str | None:
+        """Whose ledger counts the bytes of the caller's stream logs in Redis
+        (``--max-log-bytes-per-key``): its key, else its address off this host, as the other
+        per-key limits; ``None``: not counted."""
+        return who.bucket if who.key_id is not None or self.by_address(who) else None
+
     def open_stream(self, who: Principal) -> str:
         """Take a stream slot for the caller; returns the bucket to release later.
 

@@ -238,6 +238,7 @@ class OpenAIApi:
                     traceparent=request.headers.get("traceparent"),
                     received_ns=received,
                     detach_timeout=req.detach_timeout,
+                    owner=self.gw.guard.log_owner(who),
                 )
             except STORE_ERRORS as exc:
                 raise store_error(exc) from None

@@ -197,6 +197,7 @@ async def answer_choices(
                     model=model,
                     traceparent=request.headers.get("traceparent"),
                     detach_timeout=req.detach_timeout,
+                    owner=api.gw.guard.log_owner(who),
                 )
             )
     except (ApiError, *STORE_ERRORS) as exc:

@@ -183,6 +183,7 @@ class StreamSession:
                 model=route.model,
                 traceparent=g.traceparent,
                 detach_timeout=g.detach_timeout,
+                owner=self.parts.guard.log_owner(self.principal),
             )
             created = True
         except STORE_ERRORS as exc:  # no worker, overloaded, Redis down, unknown model

@@ -80,6 +80,7 @@ from tokenrelay.gateway.errors import (
     StreamNotFound,
 )
 from tokenrelay.gateway.streams.attachments import Attachments
+from tokenrelay.gateway.streams.ledger import LogLedger
 from tokenrelay.gateway.streams.memory import ADMIT_BELOW, MemoryGauge
 from tokenrelay.gateway.streams.tailer import Tailer
 
@@ -147,6 +148,8 @@ class StreamStore:
         self._count = self.redis.register_script(COUNT_LUA)
         self._bucket = self.redis.register_script(BUCKET_LUA)
         self.memory = MemoryGauge(self.redis, self._guard, admit_below=admit_memory)
+        # --max-log-bytes-per-key (set by gateway/state.py: ledger.limit)
+        self.ledger = LogLedger(self.redis, self.keys, self._guard)
         self.accepting = True  # False while the gateway drains
         # this process's totals, exported by gateway/observe/metrics.py
         self.resumes = 0
@@ -262,6 +265,7 @@ class StreamStore:
         traceparent: str | None = None,
         received_ns: int | None = None,
         detach_timeout: float | None = None,
+        owner: str | None = None,
     ) -> NewStream:
         """Create a stream and queue its request for ``model`` (gateway/streams/routing.py;
         ``None``: on ``P requests``, for workers that name no model).
@@ -269,6 +273,8 @@ class StreamStore:
         ``detach_timeout``: the seconds the request asked its stream to keep generating
         with no client attached (checked by the transport against ``--max-detach-timeout``);
         ``None``: this gateway's ``--detach-timeout``. It goes into the request record.
+        ``owner``: whose ledger counts the stream's log bytes (``Guard.log_owner``; None:
+        nobody's), refused with :class:`LogBytesFull` over ``--max-log-bytes-per-key``.
 
         With tracing on, the ``gateway.receive`` span (from ``received_ns``, epoch ns, when
         the transport took the time; the client's ``traceparent`` is its parent, a link or
@@ -280,7 +286,7 @@ class StreamStore:
         """
         dt = self.detach_timeout if detach_timeout is None else detach_timeout
         if self.tracing is None:
-            return await self._create(body, request_id, attach, model, dt, None)
+            return await self._create(body, request_id, attach, model, dt, None, owner)
         attrs = {"tokenrelay.request_id": request_id, "tokenrelay.model": model}
         parent, links = edge_context(traceparent, self.client_trace)
         receive = self.tracing.start(
@@ -294,7 +300,13 @@ class StreamStore:
         enqueue = self.tracing.start("gateway.enqueue", receive.traceparent, kind="producer")
         try:
             new = await self._create(
-                body, request_id, attach, model, dt, (receive.traceparent, enqueue.traceparent)
+                body,
+                request_id,
+                attach,
+                model,
+                dt,
+                (receive.traceparent, enqueue.traceparent),
+                owner,
             )
         except Exception as exc:
             enqueue.fail(type(exc).__name__)
@@ -315,11 +327,12 @@ class StreamStore:
         model: str | None,
         detach_timeout: float,
         trace: tuple[str, str] | None,  # traceparents: the stream's (receive), the worker's
+        owner: str | None,
     ) -> NewStream:
         """:meth:`_create_once`; on a cluster, again (a new stream id, another queue shard)
         while the master of the stream's keys or of its shard is down, up to CREATE_TRIES
         times: a stream can be created while any master answers."""
-        args = (body, request_id, attach, model, detach_timeout, trace)
+        args = (body, request_id, attach, model, detach_timeout, trace, owner)
         for attempt in range(CREATE_TRIES if self.keys.cluster else 1):
             try:
                 return await self._create_once(*args)
@@ -336,6 +349,7 @@ class StreamStore:
         model: str | None,
         detach_timeout: float,
         trace: tuple[str, str] | None,
+        owner: str | None,
     ) -> NewStream:
         if not self.accepting:
             raise ShuttingDown("this gateway is shutting down; retry (another gateway will answer)")
@@ -349,6 +363,31 @@ class StreamStore:
         if await self.memory.full():  # the room left is for the streams already running
             raise RedisFull("redis is nearly full (maxmemory)")
         sid, token = new_stream_id(), new_resume_token()
+        counted = await self.ledger.reserve(owner, sid, body.get("params") or {})
+        ledger = owner if counted else None
+        try:
+            return await self._write(sid, token, body, request_id, attach, model, queue, shard,
+                                     detach_timeout, trace, ledger)  # fmt: skip
+        except BaseException:
+            if ledger is not None:  # no stream: no bytes to count
+                await self.ledger.release(ledger, sid)
+            raise
+
+    async def _write(
+        self,
+        sid: str,
+        token: str,
+        body: dict[str, Any],
+        request_id: str | None,
+        attach: bool,
+        model: str | None,
+        queue: str,
+        shard: int,
+        detach_timeout: float,
+        trace: tuple[str, str] | None,
+        owner: str | None,  # whose ledger counts the log (a reservation made)
+    ) -> NewStream:
+        """Write a new stream's metadata and attachment, and queue its request."""
         attach_id = self.attachments.new_id() if attach else None
         meta = StreamMeta.new_fields(
             hash_token(token),
@@ -358,6 +397,8 @@ class StreamStore:
             self.stream_ttl,
             None if trace is None else trace[0],
         )
+        if owner is not None:
+            meta[MetaField.LOG_OWNER] = owner
         pipe = atomic_pipeline(self.redis)
         pipe.hset(self.keys.meta(sid), mapping=meta)
         pipe.expire(self.keys.meta(sid), int(ACTIVE_TTL))
@@ -535,9 +576,9 @@ class StreamStore:
             pipe.xrevrange(self.keys.stream(stream_id), count=1)
             M = MetaField
             fields = (M.STATUS, M.PROMPT_TOKENS, M.STREAM_TTL, M.REQUEST_ID, M.RESUMES,
-                      M.DISCONNECTS)  # fmt: skip
+                      M.DISCONNECTS, M.LOG_OWNER)  # fmt: skip
             pipe.hmget(self.keys.meta(stream_id), *fields)
-            top, (st, pt, ttl, rid, *counts) = await self._guard(pipe.execute())
+            top, (st, pt, ttl, rid, *counts, owner) = await self._guard(pipe.execute())
             if st is None or _str(st) == StreamStatus.DONE:
                 return False
             last = seq_of(top[0][0]) if top else -1
@@ -557,6 +598,7 @@ class StreamStore:
                     meta={RESUMES_FIELD: _str(counts[0]), DISCONNECTS_FIELD: _str(counts[1])},
                     ended_by=self.gateway_id,
                 )
+                await self.ledger.settle(_str(owner), stream_id, ttl_s)
                 return True
             if res.status != 0:
                 return False
