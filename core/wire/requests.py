@@ -54,8 +54,8 @@ __all__ = [
 # fmt: on
 
 DEFAULT_MAX_TOKENS_LIMIT = 8192  # --max-tokens-limit: the largest max_tokens accepted
-# --max-output-entries: n x max_tokens x (1 + top_logprobs) at most; at ~300 bytes an entry
-# in a non-streaming body, one request stays under ~64 MB of gateway memory
+# --max-output-entries: n x max_tokens x (1 + top_logprobs) at most; a non-streaming body
+# holds them as its JSON text (gateway/http/openai_body.py), tens of bytes an entry
 DEFAULT_MAX_OUTPUT_ENTRIES = 200_000
 # --max-detach-timeout: the longest detach_timeout a request may ask for, in seconds
 DEFAULT_MAX_DETACH_TIMEOUT = 600.0
