@@ -163,9 +163,13 @@ class Gateway:
             detach=(self.settings.detach_timeout, self.settings.max_detach_timeout),
         )
 
-    def follow_context(self, context_tokens: int | None, vocab_size: int | None = None) -> None:
+    def follow_context(
+        self, context_tokens: int | None, vocab_size: int | None = None,
+        text_only: bool | None = None,
+    ) -> None:  # fmt: skip
         """Bound request sizes by the served model's context (``None``: keep the last bound),
-        and token ids (``logit_bias``, ``stop_token_ids``) by its vocabulary.
+        token ids (``logit_bias``, ``stop_token_ids``) by its vocabulary, and refuse image
+        parts while ``text_only`` (every worker runs our engine; ``None``: as it was).
 
         Workers that come and go keep the last known bound: a gateway without a live
         worker refuses the too-long input rather than queueing it.
@@ -182,6 +186,9 @@ class Gateway:
                     "max_input_chars": self.limits.max_input_chars,
                 },
             )
+        if text_only is not None and text_only != self.limits.text_only:
+            self.limits = replace(self.limits, text_only=text_only)
+            self.base_limits = replace(self.base_limits, text_only=text_only)
 
     async def start(self) -> None:
         await self.streams.start()

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tokenrelay.core.wire.content import MAX_IMAGES, Parts, parse_content, text_of
+from tokenrelay.core.wire.content import MAX_IMAGES, TEXT_ONLY, Parts, parse_content, text_of
 from tokenrelay.core.wire.errors import RequestError, ResponseFormatError
 from tokenrelay.core.wire.params import (
     MAX_BIAS,
@@ -90,6 +90,7 @@ class Limits:
     schemas: SchemaBudget = dataclasses.field(default_factory=SchemaBudget)  # all schemas
     context_tokens: int | None = None  # the served model's context, when known
     vocab_size: int | None = None  # the served model's vocabulary, when known
+    text_only: bool = False  # every serving worker runs our engine: no image parts
 
     def for_context(self, context_tokens: int | None) -> Limits:
         """These limits for a model of ``context_tokens`` (``None``: unknown, no bound).
@@ -394,8 +395,8 @@ def validate_messages(
     ``content(value, index, role)`` turns a message's content into text, or parts when
     it holds images (the default: a string or OpenAI's parts, core/wire/content.py), or
     raises :class:`RequestError`. The texts together must respect
-    :func:`check_input_size`, the images :data:`core.wire.content.MAX_IMAGES`;
-    core/wire/structured.py checks the tool fields.
+    :func:`check_input_size`, the images :data:`core.wire.content.MAX_IMAGES` (none when
+    ``limits.text_only``); core/wire/structured.py checks the tool fields.
     """
     if not isinstance(raw, list):
         raise _bad("messages", "messages must be a list")
@@ -423,6 +424,9 @@ def validate_messages(
     if images > MAX_IMAGES:
         message = f"{images} images; the limit is {MAX_IMAGES} a request"
         raise _bad("messages", message)
+    if images and limits.text_only:  # (else a worker of ours refuses them)
+        i = next(i for i, m in enumerate(out) if m.parts)
+        raise _bad(f"messages[{i}].content", f"messages[{i}].content: {TEXT_ONLY}")
     return tuple(out)
 
 

@@ -14,7 +14,8 @@ The same look gives the served model's context (``max_model_len`` in the
 workers' stats), which bounds the characters a request may carry
 (:meth:`core.wire.requests.Limits.for_context`), and its vocabulary
 (``vocab_size``), which bounds the token ids of ``logit_bias`` and
-``stop_token_ids``.
+``stop_token_ids``, and whether every worker runs our engine, which takes text only
+(then image content parts are refused here, not queued for a worker to refuse).
 """
 
 from __future__ import annotations
@@ -62,6 +63,12 @@ def vocab_size(workers: list[WorkerStats]) -> int | None:
     return min(sizes) if sizes else None
 
 
+def text_only(workers: list[WorkerStats]) -> bool | None:
+    """Whether every one of ``workers`` runs our engine, none a relay (``None``: no
+    worker, nothing known)."""
+    return all(s.backend == "engine" for s in workers) if workers else None
+
+
 class ReadinessWatch:
     """Keeps ``ready`` current; tells the sockets waiting for a worker when one is."""
 
@@ -69,11 +76,12 @@ class ReadinessWatch:
         self,
         streams: StreamStore,
         sockets: Collection[ClientSocket],
-        follow_context: Callable[[int | None, int | None], None],
+        follow_context: Callable[[int | None, int | None, bool | None], None],
     ) -> None:
         self.streams = streams
         self.sockets = sockets  # the gateway's open sockets (a live set)
-        self.follow_context = follow_context  # the workers' context and vocabulary sizes
+        # the workers' context and vocabulary sizes, and whether all run our engine
+        self.follow_context = follow_context
         self.ready = False
         self._task: asyncio.Task[None] | None = None
 
@@ -97,7 +105,7 @@ class ReadinessWatch:
         except RedisUnavailable:
             workers = []
         ready = bool(workers)
-        self.follow_context(context_tokens(workers), vocab_size(workers))
+        self.follow_context(context_tokens(workers), vocab_size(workers), text_only(workers))
         if ready != self.ready:
             self.ready = ready
             log.info("worker readiness", extra={"worker_ready": ready})

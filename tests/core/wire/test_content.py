@@ -17,8 +17,10 @@ from tokenrelay.core.wire.content import (
 )
 from tokenrelay.core.wire.errors import RequestError
 from tokenrelay.core.wire.requests import Limits, validate_messages
+from tokenrelay.core.wire.stats import WorkerStats
 from tokenrelay.engine.text.chat import check_messages
 from tokenrelay.gateway.http.openai_request import ApiError, parse_chat
+from tokenrelay.gateway.observe.readiness import text_only
 from tokenrelay.gateway.session import protocol as p
 
 PNG = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 32).decode()
@@ -101,3 +103,20 @@ def test_our_engine_refuses_images_as_a_bad_request_saying_it_takes_text() -> No
     with pytest.raises(ValueError, match="takes text only") as info:
         check_messages(user({"type": "text", "text": "What is it?"}, image(PNG)))
     assert TEXT_ONLY in str(info.value)
+
+
+def test_a_gateway_whose_workers_all_run_our_engine_refuses_images_itself() -> None:
+    engines = [WorkerStats(worker_id="a"), WorkerStats(worker_id="b")]
+    assert text_only(engines) is True and text_only([]) is None
+    assert text_only([*engines, WorkerStats(worker_id="r", backend="upstream")]) is False
+    limits = Limits(text_only=True)
+    messages = [{"role": "user", "content": "Hi"}, *user({"type": "text", "text": "x"},
+                                                        image(PNG))]  # fmt: skip
+    with pytest.raises(RequestError) as info:
+        validate_messages(messages, limits)
+    assert info.value.code == "bad_request" and info.value.field == "messages[1].content"
+    assert TEXT_ONLY in info.value.message
+    with pytest.raises(ApiError) as api:
+        parse_chat({"messages": messages}, served_model="m", limits=limits)
+    assert api.value.status == 400 and TEXT_ONLY in api.value.message
+    validate_messages([{"role": "user", "content": "Hi"}], limits)  # text is fine
