@@ -47,13 +47,19 @@ class LogLedger:
         self._settle = redis.register_script(SETTLE_LUA)
 
     async def reserve(self, owner: str | None, stream_id: str, params: Mapping[str, Any]) -> bool:
-        """Reserve the worst case of a stream of ``params`` for ``owner``; False when there is
-        no limit (nothing reserved). Raises :class:`LogBytesFull` over the limit."""
+        """Reserve the worst case of a stream of ``params`` for ``owner``; False when nothing
+        was reserved: no limit, or the ledger's Redis (on a cluster, its master) does not
+        answer, when the stream goes uncounted as the rate limit lets a request through.
+        Raises :class:`LogBytesFull` over the limit."""
         if not owner or self.limit <= 0:
             return False
         want = log_bytes(params)
         keys, args = reserve_call(self.keys, owner, stream_id, want, self.limit)
-        got = await self._guard(self._reserve(keys=keys, args=args))
+        try:
+            got = await self._guard(self._reserve(keys=keys, args=args))
+        except RedisUnavailable:  # the stream's own writes tell whether Redis takes it
+            log.debug("stream log bytes not counted", extra={"stream_id": stream_id})
+            return False
         if int(got[0]) == 1:
             return True
         held, wait_s = int(got[1]), int(got[2]) / 1000.0

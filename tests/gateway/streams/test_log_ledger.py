@@ -7,6 +7,7 @@ worker/ledger.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -17,12 +18,13 @@ from tests.gateway.streams.test_store import BODY, write_done
 from tokenrelay.core.redis.embedded import EmbeddedRedis
 from tokenrelay.core.redis.local_cluster import LocalCluster
 from tokenrelay.core.wire.events import accepted_fields, token_fields
-from tokenrelay.core.wire.keys import slot_of
+from tokenrelay.core.wire.keys import Keys, slot_of
 from tokenrelay.core.wire.log_ledger import log_bytes
 from tokenrelay.core.wire.logprobs import Logprobs, TokenLogprob, encode_logprobs
+from tokenrelay.core.wire.stats import WorkerStats
 from tokenrelay.core.wire.vocabulary import ErrorCode
 from tokenrelay.gateway.access.auth import SecuritySettings, log_bytes_limit
-from tokenrelay.gateway.errors import LogBytesFull, Overloaded, refusal
+from tokenrelay.gateway.errors import LogBytesFull, Overloaded, RedisUnavailable, refusal
 from tokenrelay.gateway.streams.store import StreamStore
 from tokenrelay.worker.store import Batch, WorkerStore
 
@@ -165,3 +167,35 @@ async def test_on_a_cluster_the_ledger_lives_in_its_owners_slot(
                 **sizes,
                 "": sum(sizes.values()),
             }
+
+
+async def test_with_the_ledgers_master_down_streams_go_uncounted(
+    fresh_redis_cluster: LocalCluster, prefix: str
+) -> None:
+    """A cluster master down takes only its own streams: a key whose ledger lives there
+    still creates streams on the other masters, uncounted (as the rate limit lets requests
+    through while Redis does not answer)."""
+    cluster = fresh_redis_cluster
+    client = redis.RedisCluster.from_url(cluster.url)
+
+    def master(key: str) -> str:
+        return str(client.get_node_from_key(key).name)
+
+    keys = Keys(prefix, cluster=True)
+    owner = next(
+        f"key:{i:04x}"
+        for i in range(1000)
+        if master(keys.ledger(f"key:{i:04x}")[0])
+        not in (master(keys.workers), master(keys.worker("w-test")))
+    )
+    down = next(p for p in cluster.ports if master(keys.ledger(owner)[0]).endswith(f":{p}"))
+    with open_wlog(cluster.url, prefix, cluster=True) as worker:
+        async with open_slog(cluster.url, prefix, cluster=True) as store:
+            store.ledger.limit = 2 * ONE
+            cluster.kill(cluster.ports.index(down))
+            made = []
+            for i in range(12):
+                worker.heartbeat(WorkerStats())
+                with contextlib.suppress(RedisUnavailable):  # its own keys on the dead master
+                    made.append(await store.create(BODY, f"r{i}", owner=owner))
+            assert len(made) >= 3  # more than the limit would take: not counted
