@@ -13,6 +13,7 @@ every layer attends to the full context, which equals sliding-window attention
 for sequences shorter than the window. ``gemma2`` and ``gemma3_text`` (``gemma.py``) are
 the exception: their local layers attend to their window only (``_gemma``), and Gemma 3
 gives its local and global layers a RoPE each (per layer type in ``rope_parameters``).
+``phi3``'s ``sliding_window`` applies to every layer (``_phi3``), as transformers' mask.
 """
 
 from __future__ import annotations
@@ -159,6 +160,7 @@ class ModelConfig:
             eos_token_ids=frozenset(eos),
             bos_token_id=cfg.get("bos_token_id"),
             **(_granite(cfg) if model_type == "granite" else {}),
+            **(_phi3(cfg) if model_type == "phi3" else {}),
             **gemma,
         )
 
@@ -200,6 +202,16 @@ def _granite(cfg: dict[str, Any]) -> dict[str, Any]:
         "attention_multiplier": _positive(cfg, "attention_multiplier", 1.0),
         "logits_scaling": _positive(cfg, "logits_scaling", 1.0),
     }
+
+
+def _phi3(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Phi-3's ``sliding_window``: every layer attends to that many keys (transformers'
+    sliding-window mask for the whole model; ``null`` or 0: the whole context)."""
+    window = cfg.get("sliding_window") or None
+    if window is None:
+        return {}
+    window = _int({"sliding_window": window}, "sliding_window")
+    return {"layer_windows": (window,) * _int(cfg, "num_hidden_layers")}
 
 
 def _ids(value: Any) -> set[int]:

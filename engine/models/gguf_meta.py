@@ -111,6 +111,8 @@ def model_config(index: GGUFIndex) -> dict[str, Any]:
         cfg["rope_scaling"] = scaling
     if arch == "granite":
         cfg.update(_granite(meta, head_dim))
+    if arch == "phi3" and key("attention.sliding_window"):  # 0: none (Phi-4)
+        cfg["sliding_window"] = int(key("attention.sliding_window"))
     for name in ("bos", "eos", "padding", "unknown"):
         value = meta.get(f"tokenizer.ggml.{name}_token_id")
         if isinstance(value, int):

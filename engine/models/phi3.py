@@ -10,8 +10,9 @@ attention with ``1 / sqrt(head_dim)``, a SwiGLU MLP, residual adds. The differen
   head, and ``longrope`` (``su``: Phi-3-*-128k, Phi-3.5, Phi-4-mini) divides the
   frequencies by per-dimension factors and scales cos/sin: both in ``rope.py``, for every
   family (how the engine picks the short or the long factors is said there);
-- ``sliding_window`` is not applied, as for Mistral: every layer attends to the whole
-  context, which is the same as the window for sequences no longer than it.
+- ``sliding_window`` (Phi-3-mini-4k: 2047) applies to every layer, as transformers'
+  sliding-window mask does: each query sees its last ``sliding_window`` keys
+  (``ModelConfig.layer_windows``, honoured by every attention backend).
 
 ``engine/kernels/csrc/decoder.c`` is not wired for it (a GGUF of Phi-3 is served dense,
 op by op); tensor parallelism splits it as it splits Llama.

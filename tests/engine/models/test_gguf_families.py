@@ -92,7 +92,7 @@ def write_gguf(path: Path, kind: str, hf: Any, qtype: str) -> Path:
     if arch == "phi3":  # Phi3MiniModel: rotated values, original context, longrope tensors
         w.add_rope_dimension_count(int(rope["partial_rotary_factor"] * c.hidden_size) // heads)
         w.add_rope_scaling_orig_ctx_len(c.original_max_position_embeddings)
-        w.add_sliding_window(0)
+        w.add_sliding_window(c.sliding_window or 0)  # 0: none
         scale = c.max_position_embeddings / c.original_max_position_embeddings
         w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(ORIGINAL)))
         for name in ("long", "short"):

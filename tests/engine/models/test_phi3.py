@@ -3,8 +3,9 @@ transformers on random weights, as tests/engine/models/test_families.py checks t
 
 Two tiny checkpoints (2 layers, GQA, the default model's tokenizer and vocabulary), both
 with ``partial_rotary_factor`` 0.75 (12 of each head's 16 values rotate, as Phi-4-mini's
-0.75): ``phi3`` with plain RoPE, and ``phi3-longrope`` with ``longrope`` scaling (an
-original context of 32 tokens stretched to 128, distinct short and long factors).
+0.75): ``phi3`` with plain RoPE and a sliding window of 24 tokens on every layer (as
+Phi-3-mini-4k's 2047), and ``phi3-longrope`` with ``longrope`` scaling (an original
+context of 32 tokens stretched to 128, distinct short and long factors).
 transformers (eager attention) takes the short factors while a sequence fits in 32 tokens
 and the long ones past that; the engine takes one list for every sequence from the
 context it serves (engine/models/rope.py): the long one by default (128 > 32), the short
@@ -43,6 +44,7 @@ from tokenrelay.engine.runner.kv_cache import KVCache
 __all__ = ["prompts"]  # the shared prompts fixture (five prompts, 5 to 93 tokens)
 
 ORIGINAL, STRETCHED = 32, 128
+WINDOW = 24  # plain ``phi3``: every layer attends to its last 24 tokens (transformers' mask)
 SHORT = [1.0, 1.3, 2.0, 3.0, 5.0, 8.0]  # one per rotated frequency: 12 rotated values / 2
 LONG = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]
 
@@ -52,7 +54,7 @@ def phi3_config(kind: str, **overrides: Any) -> Any:
 
     fields: dict[str, Any] = dict(
         TINY, max_position_embeddings=STRETCHED, partial_rotary_factor=0.75,
-        tie_word_embeddings=False, sliding_window=None,
+        tie_word_embeddings=False, sliding_window=WINDOW if kind == "phi3" else None,
     )  # fmt: skip
     if kind == "phi3-longrope":
         fields["rope_scaling"] = {"rope_type": "longrope", "short_factor": SHORT,
