@@ -6,10 +6,12 @@
 // store (localStorage in a browser, else memory, or one passed in) until the answer ends, so
 // reconnectToStream() after a reload resumes it from seq 0 and the AI SDK rebuilds the
 // message from the replay (`resumeStreamIsReplay`). Sockets, resume offsets, dedupe, retries
-// and cancel are TokenRelayClient's; this module only maps, and imports nothing from `ai`.
+// and cancel are TokenRelayClient's; this module only maps (frames to chunks in
+// client/ai-sdk-chunks.js), and imports nothing from `ai`.
 // Reference: docs/client.md ("Vercel AI SDK").
 
 import { RETRYABLE_CODES, TokenRelayClient, TokenRelayError } from "./tokenrelay-client.js";
+import { chunks } from "./client/ai-sdk-chunks.js";
 
 /**
  * @typedef {import("ai").UIMessage} UIMessage
@@ -40,8 +42,6 @@ import { RETRYABLE_CODES, TokenRelayClient, TokenRelayError } from "./tokenrelay
 
 /** @template {UIMessage} M @typedef {import("ai").ChatTransport<M>} ChatTransport */
 
-/** @type {Record<string, "stop"|"length"|"tool-calls">} ours → the AI SDK's (else "other") */
-const FINISH = { stop: "stop", length: "length", tool_calls: "tool-calls" };
 /** Errors after which the stream may still be running (the entry is kept). */
 const RETRYABLE = new Set(/** @type {readonly string[]} */ (RETRYABLE_CODES));
 /** Errors of a resume that mean nothing is left to resume. */
@@ -164,89 +164,6 @@ export function toRelayMessages(messages) {
     flush();
   }
   return out;
-}
-
-/**
- * The UIMessageChunks of a stream, from its first token (the text it already holds comes
- * first): start, text, the tool calls of its `done`, finish; or an error chunk. Cancelling
- * the ReadableStream only stops reading (the answer keeps going and stays resumable).
- * @param {TokenRelayStream} relay
- * @param {string} messageId
- * @returns {ReadableStream<UIMessageChunk>}
- */
-function chunks(relay, messageId) {
-  /** @type {() => void} */
-  let stop = () => {};
-  return new ReadableStream({
-    start(controller) {
-      const id = `text-${messageId}`;
-      let open = false;
-      /** @param {UIMessageChunk} chunk */
-      const put = (chunk) => controller.enqueue(chunk);
-      /** @param {string} delta */
-      const text = (delta) => {
-        if (!delta) return;
-        if (!open) put({ type: "text-start", id });
-        open = true;
-        put({ type: "text-delta", id, delta });
-      };
-      /** @param {{finishReason?: string|null, message?: string, toolCalls?: ToolCall[]}} d */
-      const finish = (d) => {
-        if (open) put({ type: "text-end", id });
-        for (const call of d.toolCalls ?? []) {
-          const tool = { toolCallId: call.id, toolName: call.function.name };
-          const args = call.function.arguments;
-          try {
-            put({ type: "tool-input-available", ...tool, input: JSON.parse(args) });
-          } catch {
-            const errorText = `the model's arguments are not JSON: ${args}`;
-            put({ type: "tool-input-error", ...tool, input: args, errorText });
-          }
-        }
-        if (d.finishReason === "error") {
-          put({ type: "error", errorText: d.message ?? "the answer could not finish" });
-        } else {
-          put({ type: "finish-step" });
-          put({ type: "finish", finishReason: FINISH[d.finishReason ?? ""] ?? "other" });
-        }
-        stop();
-        controller.close();
-      };
-      /** @param {{message: string}} error */
-      const fail = (error) => {
-        if (open) put({ type: "text-end", id });
-        put({ type: "error", errorText: error.message });
-        stop();
-        controller.close();
-      };
-      /** @param {Event} e @returns {any} */
-      const detail = (e) => /** @type {CustomEvent} */ (e).detail;
-      /** @param {Event} e */
-      const onToken = (e) => text(detail(e).text);
-      /** @param {Event} e */
-      const onDone = (e) => finish(detail(e));
-      /** @param {Event} e */
-      const onError = (e) => fail(detail(e));
-      stop = () => {
-        relay.removeEventListener("token", onToken);
-        relay.removeEventListener("done", onDone);
-        relay.removeEventListener("error", onError);
-      };
-      put({ type: "start", messageId });
-      put({ type: "start-step" });
-      text(relay.text);
-      if (relay.error) fail(relay.error);
-      else if (relay.closed) finish({ finishReason: relay.finishReason });
-      else {
-        relay.addEventListener("token", onToken);
-        relay.addEventListener("done", onDone);
-        relay.addEventListener("error", onError);
-      }
-    },
-    cancel() {
-      stop();
-    },
-  });
 }
 
 /**

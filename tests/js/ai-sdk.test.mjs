@@ -12,7 +12,7 @@ import {
   webStorageStore,
 } from "../../static/tokenrelay-ai-sdk.js";
 import { TokenRelayError } from "../../static/tokenrelay-client.js";
-import { FakeClock, FakeServer, FakeWebSocket, clientFactory, fakeWindow } from "./helpers.mjs";
+import { FakeClock, FakeServer, FakeWebSocket, clientFactory, fakeWindow, toolAnswer } from "./helpers.mjs";
 
 let clock;
 let server;
@@ -47,6 +47,20 @@ async function read(stream) {
   for await (const chunk of stream) out.push(chunk);
   return out;
 }
+
+/** The chunks of toolAnswer() (helpers.mjs) once finished, after `start`. */
+const toolChunks = (textId) => [
+  { type: "start-step" },
+  { type: "text-start", id: textId },
+  { type: "text-delta", id: textId, delta: "Let me check." },
+  { type: "text-end", id: textId },
+  { type: "tool-input-start", toolCallId: "call_1", toolName: "get_weather" },
+  { type: "tool-input-delta", toolCallId: "call_1", inputTextDelta: '{"city": ' },
+  { type: "tool-input-delta", toolCallId: "call_1", inputTextDelta: '"Paris"}' },
+  { type: "tool-input-available", toolCallId: "call_1", toolName: "get_weather", input: { city: "Paris" } },
+  { type: "finish-step" },
+  { type: "finish", finishReason: "tool-calls" },
+];
 
 const texts = (chunks) => chunks.filter((c) => c.type === "text-delta").map((c) => c.delta).join("");
 
@@ -221,6 +235,52 @@ describe("sendMessages", () => {
     ]);
   });
 
+  test("a call streams as tool-input-start and deltas; done's list makes it available", async () => {
+    server = new FakeServer(toolAnswer());
+    const transport = new TokenRelayChatTransport({ client: connected(), store: new Map() });
+    const stream = await send(transport);
+    server.finish(server.onlyStreamId());
+    const chunks = await read(stream);
+    assert.deepEqual(chunks.slice(1), toolChunks(chunks[2].id));
+  });
+
+  test("a call begun but cut off (left out of done's list) ends in a tool-input-error", async () => {
+    const { chunks: [, head, more] } = toolAnswer();
+    server = new FakeServer({ chunks: [head, more], end: { finish_reason: "length" } });
+    const transport = new TokenRelayChatTransport({ client: connected(), store: new Map() });
+    const stream = await send(transport);
+    server.finish(server.onlyStreamId());
+    assert.deepEqual((await read(stream)).slice(2), [
+      { type: "tool-input-start", toolCallId: "call_1", toolName: "get_weather" },
+      { type: "tool-input-delta", toolCallId: "call_1", inputTextDelta: '{"city": ' },
+      {
+        type: "tool-input-error",
+        toolCallId: "call_1",
+        toolName: "get_weather",
+        input: '{"city": ',
+        errorText: "the call was cut off before it was complete",
+      },
+      { type: "finish-step" },
+      { type: "finish", finishReason: "length" },
+    ]);
+  });
+
+  test("text after a call is a text part of its own", async () => {
+    const { chunks: answer, end } = toolAnswer();
+    server = new FakeServer({ chunks: [...answer, "Done."], end });
+    const transport = new TokenRelayChatTransport({ client: connected(), store: new Map() });
+    const stream = await send(transport);
+    server.finish(server.onlyStreamId());
+    const chunks = await read(stream);
+    const ids = chunks.filter((c) => c.type === "text-start").map((c) => c.id);
+    assert.equal(new Set(ids).size, 2);
+    assert.deepEqual(chunks.slice(8, 11), [
+      { type: "text-start", id: ids[1] },
+      { type: "text-delta", id: ids[1], delta: "Done." },
+      { type: "text-end", id: ids[1] },
+    ]);
+  });
+
   test("finish reasons: length, cancelled and expired are other; error an error chunk", async () => {
     const seen = [];
     for (const reason of ["length", "cancelled", "expired", "error"]) {
@@ -371,6 +431,39 @@ describe("reconnectToStream", () => {
     await flush();
     assert.equal(store.has("c1"), false);
     assert.equal(await after.reconnectToStream({ chatId: "c1" }), null, "finished: null");
+  });
+
+  test("a reload mid-call replays the same chunks as an uninterrupted answer", async () => {
+    server = new FakeServer(toolAnswer());
+    const store = new Map();
+    const before = new TokenRelayChatTransport({ client: connected(), store });
+    await send(before);
+    const id = server.onlyStreamId();
+    const { messageId } = store.get("c1");
+    server.emit(id, 3); // the call's first two entries
+    before.client.close();
+    const after = new TokenRelayChatTransport({ client: makeClient(), store });
+    const reconnecting = after.reconnectToStream({ chatId: "c1" });
+    await flush();
+    server.connect(FakeWebSocket.last());
+    const stream = await reconnecting;
+    server.finish(id);
+    const chunks = await read(stream);
+    assert.deepEqual(chunks[0], { type: "start", messageId });
+    assert.deepEqual(chunks.slice(1), toolChunks(chunks[2].id));
+  });
+
+  test("a stream left mid-call and reconnected gives the call so far first", async () => {
+    server = new FakeServer(toolAnswer());
+    const transport = new TokenRelayChatTransport({ client: connected(), store: new Map() });
+    const left = await send(transport);
+    const id = server.onlyStreamId();
+    server.emit(id, 3);
+    await left.cancel(); // the AI SDK stops reading; the answer goes on
+    const again = await transport.reconnectToStream({ chatId: "c1" });
+    server.finish(id);
+    const chunks = await read(again);
+    assert.deepEqual(chunks.slice(1), toolChunks(chunks[2].id));
   });
 
   test("null, and the entry dropped, when the gateway no longer has the stream", async () => {

@@ -7,18 +7,21 @@
 
 /** A ChatState in plain objects (what @ai-sdk/react keeps in React state). */
 class PlainState {
-  constructor() {
+  constructor(watch = () => {}) {
     this.status = "ready";
     this.error = undefined;
     this.messages = [];
+    this.watch = watch; // called with each message the chat writes
   }
   pushMessage(m) {
+    this.watch(m);
     this.messages = [...this.messages, m];
   }
   popMessage() {
     this.messages = this.messages.slice(0, -1);
   }
   replaceMessage(i, m) {
+    this.watch(m);
     this.messages = [...this.messages.slice(0, i), m, ...this.messages.slice(i + 1)];
   }
   snapshot(x) {
@@ -27,13 +30,13 @@ class PlainState {
 }
 
 /** An AbstractChat of `ai` over PlainState; `finishes` records each onFinish. */
-export function makeChat(AbstractChat, init) {
+export function makeChat(AbstractChat, init, watch = undefined) {
   const finishes = [];
   class Chat extends AbstractChat {
     constructor() {
       super({
         ...init,
-        state: new PlainState(),
+        state: new PlainState(watch),
         onFinish: (e) => finishes.push({ isAbort: e.isAbort, isError: e.isError, finishReason: e.finishReason ?? null }),
       });
     }
@@ -101,7 +104,9 @@ export function recording(Transport, chunkSchema) {
  * Node: a two-turn chat (the second turn sends the first answer back as history), Stop
  * during a long answer, a "reload" (the first transport's client closes mid-answer; a new
  * transport on the same store resumes the chat), and reconnects that must give null.
- * cfg: {url, params, question, followUp, long: {question, params}, clientOptions?}
+ * A tool call streams into the chat's tool part (input-streaming, then input-available).
+ * cfg: {url, params, question, followUp, long: {question, params}, tools: {question, params},
+ * clientOptions?}
  */
 export async function runNodeChecks({ TokenRelayChatTransport, AbstractChat, uiMessageChunkSchema }, cfg) {
   const Recording = recording(TokenRelayChatTransport, uiMessageChunkSchema);
@@ -129,6 +134,28 @@ export async function runNodeChecks({ TokenRelayChatTransport, AbstractChat, uiM
     storedWhileStreaming,
     storeAfter: store.size,
     reconnect: (await t1.reconnectToStream({ chatId: "chat-turns" })) === null ? null : "a stream",
+  };
+
+  // --- a tool call: the AI SDK's tool part streams its input, then has it whole ---
+  const t4 = new Recording({ ...base, store: new Map() });
+  const seen = []; // the tool part as each write of the message left it
+  const watch = (m) => {
+    const part = m.parts?.find((p) => p.type.startsWith("tool-"));
+    if (part) seen.push({ state: part.state, input: structuredClone(part.input ?? null) });
+  };
+  const calling = makeChat(AbstractChat, { id: "chat-tools", transport: t4 }, watch);
+  await calling.sendMessage({ text: cfg.tools.question }, { body: { params: cfg.tools.params } });
+  await until(() => t4.chunkTypes.includes("finish"), 10_000, "the chunks to be read");
+  const last = calling.messages.at(-1);
+  const part = last.parts.find((p) => p.type.startsWith("tool-"));
+  out.tools = {
+    chunkTypes: t4.chunkTypes,
+    invalidChunks: t4.invalidChunks,
+    part: part ? { type: part.type, state: part.state, input: part.input, toolCallId: part.toolCallId } : null,
+    seen,
+    status: calling.status,
+    error: calling.error?.message ?? null,
+    finishes: calling.finishes,
   };
 
   // --- Stop during a long answer: the AI SDK aborts, the transport cancels ---
@@ -191,7 +218,7 @@ export async function runNodeChecks({ TokenRelayChatTransport, AbstractChat, uiM
   await until(() => !bogus.has("chat-bogus"), 10_000, "the unknown stream's entry to go");
   out.none.entryCleared = true;
 
-  for (const t of [t1, t2, before, after, t3]) t.client.close();
+  for (const t of [t1, t2, t4, before, after, t3]) t.client.close();
   return out;
 }
 

@@ -56,6 +56,24 @@ SHORT_Q = "What is the capital of France?"
 SHORT_MAX = 24
 FOLLOW_UP = "And of Italy?"
 LONG_Q = "Write a long story about a lighthouse keeper who finds a robot on the beach."
+TOOLS_Q = "What is the weather in Paris?"
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 24}},
+            "required": ["city"],
+        },
+    },
+}
+# a named tool_choice: the model calls it, whatever the default model would do unasked
+TOOLS_PARAMS = {
+    "tools": [WEATHER],
+    "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+    "max_tokens": 120,
+}
 
 
 def _node() -> tuple[str, int]:
@@ -135,6 +153,8 @@ def test_handwritten_declarations_match_the_jsdoc(tmp_path: Path) -> None:
     impl.mkdir()
     decl.mkdir()
     shutil.copy(STATIC / f"{MODULE}.js", impl)
+    (impl / "client").mkdir()
+    shutil.copy(STATIC / "client" / "ai-sdk-chunks.js", impl / "client")  # its chunks
     shutil.copy(STATIC / f"{MODULE}.d.ts", decl)
     for d in (impl, decl):
         for name in ("tokenrelay-client.d.ts", "tokenrelay-protocol.d.ts"):
@@ -208,6 +228,18 @@ def greedy(server: Server, messages: list[dict[str, str]], params: dict[str, Any
     return "".join(f["text"] for f in tokens)
 
 
+def tool_call(server: Server, params: dict[str, Any]) -> dict[str, str]:
+    """The call the gateway's own answer makes (its ``done`` frame), straight from the
+    WebSocket API."""
+    messages = [{"role": "user", "content": TOOLS_Q}]
+    frames = server.run(
+        [{"type": "generate", "request_id": "call", "messages": messages, "params": params}]
+    )
+    done = frames[-1]
+    assert done["type"] == "done" and done["finish_reason"] == "tool_calls", frames[-3:]
+    return dict(done["tool_calls"][0]["function"])
+
+
 def _config(server: Server) -> dict[str, Any]:
     return {
         "url": server.base,
@@ -215,6 +247,7 @@ def _config(server: Server) -> dict[str, Any]:
         "question": SHORT_Q,
         "followUp": FOLLOW_UP,
         "long": {"question": LONG_Q, "params": {"max_tokens": server.long_max_tokens(LONG_Q)}},
+        "tools": {"question": TOOLS_Q, "params": TOOLS_PARAMS},
     }
 
 
@@ -260,6 +293,23 @@ def test_node_chat_streams_stops_and_resumes_after_a_reload(server: Server) -> N
     assert chat["invalidChunks"] == [], "chunks that ai's uiMessageChunkSchema refuses"
     assert chat["storedWhileStreaming"] == 1 and chat["storeAfter"] == 0
     assert chat["reconnect"] is None, "a finished chat has nothing to reconnect to"
+
+    # a tool call: streamed into the tool part as the gateway streams it, then whole
+    call = tool_call(server, {**cfg["params"], **TOOLS_PARAMS})
+    tools = out["tools"]
+    assert (tools["status"], tools["error"], tools["invalidChunks"]) == ("ready", None, [])
+    types = tools["chunkTypes"]
+    starts, deltas = types.count("tool-input-start"), types.count("tool-input-delta")
+    assert starts == 1 and deltas >= 2, types
+    assert types.index("tool-input-start") < types.index("tool-input-delta")
+    assert types[-3:] == ["tool-input-available", "finish-step", "finish"], types
+    assert tools["part"] == {"type": "tool-get_weather", "state": "input-available",
+                             "input": json.loads(call["arguments"]),
+                             "toolCallId": tools["part"]["toolCallId"]}  # fmt: skip
+    states = [s["state"] for s in tools["seen"]]
+    assert states[0] == "input-streaming" and states[-1] == "input-available", states
+    assert "input-streaming" in states[:-1], "the input showed while it streamed"
+    assert tools["finishes"][0]["finishReason"] == "tool-calls"
 
     # Stop: the AI SDK aborts, the gateway's log of the stream ends `cancelled`, early
     long = server.reference(LONG_Q, long_max)
