@@ -129,7 +129,7 @@ def test_the_answer_does_not_depend_on_where_the_text_is_cut(
         i, k = i + sizes[k % len(sizes)], k + 1
     whole = read(fmt, [text])
     assert read(fmt, pieces) == whole
-    content, args, calls, names = whole
+    content, _, calls, names = whole
     if not names:  # nothing went out as a call: every character is content
         assert content == text
     for name, arguments in calls:
