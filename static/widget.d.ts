@@ -90,6 +90,10 @@ export interface WidgetStrings {
   stateLoading: string;
   /** for 3 s after an answer resumed on a new connection */
   stateResumed: string;
+  /** above a call's arguments while the model writes them: "Calling {name}..." */
+  callingTool: string;
+  /** above a call's arguments once the answer ended: "Called {name}" */
+  calledTool: string;
 }
 
 /** The English texts. */
@@ -115,6 +119,12 @@ export interface SendDetail {
 export interface DoneDetail {
   text: string;
   state: "done" | "cancelled" | "error";
+  /** the calls the answer made (with `params.tools`; the `done` frame's, OpenAI's shape) */
+  toolCalls?: {
+    id: string;
+    type: "function";
+    function: { name: string; arguments: string };
+  }[];
 }
 
 /** `tokenrelay:error`: something went wrong (docs/client.md, "Widget"). */
@@ -154,6 +164,12 @@ export interface TokenRelayChatElement extends HTMLElement {
    */
   get strings(): Readonly<WidgetStrings>;
   set strings(value: Partial<WidgetStrings> | null);
+  /**
+   * More `generate` params for every answer (docs/protocol.md), e.g. `tools` and
+   * `tool_choice`: the attributes' (`temperature`, `max-tokens`, `seed`) win. Read at every
+   * send; may be set before widget.js has loaded.
+   */
+  params: Record<string, unknown> | null;
   /** send a message (what the Send button does); held while no engine worker is ready */
   send(text: string): void;
   /** stop the answer being streamed */

@@ -34,14 +34,14 @@ export const ATTRIBUTES = Object.freeze(
 /**
  * Every text the widget shows or gives assistive technology, in English. `{name}` is filled
  * in: `{title}` with the chat's title, `{message}` and `{code}` with an error's (those come
- * from the gateway or the browser and are not translated).
+ * from the gateway or the browser and are not translated), `{name}` with a called tool's.
  * @typedef {{title: string, greeting: string, placeholder: string, openChat: string,
  *   closeChat: string, messages: string, messageLabel: string, send: string, stop: string,
  *   poweredBy: string, youSaid: string, answer: string, stopped: string, unfinished: string,
  *   answerError: string, retrying: string, tokenFailed: string, stateIdle: string,
  *   stateConnecting: string, stateOpen: string, stateReconnecting: string,
  *   stateOffline: string, stateClosed: string, stateLoading: string,
- *   stateResumed: string}} WidgetStrings
+ *   stateResumed: string, callingTool: string, calledTool: string}} WidgetStrings
  */
 
 /** @type {Readonly<WidgetStrings>} */
@@ -71,6 +71,8 @@ export const STRINGS = Object.freeze({
   stateClosed: "Disconnected",
   stateLoading: "Loading model...",
   stateResumed: "Resumed",
+  callingTool: "Calling {name}...",
+  calledTool: "Called {name}",
 });
 
 /**
@@ -108,8 +110,10 @@ export function formatString(template, values = {}) {
  * The details of the widget's events (CustomEvents that bubble out of its shadow root).
  * @typedef {{text: string}} SendDetail
  *   `tokenrelay:send`: the visitor sent a message
- * @typedef {{text: string, state: "done"|"cancelled"|"error"}} DoneDetail
- *   `tokenrelay:done`: an answer ended
+ * @typedef {{text: string, state: "done"|"cancelled"|"error",
+ *   toolCalls?: {id: string, type: "function", function: {name: string, arguments: string}}[]}}
+ *   DoneDetail
+ *   `tokenrelay:done`: an answer ended (`toolCalls`: the calls it made, with `params.tools`)
  * @typedef {{code: string, message: string, source: "token"|"connection"|"server"|"stream",
  *   fatal: boolean}} ErrorDetail
  *   `tokenrelay:error`: something went wrong (docs/client.md); `fatal`: no retry follows

@@ -20,7 +20,9 @@ export function withConversation(Base, { renderMarkdown, messageNode }) {
     }
 
     _params() {
-      const params = {};
+      // the `params` property (tools, tool_choice...) under the attributes'
+      const extra = this.params;
+      const params = extra && typeof extra === "object" ? { ...extra } : {};
       const t = this.getAttribute("temperature");
       const m = this.getAttribute("max-tokens");
       const s = this.getAttribute("seed");
@@ -60,7 +62,8 @@ export function withConversation(Base, { renderMarkdown, messageNode }) {
       if (rec?.streamId && rec.resumeToken && last?.role === "assistant") {
         last.content = rec.text;
         last.state = "streaming";
-        this._follow(this._client.resume({ streamId: rec.streamId, resumeToken: rec.resumeToken, after: rec.lastSeq, text: rec.text }), rec);
+        const { streamId, resumeToken, lastSeq: after, text, toolCalls } = rec;
+        this._follow(this._client.resume({ streamId, resumeToken, after, text, toolCalls }), rec);
       } else if (last?.state === "streaming") {
         last.state = "error";
       }
@@ -115,16 +118,27 @@ export function withConversation(Base, { renderMarkdown, messageNode }) {
         this._save();
         this._scheduleRender();
       }));
+      // a call as the model writes it: shown with its arguments so far (widget/view.js)
+      stream.addEventListener("tool-call", mine(() => {
+        record.toolCalls = msg.toolCalls = structuredClone(stream.toolCalls);
+        this._save();
+        this._scheduleRender();
+      }));
       // the note under a stopped or failed answer is worded when rendered (widget/view.js)
       const end = (state, error) => {
         msg.content = stream.text;
         msg.state = state;
         if (error) msg.error = error;
+        // the done frame's calls (a call cut off is not among them); none when it failed
+        const toolCalls = state === "error" ? [] : structuredClone(stream.toolCalls);
+        if (toolCalls.length) msg.toolCalls = toolCalls;
+        else delete msg.toolCalls;
         this._active = null;
         this._save();
         this._renderAll();
         this._sync();
-        this.dispatchEvent(new CustomEvent("tokenrelay:done", { detail: { text: msg.content, state }, bubbles: true, composed: true }));
+        const detail = { text: msg.content, state, ...(toolCalls.length ? { toolCalls } : {}) };
+        this.dispatchEvent(new CustomEvent("tokenrelay:done", { detail, bubbles: true, composed: true }));
       };
       stream.addEventListener("done", mine((e) => {
         const r = e.detail.finishReason;

@@ -101,6 +101,7 @@ header .title { font-weight: 600; flex: 1; min-width: 0; overflow: hidden; text-
 .msg[data-state="cancelled"] .note, .msg[data-state="error"] .note { color: var(--_warn); font-size: 12px; }
 .body > :first-child { margin-top: 0; } .body > :last-child { margin-bottom: 0; }
 .body p[data-raw] { white-space: pre-wrap; }
+.body .tool-call { color: var(--_muted); font-size: 12px; display: flex; flex-direction: column; gap: 2px; }
 .body a { color: var(--_link); }
 .body code { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 0.9em; background: var(--_code-bg); padding: 0.1em 0.3em; border-radius: 4px; }
 .body pre { background: var(--_code-bg); padding: 10px; border-radius: 8px; overflow-x: auto; }

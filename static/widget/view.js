@@ -117,9 +117,25 @@ export function applyTexts(v, t, texts) {
 }
 
 /**
- * One message: a user's as text, an answer as Markdown (with a note when it was stopped or
- * failed: its error, else "did not finish").
+ * The calls of an answer as the widget shows them: a line per call ("Calling {name}..."
+ * while the answer streams, then "Called {name}") and its arguments, as far as they came.
+ * @param {{state?: string, toolCalls?: {function: {name: string, arguments: string}}[]}} m
+ * @param {Text} t
+ * @returns {{label: string, args: string}[]}
+ */
+export function toolCallLines(m, t) {
+  const key = m.state === "streaming" ? "callingTool" : "calledTool";
+  return (m.toolCalls ?? []).map((c) => ({
+    label: t(key, { name: c.function.name }),
+    args: c.function.arguments,
+  }));
+}
+
+/**
+ * One message: a user's as text, an answer as Markdown then its calls (toolCallLines), with
+ * a note when it was stopped or failed: its error, else "did not finish".
  * @param {{role: string, content: string, state?: string, note?: string,
+ *   toolCalls?: {function: {name: string, arguments: string}}[],
  *   error?: {code: string, message: string}}} m
  * @param {(text: string) => Node} renderMarkdown
  * @param {Text} t
@@ -137,6 +153,10 @@ export function messageNode(m, renderMarkdown, t) {
     body.setAttribute("aria-live", "polite");
     body.setAttribute("aria-busy", m.state === "streaming" ? "true" : "false");
     body.append(renderMarkdown(m.content));
+    for (const { label, args } of toolCallLines(m, t)) {
+      const code = el("code", { text: args, hidden: !args });
+      body.append(el("p", { class: "tool-call", "data-testid": "tool-call" }, el("span", { text: label }), code));
+    }
     let note = null;
     if (m.state === "cancelled") note = t("stopped");
     else if (m.state === "error") note = m.error ? t("answerError", m.error) : (m.note || t("unfinished"));
