@@ -16,18 +16,18 @@ hostile client sends:
 * entries        a non-streaming ``n=16, max_tokens=8192, top_logprobs=20`` chat;
 * tool-spaces    a call of a named tool whose string argument ``logit_bias`` (+100 on
                  the vocabulary's longest run of spaces) fills for ``--space-tokens``
-                 tokens: the worker parses ~80K spaces after a ``<tool_call>`` when the
-                 completion ends (``length``); after the cases, the block pattern the
-                 worker used before the fix (commit 33001cb) and today's call reader
-                 (core/wire/tool_stream.py) are timed on the text it got back;
+                 tokens: the worker reads ~80K spaces after a ``<tool_call>`` as they
+                 stream, as the call's arguments (``length``); after the cases, the block
+                 pattern the worker used before the fix (commit 33001cb) and today's call
+                 reader (core/wire/tool_stream.py) are timed on that text;
 * sse-resumes    ``--resumes`` concurrent SSE resumes of one live stream, each with the
                  stream's resume token (the hostile client started the stream itself);
 * ws-resumes     ``--resumes`` WebSocket sockets each resuming that stream at once;
 * ws-resume-loop one socket sending ``--resumes`` resumes of that stream back to back;
-* long-prompt    (only when ``--cases`` names it) three tools of 42 ``"format": "uri"``
-                 properties each, admitted (126 keywords) and shown to the model: a
-                 prompt of 2,300 tokens, whose prefill takes the worker's steps (1,024
-                 prompt tokens a step on CPU) as any prompt that long does.
+* long-prompt    three tools of 42 ``"format": "uri"`` properties each, admitted (126
+                 keywords) and shown to the model: a prompt of 2,300 tokens, prefilled
+                 beside the victim's decodes (256 prompt tokens a step on CPU, the
+                 engine's --max-prefill-while-decoding) as any prompt that long is.
 
 The relay's caps (upstream event sizes, deadlines: issue 37 item 6) need an
 upstream server and are not here (tests/worker/upstream/ covers them). All the
@@ -334,16 +334,27 @@ class Hostile:
         tool = {"type": "function", "function": {"name": "f", "parameters": params}}
         body = chat(tools=[tool], tool_choice={"type": "function", "function": {"name": "f"}},
                     logit_bias={str(self.space[0]): 100}, max_tokens=self.space_tokens,
-                    temperature=0)  # fmt: skip
-        status, got, dt = await self.post(body)
+                    temperature=0, stream=True)  # fmt: skip
+        t = time.monotonic()
+        arguments, finish, status = "", None, 0
+        async with self.http.stream("POST", f"{self.base}/v1/chat/completions", json=body) as r:
+            status = r.status_code
+            async for line in r.aiter_lines():  # the call's arguments stream as they come
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                for choice in chunk.get("choices") or ():
+                    finish = choice.get("finish_reason") or finish
+                    for call in choice["delta"].get("tool_calls") or ():
+                        arguments += call["function"].get("arguments", "")
+        dt = time.monotonic() - t
         if status != 200:
-            return Got(f"{status} {error_code(got)}", dt, False)
-        choice = got["choices"][0]
-        text = choice["message"].get("content") or ""
-        spaces = text.count(" ")
-        answer = f"200, `{choice['finish_reason']}`, {spaces:,} spaces after `<tool_call>`"
-        ok = choice["finish_reason"] == "length" and "<tool_call>" in text
-        return Got(answer, dt, ok, text)
+            return Got(f"{status}", dt, False)
+        spaces = arguments.count(" ")
+        answer = f"200, `{finish}`, {spaces:,} spaces streamed as the call's arguments"
+        # the text the worker read: the call's markup, then the arguments so far
+        text = '<tool_call>\n{"name": "f", "arguments": ' + arguments
+        return Got(answer, dt, finish == "length" and spaces > 0, text)
 
     async def start_stream(self, tokens: int) -> None:
         """The stream the resume floods read: started (and read) by the hostile client."""
@@ -445,7 +456,7 @@ class Hostile:
 
 FLOODS = ("sse-resumes", "ws-resumes", "ws-resume-loop")  # read the hostile client's stream
 DEFAULT_CASES = ("quiet", "tools-uri", "schema-over", "schema-edge", "entries", "tool-spaces",
-                 *FLOODS)  # fmt: skip
+                 *FLOODS, "long-prompt")  # fmt: skip
 
 
 def cases(h: Hostile, resumes: int, space_tokens: int) -> list[Case]:
@@ -638,7 +649,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle", type=float, default=1.0,
                     help="seconds a case lasts after its last answer")  # fmt: skip
     ap.add_argument("--cases", default=",".join(DEFAULT_CASES),
-                    help="comma-separated cases to run (long-prompt: only when named)")  # fmt: skip
+                    help="comma-separated cases to run")  # fmt: skip
     ap.add_argument("--device", default="cpu", help="serve's --device")
     ap.add_argument("--out", nargs="?", const=result_path("abuse.md"), type=Path,
                     help="also save the report (default bench/results/abuse.md)")  # fmt: skip
@@ -646,7 +657,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.resumes < 1 or a.space_tokens < 1:
         ap.error("--resumes and --space-tokens must be at least 1")
     a.cases = [c.strip() for c in a.cases.split(",") if c.strip()]
-    unknown = set(a.cases) - {*DEFAULT_CASES, "long-prompt"}
+    unknown = set(a.cases) - set(DEFAULT_CASES)
     if unknown or not a.cases:
         ap.error(f"--cases: unknown {sorted(unknown)}" if unknown else "--cases: none given")
     with tempfile.TemporaryDirectory(prefix="tokenrelay-abuse-") as tmp:
