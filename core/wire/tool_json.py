@@ -92,14 +92,8 @@ class CallObject:
         if self.depth > 1:
             if self.target == "args":
                 self._args(sink, c)
-            if c == '"':
-                self.in_str = True
-            elif c in "{[":
-                self.depth += 1
-            elif c in "}]":
-                self.depth -= 1
-                if self.depth == 1:
-                    self._value_done()
+            if self._nest(c) and self.depth == 1:
+                self._value_done()
             return i + 1
         return self._top(c, i, sink)
 
@@ -215,16 +209,21 @@ class CallObject:
             self.phase = "comma"
 
     def _bare(self, c: str, i: int, sink: Sink) -> int:
+        if self._nest(c) and self.depth == 0:
+            self.args_done = True
+            sink.object_done(self)
+        return i + 1
+
+    def _nest(self, c: str) -> bool:
+        """A character inside a value, outside strings; True when it closed a level."""
         if c == '"':
             self.in_str = True
         elif c in "{[":
             self.depth += 1
         elif c in "}]":
             self.depth -= 1
-            if self.depth == 0:
-                self.args_done = True
-                sink.object_done(self)
-        return i + 1
+            return True
+        return False
 
     def _args(self, sink: Sink, run: str) -> None:
         self.args.append(run)
