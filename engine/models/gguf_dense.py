@@ -1,5 +1,5 @@
 """A GGUF file of a family the fused decoder does not compute, dequantized into a Hugging
-Face folder with our own reader (Granite, OLMo 2, Phi-3).
+Face folder with our own reader (Granite, OLMo 2, Phi-3, Gemma 2, Gemma 3).
 
 transformers' GGUF loader has no mapping for some of these architectures, and the native
 path (``gguf_weights.py``: quantized blocks, the fused C decoder) computes Llama's layer
@@ -15,6 +15,13 @@ converter permutes the q and k rows of the Llama-derived Granite for its rotary 
 (``LlamaModel.permute``, weights and biases); that is undone here. OLMo 2 and Phi-3 are
 written as they are; Phi-3's q/k/v and gate/up stay fused (``attn_qkv``, ``ffn_up``) and
 its ``longrope`` factor tensors are config (``gguf_meta.py``), not weights.
+
+Gemma's converter (``Gemma2Model``, ``Gemma3Model``) adds 1 to every norm weight, the
+q/k norms too, as its RMSNorm scales by ``1 + weight``: the file holds ``w + 1``, and 1
+is taken off here to give the checkpoint's ``w`` back. In a Gemma file ``ffn_norm`` is
+the norm before the MLP (``pre_feedforward_layernorm``), not Llama's
+``post_attention_layernorm``; ``post_attention_norm`` and ``post_ffw_norm`` are the
+norms after attention and the MLP.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from tokenrelay.engine.models.gguf_weights import unpermute_rows
 # architectures prepared here rather than by transformers
 ARCHITECTURES = DENSE_ARCHITECTURES
 _PERMUTED = ("granite",)  # q/k rows permuted by llama.cpp's converter (LlamaModel)
+_NORMS_PLUS_ONE = ("gemma2", "gemma3")  # the converter stores each norm weight + 1
 _GLOBAL = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -43,8 +51,8 @@ _CONFIG_ONLY = ("rope_factors_short.weight", "rope_factors_long.weight", "rope_f
 _LAYER = {
     "attn_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
-    "post_attention_norm.weight": "post_attention_layernorm.weight",  # OLMo 2
-    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",  # OLMo 2
+    "post_attention_norm.weight": "post_attention_layernorm.weight",  # OLMo 2, Gemma
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",  # OLMo 2, Gemma
     "attn_q_norm.weight": "self_attn.q_norm.weight",
     "attn_k_norm.weight": "self_attn.k_norm.weight",
     "attn_q.weight": "self_attn.q_proj.weight",
@@ -64,6 +72,11 @@ _LAYER = {
     "ffn_down.bias": "mlp.down_proj.bias",
 }
 _FUSED_UP = {"ffn_up.weight": "mlp.gate_up_proj.weight"}  # Phi-3: gate, then up, in one
+# per architecture, where a name means another tensor than in _LAYER
+_ARCH_LAYER = {
+    arch: {**_LAYER, "ffn_norm.weight": "pre_feedforward_layernorm.weight"}
+    for arch in ("gemma2", "gemma3")
+}
 
 
 def dequantized(index: GGUFIndex, name: str) -> torch.Tensor:
@@ -88,6 +101,14 @@ def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w[unpermute_rows(w.shape[0], n_heads)].contiguous()
 
 
+def _weight(index: GGUFIndex, name: str) -> torch.Tensor:
+    """Tensor ``name`` as the checkpoint holds it: Gemma's norms less the converter's 1."""
+    tensor = dequantized(index, name)
+    if index.arch in _NORMS_PLUS_ONE and name.endswith("norm.weight"):
+        tensor -= 1.0  # exact for stored values in [0.5, 2] (weights in [-0.5, 1])
+    return tensor
+
+
 def checkpoint_tensors(index: GGUFIndex) -> dict[str, torch.Tensor]:
     """Every weight of ``index`` in fp32 under its Hugging Face checkpoint name."""
     arch, meta = index.arch, index.metadata
@@ -98,19 +119,20 @@ def checkpoint_tensors(index: GGUFIndex) -> dict[str, torch.Tensor]:
     if not isinstance(heads, int) or not isinstance(kv_heads, int):
         raise ValueError(f"model: {index.path.name} has no {heads_key}")
     fused_up = "blk.0.ffn_gate.weight" not in index.tensors
+    layer_names = _ARCH_LAYER.get(arch, _LAYER)
     out: dict[str, torch.Tensor] = {}
     for name in index.tensors:
         if name in _CONFIG_ONLY:
             continue
         if name in _GLOBAL:
-            out[_GLOBAL[name]] = dequantized(index, name)
+            out[_GLOBAL[name]] = _weight(index, name)
             continue
         parts = name.split(".", 2)
         local = parts[2] if len(parts) == 3 and parts[0] == "blk" else None
-        target = (_FUSED_UP if fused_up else {}).get(local or "") or _LAYER.get(local or "")
+        target = (_FUSED_UP if fused_up else {}).get(local or "") or layer_names.get(local or "")
         if local is None or target is None:
             raise ValueError(f"model: {index.path.name} has a tensor {name} we do not map")
-        tensor = dequantized(index, name)
+        tensor = _weight(index, name)
         if arch in _PERMUTED and local.startswith(("attn_q.", "attn_k.")):
             tensor = _unpermute(tensor, heads if local.startswith("attn_q.") else kv_heads)
         out[f"model.layers.{parts[1]}.{target}"] = tensor

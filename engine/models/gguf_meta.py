@@ -17,6 +17,15 @@ and the cos/sin scale as keys. Granite's four multipliers are llama.cpp's
 ``granite.embedding_scale``, ``granite.residual_scale``, ``granite.attention.scale`` and
 ``granite.logit_scale`` (a missing one is llama.cpp's default: no scaling, and
 ``1 / sqrt(head_dim)`` for the attention).
+
+Gemma 2 and Gemma 3 (``_gemma``) carry their window and soft-caps as keys
+(``<arch>.attention.sliding_window``, ``<arch>.attn_logit_softcapping``,
+``<arch>.final_logit_softcapping``); the rest llama.cpp derives, and so does this reader:
+which layers slide (every 2nd (Gemma 2) or 6th (Gemma 3) layer is global, its
+``set_swa_pattern``), Gemma 3's local RoPE base (10000, unscaled; ``rope.freq_base`` and
+the ``rope.scaling.*`` keys are the global layers'), and ``query_pre_attn_scalar``,
+which the converter does not write: ``head_dim``, except for the 27B models (46 Gemma 2
+or 62 Gemma 3 layers), whose scalar is ``hidden_size / num_attention_heads``.
 """
 
 from __future__ import annotations
@@ -36,7 +45,8 @@ from tokenrelay.engine.models.gguf_file import GGUFIndex
 # served natively, gguf_weights.py, the others dense: gguf_dense.py)
 ARCHITECTURES = {
     "llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
-    "granite": "granite", "olmo2": "olmo2", "phi3": "phi3",
+    "granite": "granite", "olmo2": "olmo2", "phi3": "phi3", "gemma2": "gemma2",
+    "gemma3": "gemma3_text",
 }  # fmt: skip
 _CLASSES = {
     "llama": "LlamaForCausalLM",
@@ -46,9 +56,14 @@ _CLASSES = {
     "granite": "GraniteForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
 }
 # the ones whose layers the fused decoder does not compute: served dense (gguf_dense.py)
-DENSE_ARCHITECTURES = ("granite", "olmo2", "phi3")
+DENSE_ARCHITECTURES = ("granite", "olmo2", "phi3", "gemma2", "gemma3")
+# Gemma (llama.cpp's llama-model.cpp): every n-th layer global, the 27B's layer count
+_GEMMA_PATTERN = {"gemma2": 2, "gemma3": 6}
+_GEMMA_27B = {"gemma2": 46, "gemma3": 62}
 # ggml type of the token embedding -> the checkpoint's dtype (quantized blocks: float32)
 _DTYPES = {"F16": "float16", "BF16": "bfloat16"}
 # Llama 3's rope_scaling beside the factor, as its checkpoints (3.1, 3.2, 3.3) give it
@@ -113,6 +128,8 @@ def model_config(index: GGUFIndex) -> dict[str, Any]:
         cfg.update(_granite(meta, head_dim))
     if arch == "phi3" and key("attention.sliding_window"):  # 0: none (Phi-4)
         cfg["sliding_window"] = int(key("attention.sliding_window"))
+    if arch in _GEMMA_PATTERN:
+        cfg.update(_gemma(index, cfg))
     for name in ("bos", "eos", "padding", "unknown"):
         value = meta.get(f"tokenizer.ggml.{name}_token_id")
         if isinstance(value, int):
@@ -216,6 +233,39 @@ def _granite(meta: dict[str, Any], head_dim: int) -> dict[str, float]:
         "attention_multiplier": _decimal(meta.get("granite.attention.scale") or head_dim**-0.5),
         "logits_scaling": _decimal(meta.get("granite.logit_scale") or 1.0),
     }
+
+
+def _gemma(index: GGUFIndex, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 2 / 3's ``config.json`` fields: the file's keys, llama.cpp's defaults and
+    derivations where it has none (the module docstring)."""
+    arch, layers = index.arch, cfg["num_hidden_layers"]
+    meta: dict[str, Any] = index.metadata
+
+    def cap(name: str, default: float | None) -> float | None:
+        value = meta.get(f"{arch}.{name}")
+        return _decimal(value) if value else default
+
+    window = meta.get(f"{arch}.attention.sliding_window")
+    if window is None and arch == "gemma3":  # llama.cpp requires it; Gemma 2's default: 4096
+        raise ValueError(f"model: {index.path.name} has no {arch}.attention.sliding_window")
+    every, heads = _GEMMA_PATTERN[arch], cfg["num_attention_heads"]
+    scalar = cfg["hidden_size"] // heads if layers == _GEMMA_27B[arch] else cfg["head_dim"]
+    fields: dict[str, Any] = {
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_activation": "gelu_pytorch_tanh",
+        "sliding_window": int(window or 4096),
+        "layer_types": [
+            "sliding_attention" if (i + 1) % every else "full_attention" for i in range(layers)
+        ],
+        "query_pre_attn_scalar": scalar,
+    }
+    if arch == "gemma2":  # llama.cpp's defaults where a cap is missing
+        fields["attn_logit_softcapping"] = cap("attn_logit_softcapping", 50.0)
+        fields["final_logit_softcapping"] = cap("final_logit_softcapping", 30.0)
+    else:  # no attention cap; the final one written only where the model has one
+        fields["final_logit_softcapping"] = cap("final_logit_softcapping", None)
+        fields["rope_local_base_freq"] = 10000.0  # llama.cpp's, unscaled
+    return fields
 
 
 def _longrope_scaling(index: GGUFIndex, cfg: dict[str, Any]) -> dict[str, Any]:

