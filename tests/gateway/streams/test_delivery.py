@@ -10,7 +10,7 @@ import pytest
 
 from tests.core.test_tracing import VALID, memory_tracing
 from tests.gateway.streams.test_store import collect, start_stream, write_done, write_tokens
-from tokenrelay.core.tracing import parse_traceparent
+from tokenrelay.core.tracing import ClientTrace, parse_traceparent
 from tokenrelay.core.wire.telemetry import TRACE_FIELD
 from tokenrelay.gateway.streams.store import StreamStore
 from tokenrelay.worker.store import WorkerStore
@@ -58,6 +58,7 @@ async def test_the_trace_goes_with_the_request_and_resumes(
     pytest.importorskip("opentelemetry.sdk")
     tracing, exporter = memory_tracing("tokenrelay-gateway")
     stream_store.tracing = tracing
+    stream_store.client_trace = ClientTrace.FOLLOW  # (link, ignore: test_client_traceparent.py)
     new = await stream_store.create({"prompt": "hi", "params": {}}, "r1", traceparent=VALID)
     (req,) = worker_store.read_requests(10, None)
     spans = {s.name: s for s in exporter.get_finished_spans()}  # type: ignore[attr-defined]
