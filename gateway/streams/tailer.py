@@ -1,5 +1,8 @@
 """Live tailing of many stream logs: a published feed, and catch-up reads.
 
+Long: one read loop serves both the single Redis and the cluster, with the liveness
+checks it runs between reads; split, their shared subscriber state would be spread out.
+
 A gateway may tail thousands of streams at once. Every append to a stream log
 is also published on one channel as it lands (gateway/streams/feed.py), so a
 :class:`Tailer` hands live events to its subscribers straight from that feed,
@@ -230,7 +233,7 @@ class Tailer:
             try:
                 if time.monotonic() - self._last_check >= CHECK_INTERVAL:
                     self._last_check = time.monotonic()
-                    await self._check_quiet()
+                    await self._checked_quiet()
                 if not wanted:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._wake_event.wait(), CHECK_INTERVAL)
@@ -271,21 +274,34 @@ class Tailer:
         """``XREAD`` of each log on its own, in one pipeline (a cluster's slots).
 
         A log whose shard does not answer fails only its own subscribers (``unavailable``):
-        the streams of the other shards go on.
+        the streams of the other shards go on. When the pipeline fails as a whole (a node's
+        connection dropped as it was sent, the slot map changing), each log is read alone.
         """
         pipe = self._pool.pipeline(transaction=False)
         for key, after in wanted.items():
             xread_one(pipe, key, after, READ_COUNT)
-        replies = await pipe.execute(raise_on_error=False)
+        try:
+            replies = await pipe.execute(raise_on_error=False)
+        except Exception:  # the whole pipeline failed (a node's connection, the slot map):
+            replies = [await self._read_one(key, after) for key, after in wanted.items()]
         failed = {k: r for k, r in zip(wanted, replies, strict=True) if isinstance(r, Exception)}
         for key, exc in failed.items():
             if not is_outage(exc):
-                raise exc
+                log.warning("tailer read failed: %r", exc, extra={"key": str(key)})
             for sub in [s for s in self._reading if s.key == key]:
                 sub.fail(RedisUnavailable("redis is unreachable (the stream's shard)"))
                 del self._reading[sub]
         ok = (r for r in replies if not isinstance(r, Exception))
         return [pair for reply in ok for pair in reply or ()]
+
+    async def _read_one(self, key: Any, after: Any) -> Any:
+        """One log's ``XREAD`` alone: its reply, or its shard's exception."""
+        pipe = self._pool.pipeline(transaction=False)
+        xread_one(pipe, key, after, READ_COUNT)
+        try:
+            return (await pipe.execute(raise_on_error=False))[0]
+        except Exception as exc:
+            return exc
 
     def _dispatch(self, reply: object, *, caught_up_ok: bool) -> None:
         """Hand a read's entries to the subscribers it was for.
@@ -320,6 +336,16 @@ class Tailer:
                 sub.fail(exc)
 
     # --- liveness of quiet streams -------------------------------------------
+
+    async def _checked_quiet(self) -> None:
+        """:meth:`_check_quiet`; a Redis that does not answer (a cluster's master down)
+        fails no subscriber here: the reads fail those whose logs they cannot read."""
+        try:
+            await self._check_quiet()
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            self._health.failed(exc)
 
     async def _check_quiet(self) -> None:
         now = time.monotonic()
