@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import logging
 import shutil
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -182,9 +183,16 @@ def test_greedy_from_a_gemma_gguf_is_transformers_on_its_weights(
         refs[i].check(ours, f"{kind} {qtype} prompt {i}")
 
 
-def _header(path: Path, arch: str, layers: int, **floats: float) -> Path:
+def _header(
+    path: Path,
+    arch: str,
+    layers: int,
+    tokenizer: Callable[[gguf.GGUFWriter], int] | None = None,
+    **floats: float,
+) -> Path:
     """A ``arch`` file of ``layers`` layers (hidden 64, 4 heads of 32), its keys and a
-    3-token tokenizer; ``floats``: more ``<arch>.*`` keys."""
+    3-token tokenizer; ``tokenizer``: writes the tokenizer keys instead (and any others)
+    and returns the vocabulary's size; ``floats``: more ``<arch>.*`` keys."""
     w = gguf.GGUFWriter(str(path), arch)
     for key, value in [("block_count", layers), ("embedding_length", 64), ("context_length", 64),
                        ("feed_forward_length", 128), ("attention.head_count", 4),
@@ -192,10 +200,12 @@ def _header(path: Path, arch: str, layers: int, **floats: float) -> Path:
         w.add_uint32(f"{arch}.{key}", value)
     for key, number in floats.items():
         w.add_float32(f"{arch}.{key.replace('__', '.')}", number)
-    w.add_token_list(["a", "b", "ab"])
-    w.add_tokenizer_model("gpt2")
-    w.add_token_merges(["a b"])
-    w.add_tensor("token_embd.weight", np.zeros((3, 64), np.float32))
+    vocab = 3 if tokenizer is None else tokenizer(w)
+    if tokenizer is None:
+        w.add_token_list(["a", "b", "ab"])
+        w.add_tokenizer_model("gpt2")
+        w.add_token_merges(["a b"])
+    w.add_tensor("token_embd.weight", np.zeros((vocab, 64), np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
