@@ -1,10 +1,17 @@
 """A whole decoder step in one C call, for models whose projections are quantized.
 
-``csrc/decoder.c`` runs every layer of a Llama-family decoder (norms, the quantized
-projections of ``csrc/quant_matmul.c``, rotary, the KV-cache write, the paged attention
-of ``csrc/paged_attention.c``, SwiGLU, residuals) for a flattened batch of tokens, so a
-step costs one ``ctypes`` call instead of ~15 PyTorch ops per layer. At one sequence the
+``csrc/decoder.c`` runs every layer of a decoder (norms, the quantized projections of
+``csrc/quant_matmul.c``, rotary, the KV-cache write, the paged attention of
+``csrc/paged_attention.c``, the gated MLP, residuals) for a flattened batch of tokens, so
+a step costs one ``ctypes`` call instead of ~15 PyTorch ops per layer. At one sequence the
 per-op overhead was as large as the matrix products (docs/benchmarks.md, "Engine profile").
+
+The layer is Llama's with what the other families change as data: a missing input
+norm, norms on the sublayers' outputs, q/k norms per head or over the whole projection,
+partial rotary and a second rotary table for some layers, per-layer sliding windows,
+soft-capped attention scores, a residual multiplier, SiLU or tanh-GELU (:class:`Shape`,
+:class:`LayerWeights`). Each family says how its layers map onto it
+(``engine/models``: ``Layer.fused_weights``, ``CausalLM.fused_shape``).
 
 :class:`FusedDecoder` is bound once to the weights (:class:`LayerWeights` per layer, all
 of them CPU fp32 tensors or :class:`~engine.kernels.quant.QuantWeight`, kept referenced
@@ -20,121 +27,68 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import mmap
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from tokenrelay.core.runtime import env_switch
 from tokenrelay.engine.kernels.build import BUILD_ERRORS, CSRC, ENV_SWITCH, load
-from tokenrelay.engine.kernels.quant import (
-    KBLOCK,
-    Q4_KX_ID,
-    QuantStack,
-    QuantWeight,
-    quant_kernel,
+from tokenrelay.engine.kernels.decoder_abi import (
+    REPACK_SWITCH,
+    CLayer,
+    CModel,
+    CStep,
+    Projection,
+    Repacker,
+    qmat,
+    vector,
 )
+from tokenrelay.engine.kernels.quant import QuantWeight
+
+__all__ = ["REPACK_SWITCH", "FusedDecoder", "LayerWeights", "Projection", "Shape"]
 
 log = logging.getLogger("tokenrelay.engine")
 
 SOURCE = CSRC / "decoder.c"
 FUSED_SWITCH = "TOKENRELAY_FUSED_DECODER"  # 0: the PyTorch decoder, kernel by kernel
-# 0: Q4_K products on the file's own blocks, not repacked 16 rows at a time (kquant_x16.c)
-REPACK_SWITCH = "TOKENRELAY_KQ_REPACK"
 # Fewer rows than this many per thread: split each row's KV heads over attention tasks too
 # (as engine/kernels/cpu_attention.py).
 ROWS_PER_THREAD_FOR_WHOLE_HEADS = 4
 KV_DTYPES = (torch.float16, torch.float32)  # what bind_cache() takes
 
-_p, _i64 = ctypes.c_void_p, ctypes.c_int64
-
-
-class _QPart(ctypes.Structure):
-    _fields_ = [("w", _p), ("n", _i64), ("qtype", _i64)]
-
-
-class _QMat(ctypes.Structure):
-    _fields_ = [("part", _QPart * QuantStack.MAX_PARTS), ("parts", _i64), ("n", _i64),
-                ("k", _i64)]  # fmt: skip
-
-
-class _Layer(ctypes.Structure):
-    _fields_ = [
-        ("input_norm", _p),
-        ("qkv", _QMat),
-        ("qkv_bias", _p),
-        ("q_norm", _p),
-        ("k_norm", _p),
-        ("o", _QMat),
-        ("o_bias", _p),
-        ("post_norm", _p),
-        ("gate_up", _QMat),
-        ("gate_up_bias", _p),
-        ("down", _QMat),
-        ("down_bias", _p),
-    ]
-
-
-class _Model(ctypes.Structure):
-    _fields_ = [
-        ("num_layers", _i64),
-        ("hidden", _i64),
-        ("num_heads", _i64),
-        ("num_kv_heads", _i64),
-        ("head_dim", _i64),
-        ("inter", _i64),
-        ("eps", ctypes.c_double),
-        ("scale", ctypes.c_double),
-        ("layers", ctypes.POINTER(_Layer)),
-        ("final_norm", _p),
-        ("kv", _p),
-        ("num_blocks", _i64),
-        ("block_size", _i64),
-        ("head", _QMat),
-        ("kv_f16", _i64),
-    ]
-
-
-class _Step(ctypes.Structure):
-    _fields_ = [
-        ("T", _i64),
-        ("cos", _p),
-        ("sin", _p),
-        ("slots", _p),
-        ("tables", _p),
-        ("bt_stride", _i64),
-        ("seqs", _p),
-        ("rows", _p),
-        ("lens", _p),
-        ("heads_per_task", _i64),
-        ("logits", _p),
-    ]
-
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """One decoder layer's weights as the fused step reads them (biases/q-k norms optional)."""
+    """One decoder layer's weights as the fused step reads them.
 
-    input_norm: torch.Tensor  # [hidden]
+    Every norm is a plain RMSNorm ``x / rms(x) * w`` (a family whose norms scale by
+    ``1 + w`` passes ``1 + w``); the optional ones are left out where ``None``.
+    """
+
+    input_norm: torch.Tensor | None  # [hidden]; None: attention reads the residual itself
     qkv: Projection  # [(H + 2 Hkv) D, hidden]
     o: Projection  # [hidden, H D]
-    post_norm: torch.Tensor  # [hidden]
+    post_norm: torch.Tensor | None  # [hidden], the norm before the MLP
     gate_up: Projection  # [2 I, hidden]
     down: Projection  # [hidden, I]
     qkv_bias: torch.Tensor | None = None
-    q_norm: torch.Tensor | None = None  # [D], with k_norm
-    k_norm: torch.Tensor | None = None
+    q_norm: torch.Tensor | None = None  # [D], or [H D] where Shape.qk_norm_whole; with k_norm
+    k_norm: torch.Tensor | None = None  # [D], or [Hkv D]
     o_bias: torch.Tensor | None = None
     gate_up_bias: torch.Tensor | None = None
     down_bias: torch.Tensor | None = None
+    attn_out_norm: torch.Tensor | None = None  # [hidden], on the attention's output
+    mlp_out_norm: torch.Tensor | None = None  # [hidden], on the MLP's output
+    window: int | None = None  # attends to the last ``window`` tokens only
+    local_rope: bool = False  # rotates with the step's second (local) table
+
+
+ACTIVATIONS = ("silu", "gelu_tanh")  # the gated MLP's nonlinearity, by its C id
 
 
 @dataclass(frozen=True)
 class Shape:
-    """The decoder's dimensions."""
+    """The decoder's dimensions and the scalars every layer shares."""
 
     hidden: int
     num_heads: int
@@ -143,76 +97,16 @@ class Shape:
     intermediate: int
     eps: float
     scale: float  # attention's softmax scale
+    rotary_dim: int | None = None  # values of each head rotated (None: all of them)
+    qk_norm_whole: bool = False  # q/k norms over the whole projection (OLMo 2)
+    activation: str = "silu"  # one of ACTIVATIONS
+    residual_scale: float = 1.0  # each sublayer's output times this (Granite)
+    softcap: float | None = None  # attention scores soft-capped (Gemma 2)
 
-
-def _vector(t: torch.Tensor | None, n: int, what: str) -> torch.Tensor | None:
-    if t is None:
-        return None
-    if t.dtype != torch.float32 or t.device.type != "cpu" or tuple(t.shape) != (n,):
-        raise ValueError(f"fused decoder: {what} must be fp32 [{n}] on the CPU")
-    return t.contiguous()
-
-
-# What the step multiplies: one quantized matrix, or one stacked from parts by rows.
-Projection = QuantWeight | QuantStack
-
-
-def _qmat(
-    w: Projection, n: int, k: int, what: str, repack: Callable[[QuantWeight], Any] | None = None
-) -> _QMat:
-    """The C view of ``w``; ``repack`` may give a part another form (``(blocks, type id)``)."""
-    if not isinstance(w, QuantWeight | QuantStack) or w.shape != (n, k):
-        raise ValueError(f"fused decoder: {what} must be a QuantWeight or QuantStack [{n}, {k}]")
-    parts = w.parts if isinstance(w, QuantStack) else (w,)
-    mat = _QMat(parts=len(parts), n=n, k=k)
-    for i, part in enumerate(parts):
-        other = repack(part) if repack is not None else None
-        if other is not None:
-            mat.part[i] = _QPart(other[0].data_ptr(), part.n, other[1])
-        else:
-            mat.part[i] = _QPart(part.data_ptr, part.n, part.type_id)
-    return mat
-
-
-class _Repacker:
-    """Q4_K projections repacked 16 rows at a time for the AVX512-VNNI kernel, where the
-    build has it: a copy in the kernel's order; the file's pages of the original are
-    handed back to the OS (they are read again only if something else multiplies them)."""
-
-    def __init__(self) -> None:
-        self.kernel = quant_kernel() if env_switch(REPACK_SWITCH) else None
-        self.copies: list[torch.Tensor] = []
-        self.seconds = 0.0
-
-    def __call__(self, w: QuantWeight) -> tuple[torch.Tensor, int] | None:
-        if self.kernel is None or w.qtype != "Q4_K" or w.n % 16 or w.k % KBLOCK:
-            return None
-        started = time.perf_counter()
-        out = self.kernel.interleave(w)
-        self.seconds += time.perf_counter() - started
-        if out is None:  # no such form in this build (no AVX512-VNNI)
-            self.kernel = None
-            return None
-        self.copies.append(out)
-        _page_out(w.blocks)
-        return out, Q4_KX_ID
-
-
-def _page_out(t: torch.Tensor) -> None:
-    """Ask the OS to reclaim the whole pages of ``t`` (a hint: the data stays valid)."""
-    advice = getattr(mmap, "MADV_PAGEOUT", None)
-    if advice is None:
-        return
-    page = mmap.PAGESIZE
-    start = -(-t.data_ptr() // page) * page
-    end = (t.data_ptr() + t.numel() * t.element_size()) // page * page
-    if end > start:
-        _libc().madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), ctypes.c_int(advice))
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
+    @property
+    def rot(self) -> int:
+        """The rotated values of each head."""
+        return self.head_dim if self.rotary_dim is None else self.rotary_dim
 
 
 class FusedDecoder:
@@ -222,50 +116,68 @@ class FusedDecoder:
                  final_norm: torch.Tensor, head: QuantWeight | None = None) -> None:  # fmt: skip
         fn = library.tr_decoder_forward
         fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.POINTER(_Model), ctypes.POINTER(_Step), _p]
+        fn.argtypes = [ctypes.POINTER(CModel), ctypes.POINTER(CStep), ctypes.c_void_p]
         self._fn = fn
         self.shape = s = shape
         if s.head_dim % 2 or s.num_heads % s.num_kv_heads:
             raise ValueError("fused decoder: head_dim must be even, heads a multiple of KV heads")
+        if s.rot % 2 or not 2 <= s.rot <= s.head_dim or s.activation not in ACTIVATIONS:
+            raise ValueError(
+                f"fused decoder: rotary_dim {s.rot} must be even and <= head_dim, the "
+                f"activation one of {ACTIVATIONS}"
+            )
         qkv_n = (s.num_heads + 2 * s.num_kv_heads) * s.head_dim
+        q_norm_n = s.num_heads * s.head_dim if s.qk_norm_whole else s.head_dim
+        k_norm_n = s.num_kv_heads * s.head_dim if s.qk_norm_whole else s.head_dim
         keep: list[object] = []  # every tensor whose memory the C side reads
 
         def ptr(t: torch.Tensor | None, n: int, what: str) -> int | None:
-            v = _vector(t, n, what)
+            v = vector(t, n, what)
             if v is None:
                 return None
             keep.append(v)
             return v.data_ptr()
 
-        repack = _Repacker()
+        repack = Repacker()
         structs = []
         for i, lw in enumerate(layers):
             if (lw.q_norm is None) != (lw.k_norm is None):
                 raise ValueError(f"fused decoder: layer {i} has only one of q_norm and k_norm")
             keep.extend((lw.qkv, lw.o, lw.gate_up, lw.down))
-            structs.append(_Layer(
+            if lw.window is not None and lw.window < 1:
+                raise ValueError(f"fused decoder: layer {i} has window {lw.window}")
+            structs.append(CLayer(
                 ptr(lw.input_norm, s.hidden, "input_norm"),
-                _qmat(lw.qkv, qkv_n, s.hidden, "qkv", repack),
+                qmat(lw.qkv, qkv_n, s.hidden, "qkv", repack),
                 ptr(lw.qkv_bias, qkv_n, "qkv_bias"),
-                ptr(lw.q_norm, s.head_dim, "q_norm"),
-                ptr(lw.k_norm, s.head_dim, "k_norm"),
-                _qmat(lw.o, s.hidden, s.num_heads * s.head_dim, "o", repack),
+                ptr(lw.q_norm, q_norm_n, "q_norm"),
+                ptr(lw.k_norm, k_norm_n, "k_norm"),
+                qmat(lw.o, s.hidden, s.num_heads * s.head_dim, "o", repack),
                 ptr(lw.o_bias, s.hidden, "o_bias"),
+                ptr(lw.attn_out_norm, s.hidden, "attn_out_norm"),
                 ptr(lw.post_norm, s.hidden, "post_norm"),
-                _qmat(lw.gate_up, 2 * s.intermediate, s.hidden, "gate_up", repack),
+                qmat(lw.gate_up, 2 * s.intermediate, s.hidden, "gate_up", repack),
                 ptr(lw.gate_up_bias, 2 * s.intermediate, "gate_up_bias"),
-                _qmat(lw.down, s.hidden, s.intermediate, "down", repack),
+                qmat(lw.down, s.hidden, s.intermediate, "down", repack),
                 ptr(lw.down_bias, s.hidden, "down_bias"),
+                ptr(lw.mlp_out_norm, s.hidden, "mlp_out_norm"),
+                lw.window or 0,
+                int(lw.local_rope),
             ))  # fmt: skip
-        self._layers = (_Layer * len(structs))(*structs)
-        self._model = _Model(
+        self.local_rope = any(lw.local_rope for lw in layers)  # forward() needs its table
+        self._layers = (CLayer * len(structs))(*structs)
+        self._model = CModel(
             len(structs), s.hidden, s.num_heads, s.num_kv_heads, s.head_dim, s.intermediate,
             s.eps, s.scale, self._layers, ptr(final_norm, s.hidden, "final_norm"),
         )  # fmt: skip
+        m = self._model
+        m.rot_dim, m.qk_norm_whole = s.rot, int(s.qk_norm_whole)
+        m.act, m.residual_scale = ACTIVATIONS.index(s.activation), s.residual_scale
+        m.softcap = s.softcap or 0.0
         # the LM head, if quantized: a step can end with every row's logits
         self.vocab = head.n if isinstance(head, QuantWeight) else None
         if isinstance(head, QuantWeight):
-            self._model.head = _qmat(head, head.n, s.hidden, "head", repack)
+            self._model.head = qmat(head, head.n, s.hidden, "head", repack)
             keep.append(head)
         keep.extend(repack.copies)
         if repack.copies:
@@ -307,10 +219,12 @@ class FusedDecoder:
         seqs: torch.Tensor,
         lens: torch.Tensor,
         logits: torch.Tensor | None = None,
+        local: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Run every layer and the final norm on ``x`` ``[T, hidden]`` in place; returns it.
 
-        ``cos``/``sin`` ``[T, D/2]`` fp32; ``slots`` ``[T]`` int64 KV slot of each token;
+        ``cos``/``sin`` ``[T, R/2]`` fp32 (R: ``Shape.rot``), and ``local`` the same for the
+        layers that rotate with a local table; ``slots`` ``[T]`` int64 KV slot of each token;
         ``tables`` ``[B, max_blocks]`` int32; ``seqs`` ``[T]`` int64 each token's row of
         ``tables``; ``lens`` ``[T]`` int32 tokens each one attends to (position + 1).
         ``logits``: a contiguous fp32 ``[T, vocab]`` the step fills with every row's
@@ -320,17 +234,26 @@ class FusedDecoder:
         if kv is None:
             raise RuntimeError("fused decoder: bind_cache() was not called")
         t = x.shape[0]
-        half = self.shape.head_dim // 2
+        half = self.shape.rot // 2
         if x.dtype != torch.float32 or not x.is_contiguous() or x.shape != (t, self.shape.hidden):
             raise ValueError("fused decoder: x must be contiguous fp32 [T, hidden]")
+        if self.local_rope and local is None:
+            raise ValueError("fused decoder: local layers need the local cos/sin table")
         cos, sin = cos.reshape(t, half).contiguous(), sin.reshape(t, half).contiguous()
+        cos_l, sin_l = (
+            (cos, sin) if local is None
+            else (local[0].reshape(t, half).contiguous(), local[1].reshape(t, half).contiguous())
+        )  # fmt: skip
         slots, seqs = slots.contiguous(), seqs.contiguous()
         tables, lens = tables.contiguous(), lens.contiguous()
         rows = torch.arange(t, dtype=torch.int64)
         if t:
             num_slots = kv.shape[2] * kv.shape[3]
             checks: tuple[tuple[bool, str], ...] = (
-                (cos.dtype == sin.dtype == torch.float32, "cos/sin must be fp32"),
+                (
+                    all(v.dtype == torch.float32 for v in (cos, sin, cos_l, sin_l)),
+                    "cos/sin must be fp32",
+                ),
                 (slots.shape == (t,) and slots.dtype == torch.int64, "slots must be int64 [T]"),
                 (seqs.shape == (t,) and seqs.dtype == torch.int64, "seqs must be int64 [T]"),
                 (lens.shape == (t,) and lens.dtype == torch.int32, "lens must be int32 [T]"),
@@ -357,8 +280,9 @@ class FusedDecoder:
         ):
             raise ValueError(f"fused decoder: logits must be contiguous fp32 [T, {self.vocab}]")
         whole = t >= ROWS_PER_THREAD_FOR_WHOLE_HEADS * torch.get_num_threads()
-        step = _Step(
-            t, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), tables.data_ptr(),
+        step = CStep(
+            t, cos.data_ptr(), sin.data_ptr(), cos_l.data_ptr(), sin_l.data_ptr(),
+            slots.data_ptr(), tables.data_ptr(),
             tables.shape[1], seqs.data_ptr(), rows.data_ptr(), lens.data_ptr(),
             self.shape.num_kv_heads if whole else 1,
             None if logits is None else logits.data_ptr(),

@@ -10,16 +10,19 @@ As transformers' ``modeling_granite.py``:
 - the logits are divided by ``logits_scaling``.
 
 Everything else (pre-norm RMSNorm, SwiGLU, RoPE, GQA, optional attention and MLP
-biases, tied embeddings) is Llama's. ``engine/kernels/csrc/decoder.c`` has none of the
-multipliers, so a Granite model always runs op by op; tensor parallelism splits it as it
+biases, tied embeddings) is Llama's. The fused C step takes the residual multiplier and the
+softmax scale as scalars (a quantized GGUF runs fused); tensor parallelism splits it as it
 splits Llama (the scalars are the same on every rank).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from tokenrelay.engine.attention.metadata import AttentionMetadata
+from tokenrelay.engine.kernels.decoder import Shape
 from tokenrelay.engine.models.config import ModelConfig
 from tokenrelay.engine.models.llama import CausalLM, DecoderLayer
 from tokenrelay.engine.models.rope import RotaryEmbedding
@@ -51,12 +54,15 @@ class GraniteForCausalLM(CausalLM):
     """Granite: scaled embeddings, scaled residual branches, scaled logits."""
 
     layer_class = GraniteDecoderLayer
-    fused_decoder = False  # decoder.c has no multipliers
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The embedding rows ``[T, hidden]`` times ``embedding_multiplier``."""
         return super().embed_tokens(input_ids) * self.cfg.embedding_multiplier
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """fp32 logits ``[N, vocab]`` divided by ``logits_scaling``."""
-        return super().compute_logits(hidden) / self.cfg.logits_scaling
+        return logits / self.cfg.logits_scaling
+
+    def fused_shape(self) -> Shape:
+        """Llama's, with the residual multiplier."""
+        return replace(super().fused_shape(), residual_scale=self.cfg.residual_multiplier)

@@ -7,16 +7,18 @@ fused at load time (one q/k/v matmul, one gate/up matmul). The module is built
 on the ``meta`` device and receives its tensors from :mod:`tokenrelay.engine.models.weights`.
 
 A family changes the parts it needs through hooks: :class:`CausalLM`'s ``layer_class``,
-:meth:`CausalLM.embed_tokens` and :meth:`CausalLM.compute_logits`;
+:meth:`CausalLM.embed_tokens` and :meth:`CausalLM.finish_logits`;
 :meth:`Attention.qk_norms` and :meth:`Attention.rotate_qk`; a :class:`Layer`'s
-``forward`` (where the norms and the residual adds sit). ``fused_decoder`` says whether
-``engine/kernels/csrc/decoder.c`` computes that family (it knows Llama's layer only).
+``forward`` (where the norms and the residual adds sit). Where its projections are
+quantized, ``engine/kernels/csrc/decoder.c`` runs the whole step: a family maps its layer
+onto the fused one with :meth:`Layer.fused_weights` and its scalars with
+:meth:`CausalLM.fused_shape`.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +26,13 @@ from torch import nn
 
 from tokenrelay.engine.attention.metadata import AttentionMetadata, paged_attention
 from tokenrelay.engine.kernels import cpu_linear
-from tokenrelay.engine.kernels.decoder import FusedDecoder, LayerWeights, Shape, decoder_library
+from tokenrelay.engine.kernels.decoder import (
+    FusedDecoder,
+    LayerWeights,
+    Projection,
+    Shape,
+    decoder_library,
+)
 from tokenrelay.engine.kernels.quant import QuantStack, QuantWeight
 from tokenrelay.engine.models.blocks import (
     AttentionProjections,
@@ -34,7 +42,7 @@ from tokenrelay.engine.models.blocks import (
     param,
 )
 from tokenrelay.engine.models.config import ModelConfig
-from tokenrelay.engine.models.rope import RotaryEmbedding
+from tokenrelay.engine.models.rope import RotaryEmbedding, rotary_dim
 from tokenrelay.engine.runner.kv_cache import KVCache
 
 __all__ = ["Attention", "CausalLM", "Collectives", "DecoderLayer", "Layer", "QuantRows"]
@@ -123,6 +131,32 @@ class Layer(nn.Module):
         """The residual stream ``x`` ``[T, hidden]`` after this layer."""
         raise NotImplementedError
 
+    def fused_weights(self) -> LayerWeights | None:
+        """This layer as the fused C step computes it, or ``None`` where it cannot (a
+        projection not quantized, a family without the mapping). A family's hook: see
+        :meth:`fused_layer`."""
+        return None
+
+    def fused_layer(
+        self, input_norm: torch.Tensor | None, post_norm: torch.Tensor | None, **norms: Any
+    ) -> LayerWeights | None:
+        """:class:`LayerWeights` of this layer's quantized projections, biases, q/k norms
+        and window, with the residual-stream norms given (``norms``: ``attn_out_norm``,
+        ``mlp_out_norm``, ``local_rope``); ``None`` unless every projection is quantized."""
+        attn, mlp = self.attn, self.mlp
+        projections = (attn.qkv_packed, attn.o_packed, mlp.gate_up_packed, mlp.down_packed)
+        if not all(isinstance(w, QuantWeight | QuantStack) for w in projections):
+            return None
+        qkv, o, gate_up, down = cast(tuple[Projection, ...], projections)
+        return LayerWeights(
+            input_norm=input_norm, qkv=qkv, o=o, post_norm=post_norm, gate_up=gate_up,
+            down=down, qkv_bias=attn.qkv_bias,
+            q_norm=None if attn.q_norm is None else attn.q_norm.weight,
+            k_norm=None if attn.k_norm is None else attn.k_norm.weight,
+            o_bias=attn.o_bias, gate_up_bias=mlp.gate_up_bias, down_bias=mlp.down_bias,
+            window=attn.window, **norms,
+        )  # fmt: skip
+
 
 class DecoderLayer(Layer):
     """Pre-norm attention + MLP block with residual connections (Llama)."""
@@ -146,14 +180,15 @@ class DecoderLayer(Layer):
         x = x + self.attn(self.input_norm(x), cos, sin, rope, meta, kv_cache)
         return x + self.mlp(self.post_attn_norm(x))
 
+    def fused_weights(self) -> LayerWeights | None:
+        return self.fused_layer(self.input_norm.weight, self.post_attn_norm.weight)
+
 
 class CausalLM(nn.Module):
     """Embeddings, decoder layers, final norm and the (possibly tied) LM head."""
 
     # the class of each decoder layer (a family's hook)
     layer_class: ClassVar[type[Layer]] = DecoderLayer
-    # whether engine/kernels/csrc/decoder.c computes this family's layers (fuse())
-    fused_decoder: ClassVar[bool] = True
     # whether engine/parallel/ can split this family over ranks as it splits Llama
     tensor_parallel: ClassVar[bool] = True
 
@@ -198,47 +233,36 @@ class CausalLM(nn.Module):
 
         It can when every projection is a :class:`QuantWeight` or :class:`QuantStack`
         (GGUF weights served as they are), the norms are fp32 and the compiled decoder is
-        available (not switched off, a C compiler present), for a family whose layers it
-        computes (Llama's; any other keeps the op-by-op path, with one log line).
-        Returns whether the fused path is on.
+        available (not switched off, a C compiler present). Returns whether the fused
+        path is on.
         """
-        if not self.fused_decoder or (self.rope is not None and self.rope.partial):
-            log.info(
-                "fused decoder: not for this family, running op by op",
-                extra={"model_type": self.cfg.model_type},
-            )
-            return False
         library = decoder_library()
         if library is None:
             return False
-        cfg = self.cfg
-        layers = []
-        for layer in self.layers:
-            assert isinstance(layer, DecoderLayer)
-            attn, mlp = layer.attn, layer.mlp
-            qkv, o, gate_up, down = (
-                attn.qkv_packed, attn.o_packed, mlp.gate_up_packed, mlp.down_packed
-            )  # fmt: skip
-            if not (
-                isinstance(qkv, QuantWeight | QuantStack)
-                and isinstance(o, QuantWeight | QuantStack)
-                and isinstance(gate_up, QuantWeight | QuantStack)
-                and isinstance(down, QuantWeight | QuantStack)
-            ):
-                return False
-            layers.append(LayerWeights(
-                input_norm=layer.input_norm.weight, qkv=qkv, o=o,
-                post_norm=layer.post_attn_norm.weight, gate_up=gate_up, down=down,
-                qkv_bias=attn.qkv_bias,
-                q_norm=None if attn.q_norm is None else attn.q_norm.weight,
-                k_norm=None if attn.k_norm is None else attn.k_norm.weight,
-                o_bias=attn.o_bias, gate_up_bias=mlp.gate_up_bias, down_bias=mlp.down_bias,
-            ))  # fmt: skip
-        shape = Shape(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                      cfg.intermediate_size, cfg.rms_norm_eps, cfg.attention_scale)  # fmt: skip
+        layers = [layer.fused_weights() for layer in self.decoder_layers()]
+        if any(lw is None for lw in layers):
+            return False
         head = self.head_packed if isinstance(self.head_packed, QuantWeight) else None
-        self.fused = FusedDecoder(library, shape, layers, self.norm.weight, head)
+        final = self.fused_norm(self.norm)
+        self.fused = FusedDecoder(
+            library, self.fused_shape(), cast(list[LayerWeights], layers), final, head
+        )
         return True
+
+    def fused_shape(self) -> Shape:
+        """The dimensions and shared scalars of the fused step (a family adds its own)."""
+        cfg = self.cfg
+        return Shape(
+            cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+            cfg.intermediate_size, cfg.rms_norm_eps, cfg.attention_scale,
+            rotary_dim=rotary_dim(cfg.rope, cfg.head_dim), softcap=cfg.attn_softcap,
+        )  # fmt: skip
+
+    @staticmethod
+    def fused_norm(norm: RMSNorm) -> torch.Tensor:
+        """What the fused step multiplies after normalising (a family's hook: Gemma's
+        ``1 + weight``)."""
+        return norm.weight
 
     def pack_linears(self) -> None:
         """Reorder every projection and the LM head for oneDNN (CPU fp32; kernels/cpu_linear.py).
@@ -290,15 +314,22 @@ class CausalLM(nn.Module):
         if self.fused is not None:
             if self.fused.kv is not kv_cache.data:
                 self.fused.bind_cache(kv_cache.data)
+            local = self.local_tables(positions, x.dtype) if self.fused.local_rope else None
             return self.fused.forward(
                 x, cos, sin, meta.slot_mapping, meta.block_tables, meta.seq_of_token,
-                meta.row_lens, logits,
+                meta.row_lens, logits, local,
             )  # fmt: skip
         if logits is not None:
             raise ValueError("CausalLM: logits within the step need the fused decoder's head")
         for layer in self.layers:
             x = layer(x, cos, sin, rope, meta, kv_cache)  # [T, hidden]
         return self.norm(x)
+
+    def local_tables(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``cos, sin`` of the local layers' own rotary (a family's hook: Gemma 3)."""
+        return None
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         """``input_ids`` ``[T]`` -> the first layer's input ``[T, hidden]`` (a family's hook)."""
@@ -318,9 +349,14 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``hidden`` ``[N, hidden]`` -> fp32 logits ``[N, vocab]`` (the whole vocabulary,
-        gathered from every rank's shard under tensor parallelism; a family's hook)."""
+        gathered from every rank's shard under tensor parallelism)."""
         weight = self.embed if self.lm_head is None else self.lm_head
         logits = cpu_linear.linear(hidden, weight, self.head_packed).float()
         if self.tp is not None:
             logits = self.tp.gather_vocab(logits, self.full_vocab)
+        return self.finish_logits(logits)
+
+    def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The LM head's fp32 output ``[N, vocab]`` -> the model's logits (a family's hook:
+        Granite's scaling, Gemma's soft cap); also applied to the fused step's logits."""
         return logits

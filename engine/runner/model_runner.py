@@ -255,7 +255,7 @@ class ModelRunner:
             if every_row and vocab is not None:  # the LM head inside the fused step
                 logits = torch.empty(len(flat_ids), vocab)
                 self.model(input_ids, meta.positions, meta, self.kv_cache, logits)
-                return logits
+                return self.model.finish_logits(logits)
             hidden = self.model(input_ids, meta.positions, meta, self.kv_cache)  # [T, E]
             if not sampling:
                 return None

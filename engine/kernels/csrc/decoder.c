@@ -1,16 +1,20 @@
-/* A whole decoder step of a Llama-family model with GGUF-quantized projections, in C:
- * embeddings in, final-normed hidden states out, every layer in between in one call.
+/* A whole decoder step of a model with GGUF-quantized projections, in C: embeddings in,
+ * final-normed hidden states out, every layer in between in one call.
  *
  * In PyTorch the same step is ~15 small ops per layer, each a few microseconds of Python
  * and dispatch: at one sequence that overhead was as large as the matrix products
  * themselves. Here a layer is
  *
- *   h = rms_norm(x) * input_norm
- *   qkv = h @ Wqkv^T (+ bias);  q/k: per-head rms_norm (Qwen3), rotary (rotate half)
- *   k, v -> the paged KV pool at slots[t];  att = paged attention of q over the pool
- *   x += att @ Wo^T (+ bias)
- *   h = rms_norm(x) * post_norm;  gu = h @ Wgu^T (+ bias);  a = silu(gate) * up
- *   x += a @ Wdown^T (+ bias)
+ *   h = rms_norm(x) * input_norm                 (h = x where a layer has none: OLMo 2)
+ *   qkv = h @ Wqkv^T (+ bias);  q/k: rms_norm per head (Qwen3, Gemma 3) or over the whole
+ *         projection (OLMo 2), rotary (rotate half) over the first rot_dim values of a head
+ *         with the step's global or local table (Gemma 3's local layers)
+ *   k, v -> the paged KV pool at slots[t];  att = paged attention of q over the pool,
+ *         within the layer's window and soft-capped where set (Gemma, Phi-3)
+ *   x += r * out_norm(att @ Wo^T (+ bias))       (out_norm where set: Gemma, OLMo 2;
+ *   h = rms_norm(x) * post_norm                   r: Granite's residual multiplier)
+ *   gu = h @ Wgu^T (+ bias);  a = act(gate) * up  (act: SiLU, or tanh-GELU for Gemma)
+ *   x += r * out_norm(a @ Wdown^T (+ bias))
  *
  * and at the end x = rms_norm(x) * final_norm, and if asked the logits of every row,
  * x @ head^T (one wake-up of the threads for the whole step). Matrix products are
@@ -18,7 +22,7 @@
  * attends to the first lens[t] tokens of its sequence: decode rows to the whole context,
  * prefill rows to their causal prefix; every row's K/V is written before any row attends).
  *
- * Layouts: x [T, hidden] fp32, rewritten in place; cos/sin [T, D/2]; the KV pool
+ * Layouts: x [T, hidden] fp32, rewritten in place; cos/sin [T, rot_dim/2]; the KV pool
  * [layers, 2, num_blocks, block_size, Hkv, D], fp32 or IEEE fp16 (kv_f16: K and V rounded
  * to nearest even as they are written, read back as fp32 by the attention); tables
  * [B, bt_stride] int32; seqs [T]
@@ -66,18 +70,22 @@ typedef struct {
 } tr_qmat;
 
 typedef struct {
-    const float *input_norm; /* [hidden] */
+    const float *input_norm; /* [hidden] or NULL: attention reads x itself */
     tr_qmat qkv;             /* [(H + 2 Hkv) D, hidden] */
     const float *qkv_bias;   /* [(H + 2 Hkv) D] or NULL */
-    const float *q_norm;     /* [D] or NULL (with k_norm) */
-    const float *k_norm;
+    const float *q_norm;     /* [D], or [H D] where qk_norm_whole; NULL: none (nor k_norm) */
+    const float *k_norm;     /* [D], or [Hkv D] where qk_norm_whole */
     tr_qmat o; /* [hidden, H D] */
     const float *o_bias;
-    const float *post_norm;
+    const float *attn_out_norm; /* [hidden] or NULL: the attention output's norm */
+    const float *post_norm;     /* [hidden] or NULL: the norm before the MLP */
     tr_qmat gate_up; /* [2 I, hidden]: gate rows, then up rows */
     const float *gate_up_bias;
     tr_qmat down; /* [hidden, I] */
     const float *down_bias;
+    const float *mlp_out_norm; /* [hidden] or NULL: the MLP output's norm */
+    int64_t window;            /* > 0: each row attends to its last `window` tokens only */
+    int64_t local_rope;        /* 1: rotary from the step's local table */
 } tr_layer;
 
 typedef struct {
@@ -89,11 +97,20 @@ typedef struct {
     int64_t num_blocks, block_size;
     tr_qmat head; /* the LM head [vocab, hidden]; parts 0: none */
     int64_t kv_f16; /* 1: the pool holds IEEE fp16 elements; 0: fp32 */
+    int64_t rot_dim;       /* values of each head rotated (even, <= D) */
+    int64_t qk_norm_whole; /* 1: q/k norms over the whole projection, not per head */
+    int64_t act;           /* TR_ACT_SILU or TR_ACT_GELU_TANH */
+    double residual_scale; /* each sublayer's output times this before its residual add */
+    double softcap;        /* > 0: attention scores soft-capped */
 } tr_model;
+
+#define TR_ACT_SILU 0
+#define TR_ACT_GELU_TANH 1
 
 typedef struct {
     int64_t T;
-    const float *cos, *sin; /* [T, D/2] */
+    const float *cos, *sin; /* [T, rot_dim/2] */
+    const float *cos_local, *sin_local; /* [T, rot_dim/2] for local_rope layers, or NULL */
     const int64_t *slots;   /* [T] */
     const int32_t *tables;  /* [B, bt_stride] */
     int64_t bt_stride;
@@ -161,29 +178,40 @@ static void dec_norm_row(const float *x, float *o, int64_t n, const float *w, fl
     for (int64_t i = 0; i < n; i++) o[i] = x[i] * r * w[i];
 }
 
-/* x[t] += y[t] (+ b), then h[t] = rms_norm(x[t]) * w, for rows t0..t1 - 1. y NULL: the norm
- * only. h may be x. */
-static void dec_residual_norm(float *x, const float *y, const float *b, float *h, int64_t t0,
-                              int64_t t1, int64_t n, const float *w, float eps) {
+/* A sublayer's output y[t] (+ b), normed by out_norm where set and times r, joins the
+ * residual x[t]; then h[t] = rms_norm(x[t]) * w (a copy of x[t] where w is NULL), for rows
+ * t0..t1 - 1. y NULL: the norm only. h may be x; y's rows are rewritten. */
+static void dec_residual_norm(float *x, float *y, const float *b, const float *out_norm,
+                              float r, float *h, int64_t t0, int64_t t1, int64_t n,
+                              const float *w, float eps) {
     for (int64_t t = t0; t < t1; t++) {
         float *xr = x + t * n;
         if (y != NULL) {
-            const float *yr = y + t * n;
-            if (b != NULL) {
+            float *yr = y + t * n;
+            if (b != NULL)
 #pragma omp simd
-                for (int64_t i = 0; i < n; i++) xr[i] += yr[i] + b[i];
+                for (int64_t i = 0; i < n; i++) yr[i] += b[i];
+            if (out_norm != NULL) dec_norm_row(yr, yr, n, out_norm, eps);
+            if (r != 1.0f) {
+#pragma omp simd
+                for (int64_t i = 0; i < n; i++) xr[i] += yr[i] * r;
             } else {
 #pragma omp simd
                 for (int64_t i = 0; i < n; i++) xr[i] += yr[i];
             }
         }
-        dec_norm_row(xr, h + t * n, n, w, eps);
+        if (w != NULL)
+            dec_norm_row(xr, h + t * n, n, w, eps);
+        else if (h != x)
+            memcpy(h + t * n, xr, sizeof(float) * (size_t)n);
     }
 }
 
-/* Rotate `heads` heads of D floats starting at v (rotate half: pairs i, i + D/2). */
-static void dec_rope(float *v, int64_t heads, int64_t D, const float *c, const float *s) {
-    const int64_t half = D / 2;
+/* Rotate `heads` heads of D floats starting at v: the first R values of each (rotate half:
+ * pairs i, i + R/2); c and s hold R/2 values. */
+static void dec_rope(float *v, int64_t heads, int64_t D, int64_t R, const float *c,
+                     const float *s) {
+    const int64_t half = R / 2;
     for (int64_t h = 0; h < heads; h++) {
         float *a = v + h * D, *b = a + half;
 #pragma omp simd
@@ -200,19 +228,24 @@ static void dec_rope(float *v, int64_t heads, int64_t D, const float *c, const f
 static void dec_qkv_rows(const tr_model *m, const tr_layer *L, const tr_step *s, float *qkv,
                          void *kc, void *vc, int64_t t0, int64_t t1) {
     const int64_t H = m->num_heads, Hkv = m->num_kv_heads, D = m->head_dim;
-    const int64_t width = (H + 2 * Hkv) * D, half = D / 2;
+    const int64_t width = (H + 2 * Hkv) * D, half = m->rot_dim / 2;
     const float eps = (float)m->eps;
+    const float *cos = L->local_rope ? s->cos_local : s->cos;
+    const float *sin = L->local_rope ? s->sin_local : s->sin;
     for (int64_t t = t0; t < t1; t++) {
         float *row = qkv + t * width; /* q [H, D] | k [Hkv, D] | v [Hkv, D] */
         if (L->qkv_bias != NULL)
 #pragma omp simd
             for (int64_t i = 0; i < width; i++) row[i] += L->qkv_bias[i];
-        if (L->q_norm != NULL) {
+        if (L->q_norm != NULL && m->qk_norm_whole) {
+            dec_norm_row(row, row, H * D, L->q_norm, eps);
+            dec_norm_row(row + H * D, row + H * D, Hkv * D, L->k_norm, eps);
+        } else if (L->q_norm != NULL) {
             for (int64_t h = 0; h < H; h++) dec_norm_row(row + h * D, row + h * D, D, L->q_norm, eps);
             for (int64_t h = H; h < H + Hkv; h++)
                 dec_norm_row(row + h * D, row + h * D, D, L->k_norm, eps);
         }
-        dec_rope(row, H + Hkv, D, s->cos + t * half, s->sin + t * half);
+        dec_rope(row, H + Hkv, D, m->rot_dim, cos + t * half, sin + t * half);
         const int64_t slot = s->slots[t] * Hkv * D;
         if (m->kv_f16) {
             tr_f32_to_f16((uint16_t *)kc + slot, row + H * D, Hkv * D);
@@ -220,6 +253,26 @@ static void dec_qkv_rows(const tr_model *m, const tr_layer *L, const tr_step *s,
         } else {
             memcpy((float *)kc + slot, row + H * D, sizeof(float) * Hkv * D);
             memcpy((float *)vc + slot, row + (H + Hkv) * D, sizeof(float) * Hkv * D);
+        }
+    }
+}
+
+/* gelu(g) with tanh's approximation, as PyTorch's gelu(approximate="tanh"). */
+static inline float dec_gelu_tanh(float g) {
+    const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
+    return 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
+}
+
+/* Columns c0..c1 - 1 of every row: h[t] = gelu_tanh(gate + bg) * (up + bu) (Gemma). */
+static void dec_geglu(const float *gu, const float *bias, float *h, int64_t T, int64_t I,
+                      int64_t c0, int64_t c1) {
+    for (int64_t t = 0; t < T; t++) {
+        const float *g = gu + t * 2 * I, *u = g + I;
+        float *a = h + t * I;
+        for (int64_t i = c0; i < c1; i++) {
+            const float gi = bias != NULL ? g[i] + bias[i] : g[i];
+            const float ui = bias != NULL ? u[i] + bias[I + i] : u[i];
+            a[i] = dec_gelu_tanh(gi) * ui;
         }
     }
 }
@@ -313,7 +366,7 @@ static void dec_thread(dec_shared *d, int tid, int nth) {
     const int64_t D = m->head_dim, I = m->inter;
     const int64_t pool = m->num_blocks * m->block_size * Hkv * D; /* elements: one K pool */
     const int64_t es = m->kv_f16 ? 2 : 4;                         /* bytes per element */
-    const float eps = (float)m->eps;
+    const float eps = (float)m->eps, r = (float)m->residual_scale;
     float *panel = NULL;
     pa_scratch sc = {NULL, 0, NULL, NULL, NULL};
     int ok = 1;
@@ -323,7 +376,8 @@ static void dec_thread(dec_shared *d, int tid, int nth) {
     }
     pa_args att = {NULL, (H + 2 * Hkv) * D, d->att, NULL, NULL, s->tables, s->bt_stride, NULL,
                    s->rows, s->seqs, s->lens, T, H, Hkv, D, m->block_size, s->heads_per_task,
-                   (float)m->scale, d->group_starts, d->groups, m->kv_f16};
+                   (float)m->scale, d->group_starts, d->groups, m->kv_f16, 0,
+                   (float)m->softcap};
     ok = ok && pa_scratch_init(&sc, &att) == 0;
     if (!ok) __atomic_store_n(&d->failed, 1, __ATOMIC_RELAXED);
     dec_wait(&d->bar, nth);
@@ -341,8 +395,9 @@ static void dec_thread(dec_shared *d, int tid, int nth) {
         const tr_layer *prev = l > 0 ? &m->layers[l - 1] : NULL;
         char *kc = (char *)m->kv + l * 2 * pool * es, *vc = kc + pool * es;
         /* the previous layer's down projection joins the residual; the input norm */
-        dec_residual_norm(x, prev ? d->y : NULL, prev ? prev->down_bias : NULL, d->h, r0, r1,
-                          E, L->input_norm, eps);
+        dec_residual_norm(x, prev ? d->y : NULL, prev ? prev->down_bias : NULL,
+                          prev ? prev->mlp_out_norm : NULL, r, d->h, r0, r1, E, L->input_norm,
+                          eps);
         dec_wait(&d->bar, nth);
         int64_t *ctr = d->next + l * DEC_COUNTERS;
         dec_matmul(d, d->h, &L->qkv, d->qkv, panel, tid, nth, ctr + 1);
@@ -352,21 +407,31 @@ static void dec_thread(dec_shared *d, int tid, int nth) {
         att.q = d->qkv;
         att.k_cache = kc;
         att.v_cache = vc;
+        att.window = L->window;
+        /* a window or a cap: every row alone (the prefill tiles have neither) */
+        const int alone = L->window > 0 || m->softcap > 0.0;
+        att.group_starts = alone ? NULL : d->group_starts;
+        att.groups = alone ? 0 : d->groups;
         pa_part(&att, &sc, ctr, &d->failed);
         dec_wait(&d->bar, nth);
         dec_matmul(d, d->att, &L->o, d->y, panel, tid, nth, ctr + 1 + TR_PARTS);
         dec_wait(&d->bar, nth);
-        dec_residual_norm(x, d->y, L->o_bias, d->h, r0, r1, E, L->post_norm, eps);
+        dec_residual_norm(x, d->y, L->o_bias, L->attn_out_norm, r, d->h, r0, r1, E,
+                          L->post_norm, eps);
         dec_wait(&d->bar, nth);
         dec_matmul(d, d->h, &L->gate_up, d->gu, panel, tid, nth, ctr + 1 + 2 * TR_PARTS);
         dec_wait(&d->bar, nth);
-        dec_swiglu(d->gu, L->gate_up_bias, d->h, T, I, c0, c1);
+        if (m->act == TR_ACT_GELU_TANH)
+            dec_geglu(d->gu, L->gate_up_bias, d->h, T, I, c0, c1);
+        else
+            dec_swiglu(d->gu, L->gate_up_bias, d->h, T, I, c0, c1);
         dec_wait(&d->bar, nth);
         dec_matmul(d, d->h, &L->down, d->y, panel, tid, nth, ctr + 1 + 3 * TR_PARTS);
         dec_wait(&d->bar, nth);
     }
     const tr_layer *last = &m->layers[m->num_layers - 1];
-    dec_residual_norm(x, d->y, last->down_bias, x, r0, r1, E, m->final_norm, eps);
+    dec_residual_norm(x, d->y, last->down_bias, last->mlp_out_norm, r, x, r0, r1, E,
+                      m->final_norm, eps);
     if (s->logits != NULL) { /* the LM head in the same region: no second wake-up */
         dec_wait(&d->bar, nth);
         dec_matmul(d, x, &m->head, s->logits, panel, tid, nth,
@@ -387,6 +452,9 @@ int tr_decoder_forward(const tr_model *m, const tr_step *s, float *x) {
             return -1;
     }
     if (s->logits != NULL && dec_check(&m->head)) return -1;
+    if (m->rot_dim < 2 || m->rot_dim > D || m->rot_dim % 2 || m->act < 0 || m->act > 1) return -1;
+    for (int64_t l = 0; l < m->num_layers; l++)
+        if (m->layers[l].local_rope && (s->cos_local == NULL || s->sin_local == NULL)) return -1;
     if (m->num_layers < 1) return 0;
     /* scratch: h [T, max(E, I)], qkv [T, qkv_w], att [T, H D], gu [T, 2 I], y [T, E] */
     const int64_t hw = E > I ? E : I;
@@ -407,7 +475,8 @@ int tr_decoder_forward(const tr_model *m, const tr_step *s, float *x) {
     dec_shared d = {m, s, x, buf, NULL, NULL, NULL, NULL, 0, next, NULL, 0, {0, 0, 0}, 0};
     if (H / Hkv <= 16) { /* prefill chunks' rows in tiles (the tile keeps 16 G query rows) */
         pa_args rows = {NULL, 0, NULL, NULL, NULL, s->tables, s->bt_stride, NULL, s->rows,
-                        s->seqs, s->lens, T, H, Hkv, D, m->block_size, 1, 0.0f, NULL, 0, 0};
+                        s->seqs, s->lens, T, H, Hkv, D, m->block_size, 1, 0.0f, NULL, 0, 0,
+                        0, 0.0f};
         d.groups = pa_make_groups(&rows, starts);
         d.group_starts = starts;
     }

@@ -25,6 +25,7 @@ from tokenrelay.engine.kernels.cpu_attention import paged_decode
 from tokenrelay.engine.kernels.quant import KQTYPES, QuantStack, QuantWeight
 from tokenrelay.engine.models import llama
 from tokenrelay.engine.models.config import ModelConfig, RopeConfig
+from tokenrelay.engine.models.families import model_class
 from tokenrelay.engine.models.llama import CausalLM, DecoderLayer
 from tokenrelay.engine.runner.kv_cache import KVCache
 
@@ -52,8 +53,6 @@ K_MIX = "K_MIX"
 
 def tiny_model(*, head_dim: int, qwen3: bool, qtype: str, seed: int = 0) -> CausalLM:
     """Two layers, GQA (4 query heads, 2 KV heads); ``qwen3``: biases and q/k norms."""
-    rng = np.random.default_rng(seed)
-    gen = torch.Generator().manual_seed(seed)
     width, inter = (256, 256) if qtype == K_MIX else (128, 160)
     cfg = ModelConfig(
         model_type="qwen3" if qwen3 else "llama", vocab_size=96, hidden_size=width,
@@ -62,15 +61,21 @@ def tiny_model(*, head_dim: int, qwen3: bool, qtype: str, seed: int = 0) -> Caus
         max_position_embeddings=512, tie_word_embeddings=True, qkv_bias=qwen3,
         o_bias=qwen3, mlp_bias=qwen3, qk_norm=qwen3,
     )  # fmt: skip
+    return quantized_model(cfg, qtype, seed)
+
+
+def quantized_model(cfg: ModelConfig, qtype: str, seed: int = 0) -> CausalLM:
+    """``cfg``'s family (``model_class``) with random quantized projections of ``qtype``
+    and random fp32 norms and biases (norm weights near 1)."""
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator().manual_seed(seed)
     with torch.device("meta"):
-        model = CausalLM(cfg)
-    h, e, i = cfg.num_heads * head_dim, cfg.hidden_size, cfg.intermediate_size
-    qkv_n = h + 2 * cfg.num_kv_heads * head_dim
-    for layer in model.layers:
-        assert isinstance(layer, DecoderLayer)
+        model = model_class(cfg)(cfg)
+    h, e, i = cfg.num_heads * cfg.head_dim, cfg.hidden_size, cfg.intermediate_size
+    kv_n = cfg.num_kv_heads * cfg.head_dim
+    for layer in model.decoder_layers():
         attn, mlp = layer.attn, layer.mlp
         if qtype == K_MIX:
-            kv_n = cfg.num_kv_heads * head_dim
             attn.qkv_packed = QuantStack(
                 [quant(h, e, "Q4_K", rng), quant(kv_n, e, "Q4_K", rng), quant(kv_n, e, "Q6_K", rng)]
             )
@@ -78,7 +83,10 @@ def tiny_model(*, head_dim: int, qwen3: bool, qtype: str, seed: int = 0) -> Caus
             mlp.gate_up_packed = QuantStack([quant(i, e, "Q4_K", rng), quant(i, e, "Q4_K", rng)])
             mlp.down_packed = quant(e, i, "Q6_K", rng)
         else:
-            attn.qkv_packed, attn.o_packed = quant(qkv_n, e, qtype, rng), quant(e, h, qtype, rng)
+            attn.qkv_packed, attn.o_packed = (
+                quant(h + 2 * kv_n, e, qtype, rng),
+                quant(e, h, qtype, rng),
+            )
             mlp.gate_up_packed = quant(2 * i, e, qtype, rng)
             mlp.down_packed = quant(e, i, qtype, rng)
         for holder, attr in ((attn, "qkv_weight"), (attn, "o_weight"),
