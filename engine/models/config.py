@@ -8,10 +8,11 @@ rotary, ``longrope``; ``phi3.py``); anything else is refused in one line naming 
 RoPE scaling types: ``default``, ``linear``, ``llama3``, ``yarn`` and ``longrope`` (``su``)
 (the ``dynamic`` NTK variant depends on the running sequence length and is rejected);
 ``partial_rotary_factor`` rotates the first part of each head only (``rope.py``).
-Sliding-window attention (Mistral, Qwen2 ``use_sliding_window``) is ignored:
-every layer attends to the full context, which equals sliding-window attention
-for sequences shorter than the window. ``gemma2`` and ``gemma3_text`` (``gemma.py``) are
-the exception: their local layers attend to their window only (``_gemma``), and Gemma 3
+Sliding windows (``layer_windows``: a query sees its last ``sliding_window`` keys), as
+transformers' masks: Mistral's ``sliding_window`` on every layer, Qwen2's and Qwen3's only
+with ``use_sliding_window`` and on the layers from ``max_window_layers`` on (or those
+``layer_types`` names ``sliding_attention``) (``_sliding``); Llama has none. ``gemma2``
+and ``gemma3_text`` (``gemma.py``): their local layers (``_gemma``), and Gemma 3
 gives its local and global layers a RoPE each (per layer type in ``rope_parameters``).
 ``phi3``'s ``sliding_window`` applies to every layer (``_phi3``), as transformers' mask.
 """
@@ -28,6 +29,7 @@ SUPPORTED_MODEL_TYPES = (
     "llama", "mistral", "qwen2", "qwen3", "granite", "olmo2", "phi3", "gemma2", "gemma3_text"
 )  # fmt: skip
 GEMMA_TYPES = ("gemma2", "gemma3_text")  # gemma.py; their fields: _gemma()
+SLIDING_TYPES = ("mistral", "qwen2", "qwen3")  # their windows: _sliding()
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
@@ -161,6 +163,7 @@ class ModelConfig:
             bos_token_id=cfg.get("bos_token_id"),
             **(_granite(cfg) if model_type == "granite" else {}),
             **(_phi3(cfg) if model_type == "phi3" else {}),
+            **(_sliding(cfg, model_type, max_pos) if model_type in SLIDING_TYPES else {}),
             **gemma,
         )
 
@@ -212,6 +215,37 @@ def _phi3(cfg: dict[str, Any]) -> dict[str, Any]:
         return {}
     window = _int({"sliding_window": window}, "sliding_window")
     return {"layer_windows": (window,) * _int(cfg, "num_hidden_layers")}
+
+
+def _sliding(cfg: dict[str, Any], model_type: str, max_pos: int) -> dict[str, Any]:
+    """Mistral's ``sliding_window`` on every layer; Qwen2's / Qwen3's only if
+    ``use_sliding_window``, on the layers ``layer_types`` names ``sliding_attention``, else
+    on those from ``max_window_layers`` (default 28) on, as ``Qwen2Config`` derives them.
+    ``null``, 0 or no key (as a GGUF's metadata gives it): none. A window of at least
+    ``max_position_embeddings`` hides no key of any sequence served: left out."""
+    window = cfg.get("sliding_window") or None
+    if window is None or (model_type != "mistral" and not cfg.get("use_sliding_window")):
+        return {}
+    window = _int({"sliding_window": window}, "sliding_window")
+    layers, types = _int(cfg, "num_hidden_layers"), cfg.get("layer_types")
+    if model_type == "mistral":  # transformers' Mistral ignores layer_types
+        slides = [True] * layers
+    elif types is None:
+        first = cfg.get("max_window_layers", 28)
+        if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+            raise ValueError(
+                f"max_window_layers: expected a non-negative integer in config.json, got {first!r}"
+            )
+        slides = [i >= first for i in range(layers)]
+    else:
+        kinds = ("sliding_attention", "full_attention")
+        listed = isinstance(types, list) and len(types) == layers
+        if not listed or any(t not in kinds for t in types):
+            raise ValueError(f"layer_types: expected {layers} of {' or '.join(map(repr, kinds))}")
+        slides = [t == kinds[0] for t in types]
+    if window >= max_pos or not any(slides):
+        return {}
+    return {"layer_windows": tuple(window if s else None for s in slides)}
 
 
 def _ids(value: Any) -> set[int]:
