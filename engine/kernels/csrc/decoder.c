@@ -10,7 +10,7 @@
  *         projection (OLMo 2), rotary (rotate half) over the first rot_dim values of a head
  *         with the step's global or local table (Gemma 3's local layers)
  *   k, v -> the paged KV pool at slots[t];  att = paged attention of q over the pool,
- *         within the layer's window and soft-capped where set (Gemma, Phi-3)
+ *         within the layer's window and soft-capped where set (Gemma, Phi-3, Mistral)
  *   x += r * out_norm(att @ Wo^T (+ bias))       (out_norm where set: Gemma, OLMo 2;
  *   h = rms_norm(x) * post_norm                   r: Granite's residual multiplier)
  *   gu = h @ Wgu^T (+ bias);  a = act(gate) * up  (act: SiLU, or tanh-GELU for Gemma)
@@ -408,10 +408,6 @@ static void dec_thread(dec_shared *d, int tid, int nth) {
         att.k_cache = kc;
         att.v_cache = vc;
         att.window = L->window;
-        /* a window or a cap: every row alone (the prefill tiles have neither) */
-        const int alone = L->window > 0 || m->softcap > 0.0;
-        att.group_starts = alone ? NULL : d->group_starts;
-        att.groups = alone ? 0 : d->groups;
         pa_part(&att, &sc, ctr, &d->failed);
         dec_wait(&d->bar, nth);
         dec_matmul(d, d->att, &L->o, d->y, panel, tid, nth, ctr + 1 + TR_PARTS);

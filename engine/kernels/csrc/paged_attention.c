@@ -17,8 +17,8 @@
  *   window          if > 0: a row sees only the last `window` of its tokens (a sliding-window
  *                   layer); the blocks before them are not read
  *   softcap         if > 0: each score s (scale applied) becomes softcap * tanh(s / softcap)
- *                   before the softmax (Gemma 2). Either one sends every row through the
- *                   one-row path (pa_task), never the prefill tiles
+ *                   before the softmax (Gemma 2); the prefill tiles compute tanh from the
+ *                   same exp as their softmax (tanh |s| = (1 - e) / (1 + e), e = exp(-2|s|))
  *
  * Work is split over (sequence, run of `heads_per_task` KV heads), the tasks taken by the
  * OpenMP threads one at a time (pa_part, which the fused decoder step also calls). A task
@@ -362,7 +362,7 @@ static int pa_scratch_init(pa_scratch *s, const pa_args *a) {
     s->stage = NULL;
     if (a->group_starts != NULL) {
         const int64_t RGp = (RG + 15) / 16 * 16; /* the AVX-512 path's rows, lane-padded */
-        const size_t floats = (size_t)(2 * RGp * D + 4 * RGp + 2 * PA_TT * RGp + D * PA_TT);
+        const size_t floats = (size_t)(2 * RGp * D + 5 * RGp + 2 * PA_TT * RGp + D * PA_TT);
         s->tile = (float *)aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
         if (s->tile == NULL) return -1;
         if (a->kv_f16) {
@@ -581,19 +581,22 @@ static void pa_tile_task(const pa_args *a, pa_scratch *sc, int64_t i0, int64_t n
     float *acc = sc->tile, *m = acc + PA_QT * G * D, *l = m + PA_QT * G;
     float *kt = l + PA_QT * G, *s = kt + D * PA_TT; /* kt, s: 64-byte aligned (D * 4 bytes) */
     const float *q[PA_QT * 16];
-    int64_t len[PA_QT * 16];
+    int64_t len[PA_QT * 16], lo[PA_QT * 16]; /* each row attends to tokens [lo, len) */
+    const float cap = a->softcap;
     for (int64_t h = h0; h < h0 + hp; h++) {
-        int64_t most = 0;
+        int64_t most = 0, least = INT64_MAX;
         for (int64_t rg = 0; rg < RG; rg++) {
             const int64_t i = i0 + rg / G;
             q[rg] = a->q + a->rows[i] * a->q_row_stride + (h * G + rg % G) * D;
             len[rg] = a->row_lens[i];
+            lo[rg] = a->window > 0 && len[rg] > a->window ? len[rg] - a->window : 0;
             most = len[rg] > most ? len[rg] : most;
+            least = lo[rg] < least ? lo[rg] : least;
             m[rg] = -INFINITY;
             l[rg] = 0.0f;
         }
         memset(acc, 0, sizeof(float) * RG * D);
-        for (int64_t t0 = 0; t0 < most;) {
+        for (int64_t t0 = least; t0 < most;) {
             const int64_t off = t0 % bs, left = most - t0;
             int64_t tt = bs - off < PA_TT ? bs - off : PA_TT;
             tt = left < tt ? left : tt;
@@ -607,9 +610,13 @@ static void pa_tile_task(const pa_args *a, pa_scratch *sc, int64_t i0, int64_t n
             pa_tile_scores(q, RG, D, kt, a->scale, s);
             for (int64_t rg = 0; rg < RG; rg++) {
                 const int64_t valid = len[rg] - t0 < tt ? len[rg] - t0 : tt;
-                if (valid <= 0) continue; /* this row's prefix ends before the sub-tile */
+                const int64_t first = lo[rg] > t0 ? lo[rg] - t0 : 0; /* the window's start */
+                if (valid <= first) continue; /* this row sees none of the sub-tile */
                 float *sr = s + rg * PA_TT, mx = m[rg];
-                for (int64_t j = 0; j < valid; j++) mx = sr[j] > mx ? sr[j] : mx;
+                for (int64_t j = 0; j < first; j++) sr[j] = -INFINITY;
+                if (cap > 0.0f)
+                    for (int64_t j = first; j < valid; j++) sr[j] = cap * tanhf(sr[j] / cap);
+                for (int64_t j = first; j < valid; j++) mx = sr[j] > mx ? sr[j] : mx;
                 const float c = expf(m[rg] - mx); /* 0 at the first sub-tile (m = -inf) */
                 float sum = 0.0f;
 #if defined(__AVX512F__)
@@ -648,6 +655,18 @@ static void pa_tile_task(const pa_args *a, pa_scratch *sc, int64_t i0, int64_t n
 }
 
 #if defined(__AVX512F__)
+/* cap * tanh(s / cap), 16 lanes: tanh |x| = (1 - e) / (1 + e) with e = exp(-2 |x|) <= 1 (no
+ * overflow), the sign of x put back. */
+static inline __m512 softcap512(__m512 s, float cap) {
+    const __m512 x = _mm512_mul_ps(s, _mm512_set1_ps(1.0f / cap));
+    const __m512 e = exp512_nonpositive(_mm512_mul_ps(_mm512_abs_ps(x), _mm512_set1_ps(-2.0f)));
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 t = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
+    const __mmask16 neg = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
+    return _mm512_mul_ps(_mm512_mask_sub_ps(t, neg, _mm512_setzero_ps(), t),
+                         _mm512_set1_ps(cap));
+}
+
 /* pa_tile_task with the query rows across the vector lanes (D a multiple of 16): Q^T [D, RGp]
  * once per head, scores S[t][rows] = sum_d Q^T[d] * k_t[d] straight from the pool's rows (no
  * transpose of K), the online softmax 16 rows at a time, then acc[row] += p * v_t. Each row
@@ -659,15 +678,18 @@ static void pa_tile_task512(const pa_args *a, pa_scratch *sc, int64_t i0, int64_
     const int64_t RG = n * G, RGp = (RG + 15) / 16 * 16, nv = RGp / 16, seq = a->seqs[i0];
     const int32_t *bt = a->block_tables + seq * a->bt_stride;
     float *acc = sc->tile, *qt = acc + RGp * D, *m = qt + RGp * D, *l = m + RGp;
-    float *c = l + RGp, *sp = c + RGp + RGp; /* sp: scores, then probabilities [TT][RGp] */
-    int32_t *len = (int32_t *)(c + RGp);
+    float *c = l + RGp, *sp = c + 3 * RGp; /* sp: scores, then probabilities [TT][RGp] */
+    int32_t *len = (int32_t *)(c + RGp), *lo = (int32_t *)(c + 2 * RGp); /* [lo, len) */
     const __m512 scale = _mm512_set1_ps(a->scale), ninf = _mm512_set1_ps(-INFINITY);
+    const float cap = a->softcap;
     for (int64_t h = h0; h < h0 + hp; h++) {
-        int32_t most = 0;
+        int32_t most = 0, least = INT32_MAX;
         for (int64_t rg = 0; rg < RGp; rg++) {
             const int64_t i = i0 + rg / G;
             len[rg] = rg < RG ? a->row_lens[i] : 0; /* padding rows: never valid */
+            lo[rg] = a->window > 0 && len[rg] > a->window ? len[rg] - (int32_t)a->window : 0;
             most = len[rg] > most ? len[rg] : most;
+            least = rg < RG && lo[rg] < least ? lo[rg] : least;
             const float *q = rg < RG ? a->q + a->rows[i] * a->q_row_stride + (h * G + rg % G) * D
                                      : NULL;
             for (int64_t d = 0; d < D; d++) qt[d * RGp + rg] = q != NULL ? q[d] : 0.0f;
@@ -675,7 +697,7 @@ static void pa_tile_task512(const pa_args *a, pa_scratch *sc, int64_t i0, int64_
             l[rg] = 0.0f;
         }
         memset(acc, 0, sizeof(float) * RGp * D);
-        for (int64_t t0 = 0; t0 < most;) {
+        for (int64_t t0 = least; t0 < most;) {
             const int64_t off = t0 % bs, left = most - t0;
             int64_t tt = bs - off < PA_TT ? bs - off : PA_TT;
             tt = left < tt ? left : tt;
@@ -683,7 +705,7 @@ static void pa_tile_task512(const pa_args *a, pa_scratch *sc, int64_t i0, int64_
             int64_t ts; /* floats from one token's row to the next in kb, vb */
             pa_subtile(a, sc, (int64_t)bt[t0 / bs] * block_stride + off * tok_stride + h * D, tt,
                        tok_stride, &kb, &vb, &ts);
-            /* scores, masked: 8 tokens x 2 vectors of rows at a time */
+            /* scores, soft-capped and masked: 8 tokens x 2 vectors of rows at a time */
             for (int64_t v = 0; v < nv; v += 2) {
                 const int two = v + 1 < nv;
                 for (int64_t j0 = 0; j0 < tt; j0 += 8) {
@@ -703,9 +725,13 @@ static void pa_tile_task512(const pa_args *a, pa_scratch *sc, int64_t i0, int64_
                     for (int64_t j = 0; j < jn; j++) {
                         const __m512i pos = _mm512_set1_epi32((int32_t)(t0 + j0 + j));
                         for (int u = 0; u <= two; u++) {
-                            const __mmask16 ok = _mm512_cmpgt_epi32_mask(
-                                _mm512_loadu_si512(len + 16 * (v + u)), pos);
-                            const __m512 sv = _mm512_mul_ps(u ? s1[j] : s0[j], scale);
+                            const __mmask16 ok =
+                                _mm512_cmpgt_epi32_mask(_mm512_loadu_si512(len + 16 * (v + u)),
+                                                        pos) &
+                                _mm512_cmple_epi32_mask(_mm512_loadu_si512(lo + 16 * (v + u)),
+                                                        pos);
+                            __m512 sv = _mm512_mul_ps(u ? s1[j] : s0[j], scale);
+                            if (cap > 0.0f) sv = softcap512(sv, cap);
                             _mm512_store_ps(sp + (j0 + j) * RGp + 16 * (v + u),
                                             _mm512_mask_blend_ps(ok, ninf, sv));
                         }
@@ -806,7 +832,7 @@ int tr_paged_decode(const float *q, int64_t q_row_stride, float *out, const void
                  row_lens, n,         num_heads, num_kv_heads, head_dim,
                  block_size, heads_per_task, scale, NULL, 0, kv_f16, window, softcap};
     int64_t *starts = NULL;
-    if (row_lens != NULL && num_heads / num_kv_heads <= 16 && window <= 0 && softcap <= 0.0f) {
+    if (row_lens != NULL && num_heads / num_kv_heads <= 16) {
         starts = (int64_t *)malloc(sizeof(int64_t) * (size_t)(n + 1));
         if (starts == NULL) return -1;
         a.groups = pa_make_groups(&a, starts);

@@ -215,18 +215,21 @@ def test_paged_attention_random_shapes(seed: int, backend: AttentionBackend) -> 
         [(i * 7 % 45, 1) for i in range(20)] + [(0, 21)],  # several decode buckets
     ],
 )
+@pytest.mark.parametrize("head_dim", [16, 24])  # the C prefill tiles: vector rows, or not
 def test_sliding_window_and_softcap_match_dense(
     seqs: list[tuple[int, int]],
     window: int | None,
     softcap: float | None,
+    head_dim: int,
     backend: AttentionBackend,
 ) -> None:
     """A local layer's window (a row at position p sees keys p - window + 1 .. p, the blocks
     before it too) and soft-capped scores (Gemma 2), through every CPU backend."""
-    out, ref = run_case(seqs, 6, 2, head_dim=16, seed=len(seqs) + (window or 0), backend=backend,
+    seed = len(seqs) + (window or 0)
+    out, ref = run_case(seqs, 6, 2, head_dim=head_dim, seed=seed, backend=backend,
                         window=window, softcap=softcap)  # fmt: skip
     assert (out - ref).abs().max().item() < 1e-5
-    full, _ = run_case(seqs, 6, 2, head_dim=16, seed=len(seqs) + (window or 0), backend=backend)
+    full, _ = run_case(seqs, 6, 2, head_dim=head_dim, seed=seed, backend=backend)
     if (window is not None and window < 30) or softcap is not None:
         assert (out - full).abs().max().item() > 1e-3  # the window or the cap matters here
 

@@ -42,13 +42,18 @@ def attend(
     kernel(q, out, k_cache, v_cache, plan, scale)
 
 
-def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """One query token ``[H, D]`` over ``k``/``v`` ``[L, Hkv, D]``, in float64."""
+def reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, softcap: float = 0.0
+) -> torch.Tensor:
+    """One query token ``[H, D]`` over ``k``/``v`` ``[L, Hkv, D]``, in float64 (scores
+    soft-capped where ``softcap``)."""
     groups = q.shape[0] // k.shape[1]
     k = k.repeat_interleave(groups, dim=1).double()
     v = v.repeat_interleave(groups, dim=1).double()
-    p = (torch.einsum("hd,lhd->hl", q.double(), k) * scale).softmax(-1)
-    return torch.einsum("hl,lhd->hd", p, v).float()
+    s = torch.einsum("hd,lhd->hl", q.double(), k) * scale
+    if softcap:
+        s = torch.tanh(s / softcap) * softcap
+    return torch.einsum("hl,lhd->hd", s.softmax(-1), v).float()
 
 
 def test_strided_q_and_a_subset_of_rows(kernel: PagedDecode) -> None:
@@ -282,9 +287,12 @@ def causal_rows(
     seqs: list[int],
     lens: list[int],
     heads_per_task: int,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
-    """Row i attends to the first lens[i] tokens of sequence seqs[i], as the fused decoder's
-    rows do (consecutive rows of a prefill chunk go to the tile paths); returns out."""
+    """Row i attends to the first lens[i] tokens of sequence seqs[i] (the last ``window`` of
+    them where set), as the fused decoder's rows do (consecutive rows of a prefill chunk go
+    to the tile paths); returns out."""
     n, heads, dim = q.shape
     out = torch.full_like(q, float("nan"))
     rows = torch.arange(n, dtype=torch.int64)
@@ -295,7 +303,7 @@ def causal_rows(
         q.data_ptr(), q.stride(0), out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
         tables.data_ptr(), tables.shape[1], ctx.data_ptr(), rows.data_ptr(), seq_t.data_ptr(),
         lens_t.data_ptr(), n, heads, k_cache.shape[2], dim, k_cache.shape[1], heads_per_task,
-        dim**-0.5, int(k_cache.dtype == torch.float16), 0, 0.0,  # no window, no softcap
+        dim**-0.5, int(k_cache.dtype == torch.float16), window, softcap,
     )  # fmt: skip
     assert rc == 0
     return out
@@ -334,6 +342,34 @@ def test_float16_caches_prefill_tiles(
                                 seqs[at : at + n], lens[at : at + n], hp)  # fmt: skip
             assert torch.equal(alone, out[at : at + n])
             at += n
+
+
+@pytest.mark.parametrize(("window", "softcap"), [(9, 0.0), (20, 1.5), (0, 0.8), (1, 0.0)])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(8, 2, 64), (9, 3, 40)])
+def test_prefill_tiles_with_a_window_and_a_cap(
+    any_build: PagedDecode, heads: int, kv_heads: int, dim: int, window: int, softcap: float
+) -> None:
+    """A sliding-window layer's prefill rows (each sees its last ``window`` tokens) and
+    soft-capped scores through the tiled paths (AVX-512 rows with D a multiple of 16, the
+    portable tile else): the float64 answer, and each chunk alone gives the same bits."""
+    seq_lens = [max(s + n for q, s, n in CHUNKS if q == i) for i in range(5)]
+    k_cache, v_cache, bt, tables = scattered_pool(seq_lens, 8, kv_heads, dim, torch.float32, 5)
+    seqs = [q for q, s, n in CHUNKS for _ in range(n)]
+    lens = [s + j + 1 for q, s, n in CHUNKS for j in range(n)]
+    q = torch.randn(len(lens), heads, dim, generator=torch.Generator().manual_seed(8)) * 3
+    out = causal_rows(any_build, q, k_cache, v_cache, bt, seqs, lens, 1, window, softcap)
+    for i, (seq, n) in enumerate(zip(seqs, lens, strict=True)):
+        first = n - window if 0 < window < n else 0
+        k = history(k_cache, tables[seq], n)[first:].double()
+        v = history(v_cache, tables[seq], n)[first:].double()
+        want = reference(q[i], k, v, dim**-0.5, softcap)
+        torch.testing.assert_close(out[i], want, rtol=1e-5, atol=1e-5)
+    at = 0
+    for _, _, n in CHUNKS:
+        alone = causal_rows(any_build, q[at : at + n].contiguous(), k_cache, v_cache, bt,
+                            seqs[at : at + n], lens[at : at + n], 1, window, softcap)  # fmt: skip
+        assert torch.equal(alone, out[at : at + n])
+        at += n
 
 
 def test_float16_and_float32_caches_give_the_same_answer(kernel: PagedDecode) -> None:
