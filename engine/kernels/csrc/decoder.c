@@ -257,19 +257,41 @@ static void dec_qkv_rows(const tr_model *m, const tr_layer *L, const tr_step *s,
     }
 }
 
-/* gelu(g) with tanh's approximation, as PyTorch's gelu(approximate="tanh"). */
+/* gelu(g) with tanh's approximation, as PyTorch's gelu(approximate="tanh"):
+ * 0.5 g (1 + tanh(u)) = g s(2 u), u = sqrt(2 / pi) (g + 0.044715 g^3), s the logistic
+ * function (computed as dec_swiglu computes it). */
 static inline float dec_gelu_tanh(float g) {
-    const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
-    return 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
+    const float u2 = 2.0f * 0.7978845608028654f * (g + 0.044715f * g * g * g);
+    return g / (1.0f + expf(-u2));
 }
 
-/* Columns c0..c1 - 1 of every row: h[t] = gelu_tanh(gate + bg) * (up + bu) (Gemma). */
+/* Columns c0..c1 - 1 of every row: h[t] = gelu_tanh(gate + bg) * (up + bu) (Gemma); 16
+ * lanes at a time with AVX-512. */
 static void dec_geglu(const float *gu, const float *bias, float *h, int64_t T, int64_t I,
                       int64_t c0, int64_t c1) {
     for (int64_t t = 0; t < T; t++) {
         const float *g = gu + t * 2 * I, *u = g + I;
         float *a = h + t * I;
-        for (int64_t i = c0; i < c1; i++) {
+        int64_t i = c0;
+#if defined(__AVX512F__)
+        if (bias == NULL) {
+            const __m512 one = _mm512_set1_ps(1.0f), c3 = _mm512_set1_ps(0.044715f);
+            const __m512 k2 = _mm512_set1_ps(2.0f * 0.7978845608028654f);
+            for (; i + 16 <= c1; i += 16) {
+                const __m512 gi = _mm512_loadu_ps(g + i);
+                const __m512 g3 = _mm512_mul_ps(_mm512_mul_ps(gi, gi), gi);
+                const __m512 v = _mm512_mul_ps(k2, _mm512_fmadd_ps(c3, g3, gi)); /* 2 u */
+                const __m512 e = exp512_nonpositive(
+                    _mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(v)));
+                const __m512 inv = _mm512_div_ps(one, _mm512_add_ps(one, e));
+                const __mmask16 neg = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LT_OQ);
+                const __m512 sig = _mm512_mask_mul_ps(inv, neg, inv, e);
+                _mm512_storeu_ps(a + i, _mm512_mul_ps(_mm512_mul_ps(gi, sig),
+                                                      _mm512_loadu_ps(u + i)));
+            }
+        }
+#endif
+        for (; i < c1; i++) {
             const float gi = bias != NULL ? g[i] + bias[i] : g[i];
             const float ui = bias != NULL ? u[i] + bias[I + i] : u[i];
             a[i] = dec_gelu_tanh(gi) * ui;
