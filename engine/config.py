@@ -156,7 +156,7 @@ class EngineConfig:
         ready, gguf, _ = locate_model(self.model)
         if self.weights == "native" and gguf is None:
             raise ValueError(f"model: weights=native needs a .gguf model, got {self.model!r}")
-        if self.weights == "native" and gguf is not None:  # a family served dense only
+        if self.weights == "native" and gguf is not None:  # a tensor type not multiplied
             from tokenrelay.engine.models.gguf_weights import check_native
 
             check_native(gguf)

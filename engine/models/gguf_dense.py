@@ -1,27 +1,19 @@
-"""A GGUF file of a family the fused decoder does not compute, dequantized into a Hugging
-Face folder with our own reader (Granite, OLMo 2, Phi-3, Gemma 2, Gemma 3).
+"""A GGUF file dequantized into a Hugging Face folder with our own reader: the path of
+``--weights fp32`` (and of a file holding tensor types the quantized kernels do not
+multiply) for Granite, OLMo 2, Phi-3, Gemma 2 and Gemma 3.
 
-transformers' GGUF loader has no mapping for some of these architectures, and the native
-path (``gguf_weights.py``: quantized blocks, the fused C decoder) computes Llama's layer
-only. So the file is prepared once, as ``store.convert_gguf`` prepares any GGUF served
-dense: every tensor dequantized to fp32 (gguf-py's dequantizers, any ggml type they
-know), renamed to its checkpoint name, written as ``model.safetensors`` beside the
-``config.json`` and tokenizer that ``gguf_meta.write_metadata`` reads from the header.
-The folder then loads like any Hugging Face folder (``weights.py``): op by op, on a CPU or
-a GPU, in the dtype asked for.
+transformers' GGUF loader has no mapping for some of these architectures, so the file is
+prepared here, as ``store.convert_gguf`` prepares any GGUF served dense: every tensor
+dequantized to fp32 (gguf-py's dequantizers, any ggml type they know), renamed to its
+checkpoint name, written as ``model.safetensors`` beside the ``config.json`` and
+tokenizer that ``gguf_meta.write_metadata`` reads from the header. The folder then loads
+like any Hugging Face folder (``weights.py``): op by op, on a CPU or a GPU, in the dtype
+asked for. (Served as they are, the same files go through ``gguf_weights.py``.)
 
-The names are llama.cpp's (``gguf.constants.TENSOR_NAMES`` of each architecture). Its
-converter permutes the q and k rows of the Llama-derived Granite for its rotary layout
-(``LlamaModel.permute``, weights and biases); that is undone here. OLMo 2 and Phi-3 are
-written as they are; Phi-3's q/k/v and gate/up stay fused (``attn_qkv``, ``ffn_up``) and
-its ``longrope`` factor tensors are config (``gguf_meta.py``), not weights.
-
-Gemma's converter (``Gemma2Model``, ``Gemma3Model``) adds 1 to every norm weight, the
-q/k norms too, as its RMSNorm scales by ``1 + weight``: the file holds ``w + 1``, and 1
-is taken off here to give the checkpoint's ``w`` back. In a Gemma file ``ffn_norm`` is
-the norm before the MLP (``pre_feedforward_layernorm``), not Llama's
-``post_attention_layernorm``; ``post_attention_norm`` and ``post_ffw_norm`` are the
-norms after attention and the MLP.
+The names, and what the converter changed on the way (Granite's permuted q/k rows,
+Gemma's norms stored as ``w + 1``, Phi-3's fused ``attn_qkv`` and ``ffn_up``, Gemma's
+``ffn_norm`` before the MLP), are ``gguf_names.py``'s, shared with the native loader;
+this module undoes the permutation and the offset on the dequantized tensors.
 """
 
 from __future__ import annotations
@@ -34,49 +26,16 @@ import numpy as np
 import torch
 
 from tokenrelay.engine.models.gguf_file import GGUFIndex
-from tokenrelay.engine.models.gguf_meta import DENSE_ARCHITECTURES, write_metadata
-from tokenrelay.engine.models.gguf_weights import unpermute_rows
+from tokenrelay.engine.models.gguf_meta import write_metadata
+from tokenrelay.engine.models.gguf_names import (
+    checkpoint_names,
+    norm_offset,
+    rotary_heads,
+    unpermute_rows,
+)
 
-# architectures prepared here rather than by transformers
-ARCHITECTURES = DENSE_ARCHITECTURES
-_PERMUTED = ("granite",)  # q/k rows permuted by llama.cpp's converter (LlamaModel)
-_NORMS_PLUS_ONE = ("gemma2", "gemma3")  # the converter stores each norm weight + 1
-_GLOBAL = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_CONFIG_ONLY = ("rope_factors_short.weight", "rope_factors_long.weight", "rope_freqs.weight")
-# GGUF name within a block -> the checkpoint's name within ``model.layers.N.``
-_LAYER = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "post_attention_norm.weight": "post_attention_layernorm.weight",  # OLMo 2, Gemma
-    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",  # OLMo 2, Gemma
-    "attn_q_norm.weight": "self_attn.q_norm.weight",
-    "attn_k_norm.weight": "self_attn.k_norm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_output.bias": "self_attn.o_proj.bias",
-    "attn_qkv.weight": "self_attn.qkv_proj.weight",  # Phi-3: q, k, v in one
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-    "ffn_gate.bias": "mlp.gate_proj.bias",
-    "ffn_up.bias": "mlp.up_proj.bias",
-    "ffn_down.bias": "mlp.down_proj.bias",
-}
-_FUSED_UP = {"ffn_up.weight": "mlp.gate_up_proj.weight"}  # Phi-3: gate, then up, in one
-# per architecture, where a name means another tensor than in _LAYER
-_ARCH_LAYER = {
-    arch: {**_LAYER, "ffn_norm.weight": "pre_feedforward_layernorm.weight"}
-    for arch in ("gemma2", "gemma3")
-}
+# the architectures dequantized here (transformers' GGUF loader does the Llama-shaped ones)
+ARCHITECTURES = ("granite", "olmo2", "phi3", "gemma2", "gemma3")
 
 
 def dequantized(index: GGUFIndex, name: str) -> torch.Tensor:
@@ -96,46 +55,23 @@ def dequantized(index: GGUFIndex, name: str) -> torch.Tensor:
     return torch.from_numpy(values).reshape(shape)
 
 
-def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Undo llama.cpp's rotary row permutation of a q or k weight ``[rows, ...]`` or bias."""
-    return w[unpermute_rows(w.shape[0], n_heads)].contiguous()
-
-
-def _weight(index: GGUFIndex, name: str) -> torch.Tensor:
-    """Tensor ``name`` as the checkpoint holds it: Gemma's norms less the converter's 1."""
-    tensor = dequantized(index, name)
-    if index.arch in _NORMS_PLUS_ONE and name.endswith("norm.weight"):
-        tensor -= 1.0  # exact for stored values in [0.5, 2] (weights in [-0.5, 1])
-    return tensor
-
-
 def checkpoint_tensors(index: GGUFIndex) -> dict[str, torch.Tensor]:
-    """Every weight of ``index`` in fp32 under its Hugging Face checkpoint name."""
-    arch, meta = index.arch, index.metadata
-    heads_key, kv_key = f"{arch}.attention.head_count", f"{arch}.attention.head_count_kv"
-    heads, kv_heads = meta.get(heads_key), meta.get(kv_key) or meta.get(heads_key)
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"model: {index.path.name}: architecture {arch!r} is not prepared here")
-    if not isinstance(heads, int) or not isinstance(kv_heads, int):
-        raise ValueError(f"model: {index.path.name} has no {heads_key}")
-    fused_up = "blk.0.ffn_gate.weight" not in index.tensors
-    layer_names = _ARCH_LAYER.get(arch, _LAYER)
+    """Every weight of ``index`` in fp32 under its Hugging Face checkpoint name: Gemma's
+    norms less the converter's 1, Granite's q and k rows in the checkpoint's order."""
+    if index.arch not in ARCHITECTURES:
+        raise ValueError(
+            f"model: {index.path.name}: architecture {index.arch!r} is not prepared here"
+        )
     out: dict[str, torch.Tensor] = {}
-    for name in index.tensors:
-        if name in _CONFIG_ONLY:
-            continue
-        if name in _GLOBAL:
-            out[_GLOBAL[name]] = _weight(index, name)
-            continue
-        parts = name.split(".", 2)
-        local = parts[2] if len(parts) == 3 and parts[0] == "blk" else None
-        target = (_FUSED_UP if fused_up else {}).get(local or "") or layer_names.get(local or "")
-        if local is None or target is None:
-            raise ValueError(f"model: {index.path.name} has a tensor {name} we do not map")
-        tensor = _weight(index, name)
-        if arch in _PERMUTED and local.startswith(("attn_q.", "attn_k.")):
-            tensor = _unpermute(tensor, heads if local.startswith("attn_q.") else kv_heads)
-        out[f"model.layers.{parts[1]}.{target}"] = tensor
+    for name, target in checkpoint_names(index).items():
+        tensor = dequantized(index, name)
+        offset = norm_offset(index.arch, name)
+        if offset:
+            tensor -= offset  # exact for stored values in [0.5, 2] (weights in [-0.5, 1])
+        heads = rotary_heads(index, name)
+        if heads is not None:  # a q or k weight [rows, ...] or bias [rows]
+            tensor = tensor[unpermute_rows(tensor.shape[0], heads)].contiguous()
+        out[target] = tensor
     return out
 
 

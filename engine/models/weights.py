@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from tokenrelay.engine.models.blocks import Collectives
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-_LAYER_NAMES = {
+# checkpoint name within ``model.layers.N.`` -> ours (also the GGUF loader's, gguf_weights.py)
+LAYER_NAMES = {
     "input_layernorm.weight": "input_norm.weight",
     "post_attention_layernorm.weight": "post_attn_norm.weight",
     "pre_feedforward_layernorm.weight": "pre_ff_norm.weight",  # Gemma
@@ -42,7 +43,7 @@ _LAYER_NAMES = {
     "self_attn.qkv_proj.weight": "attn.qkv_weight",  # Phi-3: q, k, v fused already
     "mlp.gate_up_proj.weight": "mlp.gate_up_weight",  # Phi-3: gate, then up
 }
-_FUSED = {  # fused name -> parts, in order
+FUSED = {  # fused name -> parts, in order
     "attn.qkv_weight": (
         "self_attn.q_proj.weight",
         "self_attn.k_proj.weight",
@@ -124,10 +125,10 @@ def load_model(
             raise ValueError(
                 f"num_hidden_layers: checkpoint has layer {i}, config says {cfg.num_layers}"
             )
-        for hf_name, ours in _LAYER_NAMES.items():
+        for hf_name, ours in LAYER_NAMES.items():
             if hf_name in parts:
                 state[f"layers.{i}.{ours}"] = parts[hf_name]
-        for ours, names in _FUSED.items():
+        for ours, names in FUSED.items():
             if all(n in parts for n in names):
                 state[f"layers.{i}.{ours}"] = torch.cat([parts[n] for n in names], dim=0)
     if tp is not None:

@@ -1,15 +1,18 @@
-"""Granite, OLMo 2 and Phi-3 from GGUF files, through our own metadata reader and the dense
-path (engine/models/gguf_dense.py), against transformers on the same random weights.
+"""Granite, OLMo 2 and Phi-3 from GGUF files, through our own metadata reader, served as
+they are (engine/models/gguf_weights.py) or dense (engine/models/gguf_dense.py), against
+transformers on the same random weights.
 
 Each file is written here with gguf-py from a tiny random checkpoint of
 tests/engine/models/test_families.py / test_phi3.py, as llama.cpp's converter writes it:
 its architecture keys (Granite's four ``*_scale`` keys, Phi-3's rotated-value count,
 original context, cos/sin scale and factor tensors), the tensor names of gguf-py's own
 name map, Granite's q/k rows permuted (``LlamaModel.permute``), the norms in F32 and the
-matrices in F32, F16 or Q8_0 (``gguf.quants.quantize``), the default model's tokenizer.
-The engine serves it from the file (weights auto: dense, with a one-line note) and its
+matrices in F32, F16, Q8_0 or Q4_0 (``gguf.quants.quantize``), the default model's
+tokenizer. A quantized file is served natively (weights auto or native: the file's blocks
+multiplied by our kernels, op by op here; tests/engine/kernels/ check the fused step
+against op by op); an F32 or F16 one dense (weights auto, with a one-line note). The
 greedy tokens must be transformers' on the checkpoint whose matrices are the file's
-(dequantized: the same numbers the engine holds).
+(dequantized: the numbers the engine multiplies).
 """
 
 from __future__ import annotations
@@ -31,16 +34,22 @@ from tests.engine.models.test_families import Reference, build_checkpoint, promp
 from tests.engine.models.test_kquant_model import _copy_tokenizer
 from tests.engine.models.test_phi3 import ORIGINAL, build_phi3
 from tokenrelay.engine import EngineConfig, LLMEngine
+from tokenrelay.engine.kernels import decoder
+from tokenrelay.engine.kernels.quant import QUANT_TYPES, QuantStack, QuantWeight
 from tokenrelay.engine.models.config import ModelConfig
 from tokenrelay.engine.models.gguf_file import GGUFIndex
 from tokenrelay.engine.models.gguf_meta import write_metadata
+from tokenrelay.engine.models.gguf_weights import fp32_bytes
+from tokenrelay.engine.models.llama import CausalLM
 from tokenrelay.engine.models.store import locate_model
 
 __all__ = ["prompts"]  # the shared fixture: five prompts, 5 to 93 tokens
 GGML = gguf.GGMLQuantizationType
 ARCH = {"granite-bias": "granite", "olmo2": "olmo2", "phi3-longrope": "phi3"}
-CASES = [("granite-bias", "F32"), ("olmo2", "F16"), ("phi3-longrope", "Q8_0"),
-         ("granite-bias", "Q8_0")]  # fmt: skip
+# (checkpoint, the file's matrices, --weights): quantized files served natively
+CASES = [("granite-bias", "F32", "auto"), ("olmo2", "F16", "auto"),
+         ("phi3-longrope", "Q8_0", "auto"), ("granite-bias", "Q8_0", "native"),
+         ("olmo2", "Q4_0", "native")]  # fmt: skip
 
 
 def _permute(w: torch.Tensor, heads: int) -> torch.Tensor:
@@ -117,6 +126,30 @@ def write_gguf(path: Path, kind: str, hf: Any, qtype: str) -> Path:
     return path
 
 
+@pytest.fixture
+def op_by_op(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Native weights run op by op (``TOKENRELAY_FUSED_DECODER=0``, the operator's switch):
+    this module checks what the loader gives the modules."""
+    decoder.decoder_library.cache_clear()
+    monkeypatch.setenv(decoder.FUSED_SWITCH, "0")
+    yield
+    decoder.decoder_library.cache_clear()  # read again once the switch is restored
+
+
+def assert_native(model: CausalLM, qtype: str, path: Path) -> None:
+    """``model`` holds the file's blocks: every projection, the embedding and the LM head
+    quantized in ``qtype``, fp32 only for the norms and biases."""
+    for layer in model.decoder_layers():
+        attn, mlp = layer.attn, layer.mlp
+        for w in (attn.qkv_packed, attn.o_packed, mlp.gate_up_packed, mlp.down_packed):
+            assert isinstance(w, QuantWeight | QuantStack), w
+            assert set(w.qtypes if isinstance(w, QuantStack) else (w.qtype,)) == {qtype}
+    for w in (model.embed_quant, model.head_packed):
+        assert isinstance(w, QuantWeight) and w.qtype == qtype
+    held = 4 * sum(p.numel() for p in model.parameters())
+    assert held * 50 < fp32_bytes(GGUFIndex(path))  # what --weights fp32 would hold
+
+
 @pytest.fixture(scope="module")
 def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A $TOKENRELAY_HOME of this module's own: the prepared folders go there."""
@@ -132,11 +165,13 @@ def _build(kind: str, folder: Path, tokenizer_dir: Path) -> Any:
     return build_checkpoint(kind, folder, tokenizer_dir)
 
 
-@pytest.mark.parametrize(("kind", "qtype"), CASES)
+@pytest.mark.parametrize(("kind", "qtype", "weights"), CASES)
 def test_greedy_from_a_gguf_is_transformers_on_its_weights(
     kind: str,
     qtype: str,
+    weights: str,
     home: Path,
+    op_by_op: None,
     tmp_path: Path,
     model_path: Path,
     prompts: list[list[int]],
@@ -151,11 +186,23 @@ def test_greedy_from_a_gguf_is_transformers_on_its_weights(
             p.copy_(_round_trip(p.detach(), qtype))
     if qtype != "F32":
         assert not torch.equal(ref_model.lm_head.weight, hf.lm_head.weight)
+    config = EngineConfig(model=str(path), device="cpu", num_blocks=128, weights=weights)
     with caplog.at_level(logging.WARNING, logger="tokenrelay.engine"):
-        engine = LLMEngine(EngineConfig(model=str(path), device="cpu", num_blocks=128))
-    (note,) = [r for r in caplog.records if "dequantizing to fp32" in r.getMessage()]
-    assert f"a {ARCH[kind]} file runs op by op" in note.reason  # type: ignore[attr-defined]
-    assert engine.runner.weights == "float32" and engine.runner.model.fused is None
+        engine = LLMEngine(config)
+    notes = [r for r in caplog.records if "dequantizing to fp32" in r.getMessage()]
+    model = engine.runner.model
+    if qtype in QUANT_TYPES:  # as it is, whether asked for or picked by auto
+        assert not notes and engine.runner.weights == "native" and model.fused is None
+        assert EngineConfig(model=str(path), device="cpu").weights_for("cpu") == "native"
+        assert_native(model, qtype, path)
+        if kind == "phi3-longrope":  # the file's fused q/k/v and gate/up, one tensor each
+            layer = model.decoder_layers()[0]
+            assert isinstance(layer.attn.qkv_packed, QuantWeight)
+            assert isinstance(layer.mlp.gate_up_packed, QuantWeight)
+    else:  # no blocks the kernels multiply: dequantized, with a note
+        (note,) = notes
+        assert f"is {qtype}, which the CPU kernels do not" in note.reason  # type: ignore[attr-defined]
+        assert engine.runner.weights == "float32"
     assert str(engine.model_path).startswith(str(home))
     assert type(engine.runner.model).__name__ == hf.__class__.__name__
     # the folder's config, read back from the file's keys and tensors (the token ids are
@@ -192,14 +239,19 @@ def _header_only(path: Path, arch: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("arch", ["granite", "olmo2", "phi3"])
-def test_native_weights_are_refused_in_one_line(arch: str, home: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("arch", ["granite", "olmo2", "phi3", "gemma2", "gemma3"])
+def test_native_weights_of_unquantized_matrices_are_refused_in_one_line(
+    arch: str, home: Path, tmp_path: Path
+) -> None:
+    """A file of any family whose matrices the kernels do not multiply (here an F32
+    embedding): weights=native says which tensor, before anything is prepared."""
     path = _header_only(tmp_path / f"{arch}.gguf", arch)
     with pytest.raises(ValueError) as err:
         EngineConfig(model=str(path), device="cpu", weights="native")
     message = str(err.value)
     assert "\n" not in message
-    assert message.startswith(f"weights=native: a {arch} GGUF runs dense, op by op")
+    assert message.startswith("weights=native: token_embd.weight is F32, which the CPU kernels")
+    assert message.endswith("use weights auto or fp32")
     _, _, target = locate_model(str(path))  # refused before anything is prepared
     assert target is not None and not target.with_name(target.name + ".meta").exists()
 

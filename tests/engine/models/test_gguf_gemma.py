@@ -10,9 +10,10 @@ base and ``linear`` scaling), gguf-py's tensor names, every norm weight plus 1, 
 matrices in F16 or Q8_0. What the converter does not write, the checkpoints hold
 as llama.cpp derives it: ``query_pre_attn_scalar`` = ``head_dim``, every 2nd (Gemma 2)
 or 6th (Gemma 3: 6 layers, the last global) layer global, Gemma 3's local RoPE base
-10000. The engine serves the file (weights auto: dense, a one-line note); the folder it
-writes must hold the checkpoint's tensors, and its greedy tokens must be transformers'
-(eager attention) on the file's dequantized weights.
+10000. The engine serves a quantized file as it is (weights auto or native, op by op:
+the file's blocks, its norms less 1 in our modules) and an F16 one dense (weights auto, a
+one-line note; the folder it writes must hold the checkpoint's tensors); its greedy tokens
+must be transformers' (eager attention) on the file's dequantized weights.
 """
 
 from __future__ import annotations
@@ -32,16 +33,25 @@ import torch
 
 from tests.engine.models.test_families import Reference, randomize, run
 from tests.engine.models.test_gemma import GEMMA, WINDOW
-from tests.engine.models.test_gguf_families import _header_only, _round_trip, _stored, home
+from tests.engine.models.test_gguf_families import (
+    _round_trip,
+    _stored,
+    assert_native,
+    home,
+    op_by_op,
+)
 from tests.engine.models.test_gguf_families import prompts as prompts
 from tests.engine.models.test_kquant_model import _copy_tokenizer
 from tokenrelay.engine import EngineConfig, LLMEngine
 from tokenrelay.engine.models.config import ModelConfig
 from tokenrelay.engine.models.gemma import GemmaForCausalLM
 from tokenrelay.engine.models.gguf_meta import write_metadata
+from tokenrelay.engine.models.weights import LAYER_NAMES
 
-__all__ = ["home", "prompts"]  # the shared fixtures
-CASES = [("gemma2", "F16"), ("gemma2", "Q8_0"), ("gemma3", "Q8_0")]
+__all__ = ["home", "op_by_op", "prompts"]  # the shared fixtures
+# (kind, the file's matrices, --weights): quantized files served natively
+CASES = [("gemma2", "F16", "auto"), ("gemma2", "Q8_0", "auto"), ("gemma3", "Q8_0", "native"),
+         ("gemma3", "Q4_0", "auto")]  # fmt: skip
 HEAD_DIM = GEMMA["head_dim"]
 
 
@@ -138,11 +148,25 @@ def file_weights(hf: Any, qtype: str) -> Any:
     return ref
 
 
-@pytest.mark.parametrize(("kind", "qtype"), CASES)
+def assert_norms(model: GemmaForCausalLM, ref: Any) -> None:
+    """Every norm of ``model`` is the checkpoint's (the file's ``w + 1`` less 1), under its
+    name: ``ffn_norm`` the one before the MLP."""
+    ours = dict(model.named_parameters())
+    for name, tensor in ref.state_dict().items():
+        if name == "model.norm.weight":
+            assert torch.equal(ours["norm.weight"], tensor)
+        elif "norm" in name:
+            layer, local = name.removeprefix("model.layers.").split(".", 1)
+            assert torch.equal(ours[f"layers.{layer}.{LAYER_NAMES[local]}"], tensor), name
+
+
+@pytest.mark.parametrize(("kind", "qtype", "weights"), CASES)
 def test_greedy_from_a_gemma_gguf_is_transformers_on_its_weights(
     kind: str,
     qtype: str,
+    weights: str,
     home: Path,
+    op_by_op: None,
     tmp_path: Path,
     model_path: Path,
     prompts: list[list[int]],
@@ -153,22 +177,29 @@ def test_greedy_from_a_gemma_gguf_is_transformers_on_its_weights(
     hf = build_gemma(kind, tmp_path / "folder", model_path)
     path = write_gemma_gguf(tmp_path / f"{kind}-{qtype}.gguf", hf, qtype)
     ref_model = file_weights(hf, qtype)
+    config = EngineConfig(model=str(path), device="cpu", num_blocks=128, weights=weights)
     with caplog.at_level(logging.WARNING, logger="tokenrelay.engine"):
-        engine = LLMEngine(EngineConfig(model=str(path), device="cpu", num_blocks=128))
-    (note,) = [r for r in caplog.records if "dequantizing to fp32" in r.getMessage()]
-    assert f"a {kind} file runs op by op" in note.reason  # type: ignore[attr-defined]
-    assert engine.runner.weights == "float32" and engine.runner.model.fused is None
+        engine = LLMEngine(config)
+    notes = [r for r in caplog.records if "dequantizing to fp32" in r.getMessage()]
+    model = engine.runner.model
     assert str(engine.model_path).startswith(str(home))
-    assert type(engine.runner.model) is GemmaForCausalLM
-    # the folder holds the checkpoint's tensors under their names: ffn_norm is the norm
-    # before the MLP, every norm less the converter's 1
-    folder = load_file(str(engine.model_path / "model.safetensors"))
-    want = {k: v for k, v in ref_model.state_dict().items() if k in folder}
-    assert sorted(folder) == sorted(want) and len(folder) == len(hf.state_dict()) - (
-        kind == "gemma2"
-    )
-    for name, tensor in folder.items():
-        assert torch.equal(tensor, want[name]), name
+    assert type(model) is GemmaForCausalLM
+    if qtype != "F16":  # the file's blocks (the embedding too, scaled by sqrt(hidden))
+        assert not notes and engine.runner.weights == "native" and model.fused is None
+        assert_native(model, qtype, path)
+        assert_norms(model, ref_model)
+    else:  # dequantized, with a note; the folder holds the checkpoint's tensors under
+        # their names: ffn_norm is the norm before the MLP, every norm less the converter's 1
+        (note,) = notes
+        assert "is F16, which the CPU kernels do not" in note.reason  # type: ignore[attr-defined]
+        assert engine.runner.weights == "float32"
+        folder = load_file(str(engine.model_path / "model.safetensors"))
+        want = {k: v for k, v in ref_model.state_dict().items() if k in folder}
+        assert sorted(folder) == sorted(want) and len(folder) == len(hf.state_dict()) - (
+            kind == "gemma2"
+        )
+        for name, tensor in folder.items():
+            assert torch.equal(tensor, want[name]), name
     # the folder's config, from the file's keys and llama.cpp's derivations
     cfg, hf_cfg = (ModelConfig.from_pretrained(p) for p in (engine.model_path, tmp_path / "folder"))
     assert cfg.rms_norm_eps == pytest.approx(hf_cfg.rms_norm_eps, rel=1e-6)  # a float32 key
@@ -240,10 +271,3 @@ def test_the_softmax_scale_and_the_local_layers_are_llama_cpps(
 def test_a_gemma3_file_without_its_window_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"^model: g\.gguf has no gemma3\.attention\.sliding"):
         write_metadata(_header(tmp_path / "g.gguf", "gemma3", 2), tmp_path / "meta")
-
-
-@pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
-def test_native_weights_are_refused_for_gemma(arch: str, home: Path, tmp_path: Path) -> None:
-    path = _header_only(tmp_path / f"{arch}.gguf", arch)
-    with pytest.raises(ValueError, match=f"^weights=native: a {arch} GGUF runs dense, op by op"):
-        EngineConfig(model=str(path), device="cpu", weights="native")
