@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -39,7 +40,7 @@ from tokenrelay.engine.kernels.quant import QUANT_TYPES, QuantStack, QuantWeight
 from tokenrelay.engine.models.config import ModelConfig
 from tokenrelay.engine.models.gguf_file import GGUFIndex
 from tokenrelay.engine.models.gguf_meta import write_metadata
-from tokenrelay.engine.models.gguf_weights import fp32_bytes
+from tokenrelay.engine.models.gguf_weights import fp32_bytes, load_gguf_model
 from tokenrelay.engine.models.llama import CausalLM
 from tokenrelay.engine.models.store import locate_model
 
@@ -262,3 +263,20 @@ def test_granite_defaults_are_llama_cpps(tmp_path: Path) -> None:
     cfg = ModelConfig.from_pretrained(tmp_path / "meta")
     assert cfg.attention_scale == pytest.approx(16**-0.5)
     assert cfg.embedding_multiplier == cfg.residual_multiplier == cfg.logits_scaling == 1.0
+
+
+def test_a_fused_matrix_of_other_rows_than_the_config_is_refused(
+    tmp_path: Path, model_path: Path
+) -> None:
+    """Phi-3's fused ``attn_qkv`` and ``ffn_up`` are taken whole, each one quantized
+    matrix: rows other than the config's q, k and v say so in one line."""
+    hf = build_phi3("phi3-longrope", tmp_path / "folder", model_path)
+    path = write_gguf(tmp_path / "phi3.gguf", "phi3-longrope", hf, "Q8_0")
+    write_metadata(path, tmp_path / "meta")
+    cfg = ModelConfig.from_pretrained(tmp_path / "meta")
+    layer = load_gguf_model(path, cfg).decoder_layers()[0]
+    assert isinstance(layer.attn.qkv_packed, QuantWeight) and layer.attn.qkv_packed.n == 128
+    assert isinstance(layer.mlp.gate_up_packed, QuantWeight)
+    message = "model: layers.0.attn.qkv_weight has shape (128, 64) in phi3.gguf, expected (96, 64)"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        load_gguf_model(path, replace(cfg, num_kv_heads=1))  # 4 q heads, 1 k, 1 v of 16
