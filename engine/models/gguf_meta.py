@@ -41,8 +41,8 @@ import numpy as np
 
 from tokenrelay.engine.models.gguf_file import GGUFIndex
 
-# GGUF general.architecture -> HF model_type (llama.cpp's names; the Llama-shaped ones are
-# served natively, gguf_weights.py, the others dense: gguf_dense.py)
+# GGUF general.architecture -> HF model_type (llama.cpp's names; each served natively by
+# gguf_weights.py, or dequantized: gguf_dense.py, transformers for the Llama-shaped ones)
 ARCHITECTURES = {
     "llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
     "granite": "granite", "olmo2": "olmo2", "phi3": "phi3", "gemma2": "gemma2",
@@ -59,11 +59,13 @@ _CLASSES = {
     "gemma2": "Gemma2ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
 }
-# the ones whose layers the fused decoder does not compute: served dense (gguf_dense.py)
-DENSE_ARCHITECTURES = ("granite", "olmo2", "phi3", "gemma2", "gemma3")
 # Gemma (llama.cpp's llama-model.cpp): every n-th layer global, the 27B's layer count
 _GEMMA_PATTERN = {"gemma2": 2, "gemma3": 6}
 _GEMMA_27B = {"gemma2": 46, "gemma3": 62}
+# end-of-turn tokens that llama.cpp finds by their text (llama-vocab.cpp), the converter
+# writing no eot id for them: Gemma's. (Its longer list would add tokens that the other
+# families' own generation configs do not stop at, such as SmolLM2's <|endoftext|>.)
+_END_OF_TURN = ("<end_of_turn>",)
 # ggml type of the token embedding -> the checkpoint's dtype (quantized blocks: float32)
 _DTYPES = {"F16": "float16", "BF16": "bfloat16"}
 # Llama 3's rope_scaling beside the factor, as its checkpoints (3.1, 3.2, 3.3) give it
@@ -137,12 +139,19 @@ def model_config(index: GGUFIndex) -> dict[str, Any]:
     return cfg
 
 
-def generation_config(index: GGUFIndex, config: dict[str, Any]) -> dict[str, Any]:
-    """``generation_config.json``: the token ids, every end-of-generation id in ``eos``."""
+def generation_config(
+    index: GGUFIndex, config: dict[str, Any], vocab: dict[str, int] | None = None
+) -> dict[str, Any]:
+    """``generation_config.json``: the token ids, every end-of-generation id in ``eos``
+    (with ``vocab``, the tokenizer's, the end-of-turn tokens no key names)."""
     eos = [config[k] for k in ("eos_token_id",) if k in config]
     for name in ("eot", "eom"):  # end of turn / of message (Llama 3's <|eot_id|>, <|eom_id|>)
         value = index.metadata.get(f"tokenizer.ggml.{name}_token_id")
         if isinstance(value, int) and value not in eos:
+            eos.append(value)
+    for text in _END_OF_TURN:
+        value = (vocab or {}).get(text)
+        if value is not None and value not in eos:
             eos.append(value)
     gen: dict[str, Any] = {k: config[k] for k in ("bos_token_id", "pad_token_id") if k in config}
     if eos:
@@ -169,7 +178,7 @@ def write_metadata(
     tokenizer = build_tokenizer(index, progress)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    gen = generation_config(index, config)
+    gen = generation_config(index, config, tokenizer.get_vocab())
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n")
     save_tokenizer(tokenizer, out)
     progress(f"config and tokenizer written ({time.monotonic() - started:.1f} s)")

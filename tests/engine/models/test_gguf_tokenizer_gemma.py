@@ -28,8 +28,10 @@ import gguf
 import pytest
 
 from tests.engine.models.test_gguf_gemma import _header
+from tokenrelay.engine.models.config import ModelConfig
 from tokenrelay.engine.models.gguf_meta import write_metadata
 from tokenrelay.engine.text.chat import render_chat
+from tokenrelay.engine.text.detokenizer import IncrementalDetokenizer
 from tokenrelay.engine.text.tokenizer import load_tokenizer
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6  # tokenizer.ggml.token_type
@@ -167,9 +169,10 @@ def test_gemma_text_tokenizes_as_llama_cpp_and_transformers(gemma: Any) -> None:
         assert ids == ref.encode(text), text
         assert ours.encode(text, add_special_tokens=False) == llama_cpp_spm(text, False), text
         assert ours.decode(ids) == ref.decode(ids) == "<bos>" + text, text
-        assert ours.decode(ids, skip_special_tokens=True) == ref.decode(
-            ids, skip_special_tokens=True
-        )
+        plain = ours.decode(ids, skip_special_tokens=True)
+        assert plain == ref.decode(ids, skip_special_tokens=True), text
+        stream = IncrementalDetokenizer(ours)  # the engine's, a token at a time
+        assert "".join(stream.add(i) for i in ids) + stream.flush() == plain, text
     # no space prefix; a run of spaces or newlines is its user-defined token
     assert ours.encode("hello", add_special_tokens=False) == [TOKENS.index("hello")]
     assert ours.encode("a   b\n\n", add_special_tokens=False) == [
@@ -190,6 +193,16 @@ def test_the_chat_template_renders_one_bos_and_whole_turn_markers(gemma: Any) ->
     assert ids == llama_cpp_spm(text.removeprefix("<bos>"))
     assert ids == ref(text, add_special_tokens=False).input_ids
     assert ids.count(BOS) == 1 and ids.count(END_OF_TURN) == 3 and ids.count(6) == 4
+
+
+def test_end_of_turn_stops_generation_beside_eos(gemma: Any) -> None:
+    """The file names no eot id: ``<end_of_turn>`` is found by its text, as llama.cpp does
+    (and as Gemma's own generation configs list it beside ``<eos>``)."""
+    meta, _, _ = gemma
+    gen = json.loads((meta / "generation_config.json").read_text())
+    assert gen == {"bos_token_id": BOS, "eos_token_id": [EOS, END_OF_TURN], "pad_token_id": PAD}
+    cfg = ModelConfig.from_pretrained(meta)
+    assert cfg.eos_token_ids == {EOS, END_OF_TURN} and cfg.bos_token_id == BOS
 
 
 @pytest.mark.parametrize(("add_bos", "first"), [(None, [BOS]), (False, [])])
