@@ -64,9 +64,10 @@ def supported() -> list[str]:
     return [t for t in EXTRA if t in FAMILIES]
 
 
-def build(model_type: str) -> Path:
-    """The family's checkpoint folder, built and saved the first time."""
-    out = FOLDER / f"{model_type}-0.5b"
+def build(model_type: str, shape: dict[str, Any] | None = None, tag: str = "0.5b") -> Path:
+    """The family's checkpoint folder ``<model_type>-<tag>``, built and saved the first time;
+    ``shape``: config values over SHAPE and the family's EXTRA (another size)."""
+    out = FOLDER / f"{model_type}-{tag}"
     if (out / "config.json").exists():
         return out
     import torch
@@ -78,8 +79,8 @@ def build(model_type: str) -> Path:
     tok = AutoTokenizer.from_pretrained(str(resolve_model("default")))
     ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id,
            "pad_token_id": tok.pad_token_id or tok.eos_token_id}  # fmt: skip
-    cfg = AutoConfig.for_model(model_type, vocab_size=len(tok), **SHAPE, **ids,
-                               **EXTRA[model_type])  # fmt: skip
+    values = {**SHAPE, **EXTRA[model_type], **(shape or {})}
+    cfg = AutoConfig.for_model(model_type, vocab_size=len(tok), **values, **ids)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     tmp = out.with_name(out.name + ".tmp")

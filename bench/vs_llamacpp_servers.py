@@ -155,7 +155,8 @@ class Proc:
 
 
 def start_ours(args: argparse.Namespace, gguf: Path, config: ServerConfig) -> Proc:
-    """``tokenrelay serve`` on the CPU, this GGUF file, Redis data in a temp dir."""
+    """``tokenrelay serve`` on the CPU, this GGUF file, Redis data in a temp dir; logging at
+    ``args.log_level`` if set, else warning."""
     port = free_port()
     exe = Path(sys.executable).with_name("tokenrelay")
     base = [str(exe)] if exe.is_file() else [sys.executable, "-m", "tokenrelay.core.cli"]
@@ -164,7 +165,7 @@ def start_ours(args: argparse.Namespace, gguf: Path, config: ServerConfig) -> Pr
         "--model", str(gguf), "--model-name", "default"]  # fmt: skip
     cmd = [*base, "serve", "--port", str(port), "--host", "127.0.0.1", *model,
            "--device", "cpu", "--weights", args.weights, "--data-dir", str(data),
-           "--log-level", "warning"]  # fmt: skip
+           "--log-level", getattr(args, "log_level", "warning")]  # fmt: skip
     if config.kv_tokens is not None:
         kv_gib = config.kv_gib(model_1b.gguf_kv_shape(gguf))
         cmd += ["--block-size", str(config.block_size), "--kv-cache-memory", f"{kv_gib:.6f}"]
