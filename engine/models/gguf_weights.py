@@ -191,7 +191,9 @@ def load_gguf_model(path: Path, cfg: ModelConfig) -> CausalLM:
                 dense[key] = torch.cat([g.vector(n) for n in names])
         unused = sorted(set(parts.values()) - used)
         if unused:
-            raise ValueError(f"model: {path.name} has {unused[0]}, which we do not map")
+            raise ValueError(
+                f"model: {path.name} has {unused[0]}, which a {cfg.model_type} model does not use"
+            )
     if "model.norm.weight" in top:
         dense["norm.weight"] = g.vector(top["model.norm.weight"])
     if "model.embed_tokens.weight" not in top:
