@@ -7,7 +7,8 @@ lives in the family's module as a small override, not a copy.
 
 Every projection is one dense weight that :func:`cpu_linear.pack` may move into oneDNN's
 layout (CPU fp32), or a quantized one set by the GGUF loader; under tensor parallelism
-the row-parallel ones (attention output, MLP down) sum the ranks' partial outputs.
+the row-parallel ones (attention output, MLP down) sum the ranks' partial outputs, and
+:func:`split_rms_norms` normalises vectors whose values are split over the ranks.
 """
 
 from __future__ import annotations
@@ -80,6 +81,32 @@ class RMSNorm(nn.Module):
             return (self.weight * xf).to(x.dtype)
         return self.weight * xf.to(x.dtype)
 
+    def scaled(self, x: torch.Tensor, mean_sq: torch.Tensor) -> torch.Tensor:
+        """``x`` divided by the root of ``mean_sq`` (fp32, ``[..., 1]``, computed elsewhere)
+        plus eps, then scaled by the weight and cast as :meth:`forward` does."""
+        xf = x.float() * torch.rsqrt(mean_sq + self.eps)
+        if self.scale_in_fp32 or x.dtype == torch.float32:
+            return (self.weight * xf).to(x.dtype)
+        return self.weight * xf.to(x.dtype)
+
+
+def split_rms_norms(
+    parts: list[tuple[RMSNorm, torch.Tensor]], tp: Collectives
+) -> list[torch.Tensor]:
+    """RMSNorms of vectors split over the ranks (OLMo 2's q/k norms under tensor parallelism).
+
+    Each ``(norm, x)``: ``x`` ``[T, n / size]`` is this rank's slice of every token's ``n``
+    values and ``norm`` holds the same slice of the weight. One all-reduce sums the
+    per-token sums of squares of all parts (``[T, len(parts)]``); each rank then normalises
+    its slice by the whole vector's mean: the one-rank norm, up to the order of the sums.
+    """
+    sums = torch.stack([x.float().pow(2).sum(-1) for _, x in parts], dim=-1)  # [T, P]
+    tp.all_reduce(sums)
+    return [
+        norm.scaled(x, sums[:, i : i + 1] / (x.shape[-1] * tp.size))
+        for i, (norm, x) in enumerate(parts)
+    ]
+
 
 class OffsetRMSNorm(RMSNorm):
     """Gemma's RMSNorm: scaled by ``1 + weight`` (checkpoints store the offset from 1), in
@@ -91,6 +118,10 @@ class OffsetRMSNorm(RMSNorm):
             return F.rms_norm(x, self.shape, scale, self.eps)
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * scale).to(x.dtype)
+
+    def scaled(self, x: torch.Tensor, mean_sq: torch.Tensor) -> torch.Tensor:
+        xf = x.float() * torch.rsqrt(mean_sq + self.eps)
+        return (xf * (1.0 + self.weight.float())).to(x.dtype)
 
 
 class GatedMLP(nn.Module):

@@ -11,7 +11,9 @@ Megatron's split of a Llama-family decoder over ``size`` ranks:
 - the token embedding and the LM head are vocabulary-parallel: rank ``r`` holds the
   rows ``[r Vp, (r+1) Vp)`` with ``Vp = ceil(V / size)`` (the last shard padded with
   zero rows); the embedding lookup is one all-reduce, the logits one all-gather;
-- norms, rotary tables and the residual stream are replicated.
+- norms, rotary tables and the residual stream are replicated; but q/k norms over the
+  whole projections (OLMo 2), whose weights are cut with the heads and whose mean of
+  squares is one all-reduce of the ranks' sums (``blocks.split_rms_norms``).
 
 Each rank's KV cache holds only its KV heads; block ids are the same on every rank.
 """

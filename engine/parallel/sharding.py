@@ -60,7 +60,8 @@ def shard_state(
     """Every tensor of a full model's ``state`` (our names) cut to rank ``rank`` of ``size``.
 
     ``cfg`` is the full model's config. Norms and the biases added after a reduction
-    (o, down) are kept whole.
+    (o, down) are kept whole, but for q/k norms over the whole projections (OLMo 2):
+    each rank holds the part of their weights that scales its heads.
     """
     if size == 1:
         return dict(state)
@@ -76,6 +77,8 @@ def shard_state(
             out[name] = shard_columns(t, rank, size)
         elif local in ("embed", "lm_head"):
             out[name] = shard_vocab(t, rank, size)
+        elif cfg.qk_norm_full and local in ("attn.q_norm.weight", "attn.k_norm.weight"):
+            out[name] = _rows(t, rank, size)  # OLMo 2: the weights of this rank's heads
         else:  # norms, o/down biases: replicated
             out[name] = t
     return out
