@@ -3,20 +3,13 @@
 A :class:`QuantWeight` holds a weight matrix ``W`` ``[N, K]`` exactly as a GGUF file
 stores it (a tensor's bytes, :meth:`engine.models.gguf_file.GGUFIndex.data`: a uint8
 array ``[N, K / 32 * block bytes]``, N rows of ggml blocks of 32 weights) in one of
-the formats in :data:`QTYPES`:
-
-* ``Q4_0``: 18 bytes a block, fp16 ``d`` and 16 bytes of nibbles;
-  ``w[j] = ((q[j] & 15) - 8) d``, ``w[j + 16] = ((q[j] >> 4) - 8) d``.
-* ``Q4_1``: 20 bytes, fp16 ``d``, fp16 ``m``, 16 bytes; ``w[j] = (q[j] & 15) d + m``, ...
-* ``Q8_0``: 34 bytes, fp16 ``d``, 32 int8 ``q``; ``w[j] = q[j] d``.
-
-and the K-quants of :data:`KQTYPES`, super-blocks of 256 weights (``Q4_K`` 144 bytes,
-``Q5_K`` 176, ``Q6_K`` 210; ``csrc/kquant.c`` documents them). Those are multiplied the
-way the format was designed for: each row of ``x`` is quantized to int8 per 256 values
-and the dot products run in integers (AVX512-VNNI where the CPU has it), so a row's
-result depends on that row alone, never on the rest of the batch. Q8_0 takes the same
-path where the CPU has AVX512-VNNI and K is a multiple of 256
-(:meth:`QuantKernel.int8_activations`).
+the formats in :data:`QTYPES` (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) or the K-quants of
+:data:`KQTYPES`, super-blocks of 256 weights (Q4_K, Q5_K, Q6_K); :mod:`.quant_formats`
+documents each layout. The K-quants are multiplied the way the format was designed
+for: each row of ``x`` is quantized to int8 per 256 values and the dot products run in
+integers (AVX512-VNNI where the CPU has it), so a row's result depends on that row
+alone, never on the rest of the batch. Q8_0 takes the same path where the CPU has
+AVX512-VNNI and K is a multiple of 256 (:meth:`QuantKernel.int8_activations`).
 
 :meth:`QuantWeight.matmul` (``x @ W^T``) and :meth:`QuantWeight.rows` (the embedding
 lookup) run ``csrc/quant_matmul.c``, built at first use like the other compiled kernels
@@ -43,16 +36,17 @@ import torch.nn.functional as F
 
 from tokenrelay.core.runtime import env_switch
 from tokenrelay.engine.kernels.build import BUILD_ERRORS, CSRC, ENV_SWITCH, load
+from tokenrelay.engine.kernels.quant_formats import (
+    BLOCK,
+    KBLOCK,
+    KQTYPES,
+    QTYPES,
+    dequantize_blocks,
+)
 
 log = logging.getLogger("tokenrelay.engine")
 
 SOURCE = CSRC / "quant_matmul.c"
-BLOCK = 32  # weights per block of the QTYPES
-KBLOCK = 256  # weights per super-block of the KQTYPES
-# name -> (ggml type id, bytes per block of 32 weights)
-QTYPES: dict[str, tuple[int, int]] = {"Q4_0": (2, 18), "Q4_1": (3, 20), "Q8_0": (8, 34)}
-# name -> (ggml type id, bytes per super-block of 256 weights)
-KQTYPES: dict[str, tuple[int, int]] = {"Q4_K": (12, 144), "Q5_K": (13, 176), "Q6_K": (14, 210)}
 _FORMATS = {
     **{name: (tid, size, BLOCK) for name, (tid, size) in QTYPES.items()},
     **{name: (tid, size, KBLOCK) for name, (tid, size) in KQTYPES.items()},
@@ -162,32 +156,6 @@ def _qtype_name(qtype: str | int) -> str:
         return _BY_ID[qtype]
     supported = ", ".join(QUANT_TYPES)
     raise ValueError(f"quant weight: unsupported qtype {qtype!r} (supported: {supported})")
-
-
-def dequantize_blocks(blocks: torch.Tensor, qtype: str) -> torch.Tensor:
-    """uint8 blocks ``[N, K / block * bytes]`` -> fp32 ``[N, K]`` without the kernel.
-
-    The 32-weight formats with torch ops; the K-quants with gguf-py's numpy reference.
-    """
-    if qtype in KQTYPES:
-        from gguf.constants import GGMLQuantizationType
-        from gguf.quants import dequantize
-
-        raw = blocks.contiguous().numpy()
-        return torch.from_numpy(dequantize(raw, GGMLQuantizationType[qtype]).astype("float32"))
-    _, size = QTYPES[qtype]
-    n = blocks.shape[0]
-    b = blocks.reshape(n, -1, size)
-    d = b[..., 0:2].contiguous().view(torch.float16).float()  # [N, nb, 1]
-    if qtype == "Q8_0":
-        q = b[..., 2:].contiguous().view(torch.int8).float()
-        return (q * d).reshape(n, -1)
-    nibbles = b[..., -16:]
-    q = torch.cat((nibbles & 15, nibbles >> 4), dim=-1).float()  # [N, nb, 32]
-    if qtype == "Q4_1":
-        m = b[..., 2:4].contiguous().view(torch.float16).float()
-        return torch.addcmul(m, q, d).reshape(n, -1)
-    return ((q - 8.0) * d).reshape(n, -1)
 
 
 class QuantWeight:

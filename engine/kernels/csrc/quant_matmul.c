@@ -10,6 +10,10 @@
  *                                            w[j + 16] = ((q[j] >> 4) - 8) d   (j < 16)
  *   Q4_1 (3)  20 bytes: fp16 d, fp16 m, 16 bytes q;  w[j] = (q[j] & 15) d + m, ...
  *   Q8_0 (8)  34 bytes: fp16 d, 32 int8 q;  w[j] = q[j] d
+ *   Q5_0 (6)  22 bytes: fp16 d, uint32 qh, 16 bytes q;  Q4_0's nibbles with bit j of qh as
+ *                                            weight j's fifth bit; w = (q5 - 16) d
+ *   Q5_1 (7)  24 bytes: fp16 d, fp16 m, uint32 qh, 16 bytes q;  w = q5 d + m
+ *             (quant_q5.c, included, dequantizes these two)
  * W's row n is K / 32 blocks, `row_bytes` = K / 32 * block bytes.
  *
  * Every weight is dequantized exactly (w = q d + offset, one fma) and multiplied against
@@ -30,10 +34,11 @@
  *   outer-product micro-kernel runs over it for GEMM_R rows of x at a time (8 with AVX-512,
  *   6 with AVX2): per k, one load of the panel row's PV vectors, one broadcast of x per
  *   row, GEMM_R x PV accumulators kept in registers. AVX-512 transposes 16 rows' quants as
- *   bytes (vpermt2b, AVX512-VBMI) before converting them; AVX2 converts, then transposes
- *   8 x 8 floats. Work units are (panel, chunk of at most X_ROWS rows of x), split
- *   statically so each thread dequantizes each of its panels once (and prefetches the
- *   next); the last panel is zero-padded when N is not a multiple of PANEL.
+ *   bytes (vpermt2b, AVX512-VBMI) before converting them (Q5: then adds each row's qh bits
+ *   from a gather); AVX2 converts, then transposes 8 x 8 floats. Work units are (panel,
+ *   chunk of at most X_ROWS rows of x), split statically so each thread dequantizes each
+ *   of its panels once (and prefetches the next); the last panel is zero-padded when N is
+ *   not a multiple of PANEL.
  *
  * The OpenMP runtime is the one PyTorch loaded (same soname), so torch.set_num_threads
  * applies here too. Without AVX2 + FMA + F16C a portable path computes the same (the tile
@@ -59,10 +64,12 @@
 #endif
 #endif
 
-enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 };
+enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8 };
 #define X_CHUNK 64
 
-static inline int block_bytes(int qt) { return qt == Q4_0 ? 18 : qt == Q4_1 ? 20 : 34; }
+static inline int block_bytes(int qt) {
+    return qt == Q4_0 ? 18 : qt == Q4_1 ? 20 : qt == Q5_0 ? 22 : qt == Q5_1 ? 24 : 34;
+}
 
 #ifndef TR_SPLIT_DEFINED
 #define TR_SPLIT_DEFINED
@@ -87,14 +94,20 @@ static inline int tr_max_threads(void) { return 1; }
 
 /* Every ggml type this file multiplies. */
 static inline int qm_known(int64_t qt) {
-    return qt == Q4_0 || qt == Q4_1 || qt == Q8_0 || is_kquant((int)qt) ||
-           (qt == KQ_Q4_KX && kq_takes(KQ_Q4_KX, QK));
+    return qt == Q4_0 || qt == Q4_1 || qt == Q5_0 || qt == Q5_1 || qt == Q8_0 ||
+           is_kquant((int)qt) || (qt == KQ_Q4_KX && kq_takes(KQ_Q4_KX, QK));
 }
 
 static inline float half_to_float(const uint8_t *p) { return kq_half(p); }
 
+#include "quant_q5.c"
+
 /* The 32 weights of one block into `out` (portable; the gather and the fallback). */
 static inline void dequant_block(const uint8_t *b, int qt, float *out) {
+    if (is_q5(qt)) {
+        q5_block(b, qt, out);
+        return;
+    }
     const float d = half_to_float(b);
     if (qt == Q8_0) {
         for (int j = 0; j < 32; j++) out[j] = (float)(int8_t)b[2 + j] * d;
@@ -112,6 +125,10 @@ static inline void dequant_block(const uint8_t *b, int qt, float *out) {
 /* One block as four vectors of 8 weights (0-7, 8-15, 16-23, 24-31). */
 static inline __attribute__((always_inline)) void dequant_avx(const uint8_t *b, const int qt,
                                                               __m256 w[4]) {
+    if (is_q5(qt)) {
+        q5_avx(b, qt, w);
+        return;
+    }
     const __m256 d = _mm256_set1_ps(half_to_float(b));
     if (qt == Q8_0) {
         const __m128i lo = _mm_loadu_si128((const __m128i *)(b + 2));
@@ -141,6 +158,10 @@ static inline __attribute__((always_inline)) void dequant_avx(const uint8_t *b, 
 /* One block as two vectors of 16 weights (0-15: the low nibbles, 16-31: the high). */
 static inline __attribute__((always_inline)) void dequant_512(const uint8_t *b, const int qt,
                                                               __m512 w[2]) {
+    if (is_q5(qt)) {
+        q5_512(b, qt, w);
+        return;
+    }
     const __m512 d = _mm512_set1_ps(half_to_float(b));
     if (qt == Q8_0) {
         const __m128i lo = _mm_loadu_si128((const __m128i *)(b + 2));
@@ -272,6 +293,8 @@ static void run_tile(const float *x0, int64_t xs, const uint8_t *w0, int64_t rb,
     switch (qt) {
         TILE_CASES(Q4_0)
         TILE_CASES(Q4_1)
+        TILE_CASES(Q5_0)
+        TILE_CASES(Q5_1)
         TILE_CASES(Q8_0)
     }
 }
@@ -333,10 +356,11 @@ static void perms_init(perms *p) {
 }
 
 /* d (and m) of one block of each of 16 rows of W (at b + c * rb), one lane per row. Q8_0:
- * d * 2^-24, its quants arriving as q * 2^24 (exact both ways); Q4_0: m = -8 d. */
+ * d * 2^-24, its quants arriving as q * 2^24 (exact both ways); Q4_0: m = -8 d; Q5_0:
+ * m = -16 d. */
 static inline __attribute__((always_inline)) void scales16(const uint8_t *b, int64_t rb,
                                                            const int qt, __m512 *d, __m512 *m) {
-    __m128i part[4]; /* per row 4 bytes: fp16 d, then fp16 m (Q4_1) or two quants (ignored) */
+    __m128i part[4]; /* per row 4 bytes: fp16 d, then fp16 m (Q4_1, Q5_1) or (ignored) quants */
     for (int i = 0; i < 4; i++) {
         int32_t v[4];
         for (int j = 0; j < 4; j++) memcpy(&v[j], b + (4 * i + j) * rb, 4);
@@ -349,10 +373,10 @@ static inline __attribute__((always_inline)) void scales16(const uint8_t *b, int
     const __m512i even =
         _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     *d = _mm512_permutex2var_ps(lo, even, hi);
-    if (qt == Q4_1) {
+    if (qt == Q4_1 || qt == Q5_1) {
         *m = _mm512_permutex2var_ps(lo, _mm512_add_epi32(even, _mm512_set1_epi32(1)), hi);
-    } else if (qt == Q4_0) {
-        *m = _mm512_mul_ps(*d, _mm512_set1_ps(-8.0f));
+    } else if (qt == Q4_0 || qt == Q5_0) {
+        *m = _mm512_mul_ps(*d, _mm512_set1_ps(qt == Q4_0 ? -8.0f : -16.0f));
     } else {
         *d = _mm512_mul_ps(*d, _mm512_set1_ps(0x1p-24f));
     }
@@ -388,7 +412,10 @@ static inline __attribute__((always_inline)) void dequant16(const uint8_t *b0, i
             _mm512_storeu_ps(out + k * PANEL, _mm512_mul_ps(_mm512_cvtepi32_ps(v), d));
         }
     } else {
-        const int qo = qt == Q4_1 ? 4 : 2;
+        const int qo = qt == Q4_0 ? 2 : qt == Q4_1 ? 4 : q5_qh_at(qt) + 4; /* the nibbles */
+        /* Q5: each row's qh, and qh << 4 (bit j at 4 + j) */
+        const __m512i qh = is_q5(qt) ? q5_high16(b0, rb, qt) : _mm512_setzero_si512();
+        const __m512i qh4 = _mm512_slli_epi32(qh, 4), sixteen = _mm512_set1_epi32(16);
         __m512i z[4];
         for (int i = 0; i < 4; i++) {
             __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(b[4 * i] + qo)));
@@ -403,10 +430,14 @@ static inline __attribute__((always_inline)) void dequant16(const uint8_t *b0, i
         for (int j = 0; j < 16; j++) { /* byte j: weight j (low nibble), j + 16 (high) */
             const __m512i v = _mm512_maskz_permutex2var_epi8(0x1111111111111111ull, s[0][j / 8],
                                                              p->o[j % 8], s[1][j / 8]);
-            const __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)));
-            const __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
-            _mm512_storeu_ps(out + j * PANEL, _mm512_fmadd_ps(lo, d, m));
-            _mm512_storeu_ps(out + (j + 16) * PANEL, _mm512_fmadd_ps(hi, d, m));
+            __m512i lo = _mm512_and_si512(v, _mm512_set1_epi32(15)), hi = _mm512_srli_epi32(v, 4);
+            if (is_q5(qt)) { /* qh bits j and j + 16, moved to 16 */
+                lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_srli_epi32(qh4, j), sixteen));
+                hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_srli_epi32(qh, j + 12), sixteen));
+            }
+            const __m512 wl = _mm512_cvtepi32_ps(lo), wh = _mm512_cvtepi32_ps(hi);
+            _mm512_storeu_ps(out + j * PANEL, _mm512_fmadd_ps(wl, d, m));
+            _mm512_storeu_ps(out + (j + 16) * PANEL, _mm512_fmadd_ps(wh, d, m));
         }
     }
 }
@@ -608,6 +639,8 @@ static void gemm_part(const float *x, int64_t M, int64_t K, int64_t xs, const ui
             switch (qt) {
                 case Q4_0: dequant_panel(w0, rb, nb, Q4_0, &p, panel); break;
                 case Q4_1: dequant_panel(w0, rb, nb, Q4_1, &p, panel); break;
+                case Q5_0: dequant_panel(w0, rb, nb, Q5_0, &p, panel); break;
+                case Q5_1: dequant_panel(w0, rb, nb, Q5_1, &p, panel); break;
                 default: dequant_panel(w0, rb, nb, Q8_0, &p, panel); break;
             }
             have = pi;
@@ -713,6 +746,8 @@ int tr_quant_rows(const uint8_t *w, int64_t K, int qt, const int64_t *ids, int64
             switch (qt) {
                 case Q4_0: dequant_avx(row + kb * bb, Q4_0, v); break;
                 case Q4_1: dequant_avx(row + kb * bb, Q4_1, v); break;
+                case Q5_0: dequant_avx(row + kb * bb, Q5_0, v); break;
+                case Q5_1: dequant_avx(row + kb * bb, Q5_1, v); break;
                 default: dequant_avx(row + kb * bb, Q8_0, v); break;
             }
             for (int j = 0; j < 4; j++) _mm256_storeu_ps(o + kb * 32 + 8 * j, v[j]);

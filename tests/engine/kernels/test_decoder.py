@@ -150,6 +150,8 @@ STEPS = [
         (64, False, "Q4_0"),
         (64, True, "Q8_0"),
         (32, True, "Q4_1"),
+        (32, False, "Q5_0"),
+        (64, True, "Q5_1"),
         (64, False, K_MIX),
         (64, True, K_MIX),
     ],
@@ -186,7 +188,7 @@ def test_every_thread_count_gives_the_same_step(threads: int, qtype: str) -> Non
 
 
 @pytest.mark.parametrize(("head_qtype", "layers"), [("Q8_0", "Q4_1"), ("Q4_1", "Q4_1"),
-                                                    ("Q6_K", K_MIX)])  # fmt: skip
+                                                    ("Q5_1", "Q5_0"), ("Q6_K", K_MIX)])  # fmt: skip
 def test_the_lm_head_within_the_step(head_qtype: str, layers: str) -> None:
     """With a quantized LM head the step can end with every row's logits: the same numbers
     as the head applied to the hidden states afterwards (one row, and enough rows for the

@@ -46,7 +46,7 @@ def random_blocks(n: int, k: int, qtype: str, rng: np.random.Generator) -> np.nd
     raw = rng.integers(0, 256, size=(n, k // 32, size), dtype=np.uint8)
     d = (rng.standard_normal((n, k // 32)) * 0.02).astype(np.float16)
     raw[..., 0:2] = d.view(np.uint8).reshape(n, k // 32, 2)
-    if qtype == "Q4_1":
+    if qtype in ("Q4_1", "Q5_1"):
         m = (rng.standard_normal((n, k // 32)) * 0.1).astype(np.float16)
         raw[..., 2:4] = m.view(np.uint8).reshape(n, k // 32, 2)
     return raw.reshape(n, -1)
@@ -74,6 +74,12 @@ def test_the_reference_matches_the_documented_layouts() -> None:
         d = blocks[..., 0:2].copy().view(np.float16).astype(np.float64)
         if qtype == "Q8_0":
             w = blocks[..., 2:].view(np.int8) * d
+        elif qtype in ("Q5_0", "Q5_1"):  # qh (uint32 LE) bit j: weight j's fifth bit
+            qh = blocks[..., -20:-16].copy().view("<u4")
+            q = blocks[..., -16:]
+            q5 = np.concatenate((q & 15, q >> 4), axis=-1) | (qh >> np.arange(32) & 1) << 4
+            m = blocks[..., 2:4].copy().view(np.float16) if qtype == "Q5_1" else -16.0 * d
+            w = q5 * d + m
         else:
             q = blocks[..., -16:]
             w = np.concatenate((q & 15, q >> 4), axis=-1).astype(np.float64)
@@ -134,6 +140,26 @@ def test_the_narrower_simd_paths(
         assert_close(w.matmul(x), x, w64)
         ids = torch.tensor([66, 0, 5, 5])
         np.testing.assert_array_equal(w.rows(ids).numpy(), w64[ids.numpy()].astype(np.float32))
+
+
+@pytest.mark.parametrize("threads", [1, 3, 5])
+def test_every_thread_count_gives_the_same_product(threads: int, kernel: QuantKernel) -> None:
+    """Each y[i, n] is one thread's sum in a fixed order: the split over threads (tiles of
+    W's rows, panels and chunks of x's rows) changes no bit of it."""
+    rng = np.random.default_rng(7)
+    gen = torch.Generator().manual_seed(7)
+    for qtype in QTYPES:
+        w = QuantWeight(torch.from_numpy(random_blocks(67, 576, qtype, rng)), qtype)
+        xs = [torch.randn(m, 576, generator=gen) for m in (1, 3, 17, 40)]
+        want = [w.matmul(x) for x in xs]
+        before = torch.get_num_threads()
+        try:
+            torch.set_num_threads(threads)
+            got = [w.matmul(x) for x in xs]
+        finally:
+            torch.set_num_threads(before)
+        for g, y in zip(got, want, strict=True):
+            assert torch.equal(g, y)
 
 
 def test_strided_and_batched_x(kernel: QuantKernel) -> None:
