@@ -6,7 +6,7 @@ version bench/llamacpp_build.py builds llama-server from) into
 ``~/.cache/tokenrelay-bench/llama.cpp/convert-<version>/`` and run in a subprocess with
 this interpreter, the sdist's gguf-py first on the path and the converter's one missing
 requirement (sentencepiece) installed beside it. The F16 file it writes is then
-quantized with ``llama-quantize`` (bench/model_1b.quantize).
+quantized with ``llama-quantize`` (``quantize`` in bench/model_1b.py).
 
 The converter takes a SentencePiece ``tokenizer.model`` for some families (Gemma-2; Phi-3
 unless ``tokenizer_config.json`` names ``GPT2Tokenizer``); the bench's checkpoints carry

@@ -410,7 +410,11 @@ static void dec_thread(dec_shared *d, int tid, int nth) {
     }
     int64_t r0, r1, c0, c1; /* this thread's rows of T, columns of I */
     tr_split(T, tid, nth, &r0, &r1);
-    tr_split(I, tid, nth, &c0, &c1);
+    /* columns in runs of 16: which of them take the vector path (and its rounding) is the
+     * same at any thread count */
+    tr_split((I + 15) / 16, tid, nth, &c0, &c1);
+    c0 = c0 * 16 < I ? c0 * 16 : I;
+    c1 = c1 * 16 < I ? c1 * 16 : I;
     float *x = d->x;
     for (int64_t l = 0; l < m->num_layers; l++) {
         const tr_layer *L = &m->layers[l];

@@ -168,7 +168,7 @@ def test_fused_steps_match_the_op_by_op_decoder(head_dim: int, qwen3: bool, qtyp
     assert got_kv.abs().sum() > 0  # the fused path wrote the pool
 
 
-@pytest.mark.parametrize("qtype", ["Q4_1", K_MIX])
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0", "Q5_0", K_MIX])
 @pytest.mark.parametrize("threads", [1, 3, 5])
 def test_every_thread_count_gives_the_same_step(threads: int, qtype: str) -> None:
     """The step's phases split rows, heads and tasks over however many threads there are,
