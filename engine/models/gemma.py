@@ -24,17 +24,22 @@ fused projections:
   their own base (``rope_local_base_freq``, or ``rope_parameters["sliding_attention"]``):
   ``ModelConfig.local_rope``, a second :class:`RotaryEmbedding`.
 
-``engine/kernels/csrc/decoder.c`` knows only Llama's layer, so Gemma runs op by op.
-Tensor parallelism is refused for now (one rank runs the model whole).
+A quantized GGUF runs through the fused C step: its norms are given ``1 + weight``, its
+activation, windows, soft cap and local RoPE table are data there.
+Tensor parallelism splits it as it splits Llama: each rank computes its heads with the
+same windows, soft-caps and RoPE tables, the norms are replicated, and the logits are
+soft-capped once gathered whole.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from tokenrelay.engine.attention.metadata import AttentionMetadata
+from tokenrelay.engine.kernels.decoder import LayerWeights, Shape
 from tokenrelay.engine.models.blocks import GeGLUMLP, OffsetRMSNorm, RMSNorm
 from tokenrelay.engine.models.config import ModelConfig
 from tokenrelay.engine.models.llama import Attention, CausalLM, Layer
@@ -65,6 +70,8 @@ class GemmaDecoderLayer(Layer):
         self.pre_ff_norm = OffsetRMSNorm(hidden, eps)
         self.mlp = GeGLUMLP(cfg)
         self.post_ff_norm = OffsetRMSNorm(hidden, eps)
+        # Gemma 3's local layers rotate with their own RoPE (GemmaForCausalLM.local_rope)
+        self.rotates_locally = cfg.local_rope is not None and self.attn.window is not None
 
     def forward(
         self,
@@ -79,14 +86,25 @@ class GemmaDecoderLayer(Layer):
         x = x + self.post_attn_norm(attn)  # [T, hidden]
         return x + self.post_ff_norm(self.mlp(self.pre_ff_norm(x)))
 
+    def fused_weights(self) -> LayerWeights | None:
+        """Every norm as ``1 + weight``; the local layers rotate with the local table."""
+        one = GemmaForCausalLM.fused_norm
+        lw = self.fused_layer(
+            one(self.input_norm), one(self.pre_ff_norm),
+            attn_out_norm=one(self.post_attn_norm), mlp_out_norm=one(self.post_ff_norm),
+            local_rope=self.rotates_locally,
+        )  # fmt: skip
+        q_norm, k_norm = self.attn.q_norm, self.attn.k_norm
+        if lw is None or q_norm is None or k_norm is None:
+            return lw
+        return replace(lw, q_norm=one(q_norm), k_norm=one(k_norm))
+
 
 class GemmaForCausalLM(CausalLM):
     """Gemma 2 and Gemma 3 (text): scaled embeddings, sandwich norms, sliding layers,
     soft-capped logits, a second RoPE for Gemma 3's local layers."""
 
     layer_class = GemmaDecoderLayer
-    fused_decoder = False  # decoder.c has no sandwich norms, windows or soft-caps
-    tensor_parallel = False  # not checked on several ranks yet
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
@@ -109,6 +127,8 @@ class GemmaForCausalLM(CausalLM):
     ) -> torch.Tensor:
         """``input_ids``/``positions`` ``[T]`` -> final-normed hidden states ``[T, hidden]``,
         each layer rotating q and k with its layer type's RoPE."""
+        if self.fused is not None:  # the fused step picks each layer's table itself
+            return super().forward(input_ids, positions, meta, kv_cache, logits)
         if self.rope is None:
             raise RuntimeError("CausalLM.init_rope() was not called")
         if logits is not None:
@@ -130,8 +150,25 @@ class GemmaForCausalLM(CausalLM):
         x = super().embed_tokens(input_ids)
         return x * float(torch.tensor(self.cfg.hidden_size**0.5, dtype=x.dtype))
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """fp32 logits ``[N, vocab]``, soft-capped by ``final_logit_softcapping``."""
-        logits = super().compute_logits(hidden)
         cap = self.cfg.final_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    def local_tables(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Gemma 3's local layers' ``cos, sin``."""
+        if self.local_rope is None:
+            return None
+        cos, sin = self.local_rope.cos_sin(positions, dtype)
+        return cos, sin
+
+    def fused_shape(self) -> Shape:
+        """Llama's, with GeGLU."""
+        return replace(super().fused_shape(), activation="gelu_tanh")
+
+    @staticmethod
+    def fused_norm(norm: RMSNorm) -> torch.Tensor:
+        """``1 + weight``: the fused step's norms multiply by their weight as it is."""
+        return 1.0 + norm.weight.float()

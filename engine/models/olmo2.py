@@ -17,17 +17,22 @@ then Llama's GQA attention with ``1 / sqrt(head_dim)``. The final norm, SwiGLU M
 RoPE and the (untied by default) LM head are Llama's. Every OLMo norm scales in fp32
 before casting (``RMSNorm(scale_in_fp32=True)``: the same as Llama's in fp32).
 
-``engine/kernels/csrc/decoder.c`` knows only Llama's layer, so OLMo 2 runs op by op.
-Tensor parallelism is refused: a q/k norm over the whole projection needs every rank's
-heads (transformers replicates q/k/v for it); one rank runs the model whole.
+A quantized GGUF runs through the fused C step: no input norms, the norms on the
+sublayers' outputs and the whole-projection q/k norms are data there.
+Tensor parallelism splits it as it splits Llama; each rank also holds its heads' part of
+the q/k norm weights, and the mean of squares of a token's whole q (and k) comes from one
+all-reduce of every rank's sums of squares, q and k together (``blocks.split_rms_norms``).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from tokenrelay.engine.attention.metadata import AttentionMetadata
-from tokenrelay.engine.models.blocks import GatedMLP, RMSNorm
+from tokenrelay.engine.kernels.decoder import LayerWeights, Shape
+from tokenrelay.engine.models.blocks import GatedMLP, RMSNorm, split_rms_norms
 from tokenrelay.engine.models.config import ModelConfig
 from tokenrelay.engine.models.llama import Attention, CausalLM, Layer
 from tokenrelay.engine.models.rope import RotaryEmbedding
@@ -48,11 +53,16 @@ class Olmo2Attention(Attention):
     def rotate_qk(
         self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope: RotaryEmbedding
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Normalise q ``[T, H D]`` and k ``[T, Hkv D]`` whole, then rotate them per head."""
+        """Normalise q ``[T, H D]`` and k ``[T, Hkv D]`` whole, then rotate them per head
+        (under tensor parallelism: this rank's heads, by the means over every rank's)."""
         assert self.q_norm is not None and self.k_norm is not None
         t = qkv.shape[0]
-        q = self.q_norm(qkv[:, : self.q_size]).view(t, self.num_heads, self.head_dim)
-        k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size])
+        q, k = qkv[:, : self.q_size], qkv[:, self.q_size : self.q_size + self.kv_size]
+        if self.tp is None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        else:
+            q, k = split_rms_norms([(self.q_norm, q), (self.k_norm, k)], self.tp)
+        q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         return rope.apply(q, cos, sin), rope.apply(k, cos, sin)
 
@@ -80,14 +90,23 @@ class Olmo2DecoderLayer(Layer):
         x = x + self.post_attn_norm(self.attn(x, cos, sin, rope, meta, kv_cache))  # [T, hidden]
         return x + self.post_ff_norm(self.mlp(x))
 
+    def fused_weights(self) -> LayerWeights | None:
+        """No norm before either sublayer; one after each."""
+        return self.fused_layer(
+            None, None, attn_out_norm=self.post_attn_norm.weight,
+            mlp_out_norm=self.post_ff_norm.weight,
+        )  # fmt: skip
+
 
 class Olmo2ForCausalLM(CausalLM):
     """OLMo 2: post-sublayer norms and full-projection q/k norms over Llama's pieces."""
 
     layer_class = Olmo2DecoderLayer
-    fused_decoder = False  # decoder.c has pre-norm layers and per-head q/k norms only
-    tensor_parallel = False  # the q/k norms span every head
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, scale_in_fp32=True)
+
+    def fused_shape(self) -> Shape:
+        """Llama's, with q/k norms over the whole projections."""
+        return replace(super().fused_shape(), qk_norm_whole=True)

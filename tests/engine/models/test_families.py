@@ -12,7 +12,6 @@ token is one of them; it is reported as a warning.
 from __future__ import annotations
 
 import copy
-import logging
 import random
 import shutil
 import warnings
@@ -313,28 +312,3 @@ def test_an_unknown_model_type_is_one_line_naming_the_families() -> None:
     message = str(err.value)
     assert "\n" not in message and "'gemma' is not supported" in message
     assert message.endswith(f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
-
-
-@pytest.mark.parametrize("model_type", ["granite", "olmo2"])
-def test_the_fused_decoder_is_never_taken(
-    model_type: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    cfg = ModelConfig.from_dict(_base(model_type=model_type))
-    with torch.device("meta"):
-        model = model_class(cfg)(cfg)
-    with caplog.at_level(logging.INFO, logger="tokenrelay.engine"):
-        assert not model.fuse() and model.fused is None
-    (record,) = [r for r in caplog.records if "fused decoder" in r.getMessage()]
-    assert record.model_type == model_type  # type: ignore[attr-defined]
-
-
-def test_olmo2_refuses_tensor_parallelism(tmp_path: Path) -> None:
-    """Its q/k norms span every head: one rank only (Granite splits as Llama does)."""
-
-    class TwoRanks:
-        rank, size = 0, 2
-
-    hf_config("olmo2").save_pretrained(tmp_path)
-    cfg = ModelConfig.from_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=r"^tensor_parallel_size: model_type olmo2 "):
-        load_model(tmp_path, cfg, torch.device("cpu"), torch.float32, TwoRanks())  # type: ignore

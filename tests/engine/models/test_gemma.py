@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
-import logging
 import os
 import random
 import shutil
@@ -327,27 +326,6 @@ def test_older_configs_and_transformers_defaults() -> None:
 def test_fields_gemma_cannot_honour_are_refused(overrides: dict[str, Any], field: str) -> None:
     with pytest.raises(ValueError, match=rf"^{field}[.:]"):
         ModelConfig.from_dict(_base("gemma3_text", **overrides))
-
-
-@pytest.mark.parametrize("model_type", ["gemma2", "gemma3_text"])
-def test_op_by_op_with_a_log_line_and_on_one_rank(
-    model_type: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """decoder.c computes Llama's layer only; tensor parallelism is refused in one line."""
-
-    class TwoRanks:
-        rank, size = 0, 2
-
-    cfg = ModelConfig.from_dict(_base(model_type))
-    with torch.device("meta"):
-        model = model_class(cfg)(cfg)
-    with caplog.at_level(logging.INFO, logger="tokenrelay.engine"):
-        assert not model.fuse() and model.fused is None
-    (record,) = [r for r in caplog.records if "fused decoder" in r.getMessage()]
-    assert record.model_type == model_type  # type: ignore[attr-defined]
-    (tmp_path / "config.json").write_text(json.dumps(_base(model_type)))
-    with pytest.raises(ValueError, match=rf"^tensor_parallel_size: model_type {model_type} "):
-        load_model(tmp_path, cfg, CPU, torch.float32, TwoRanks())  # type: ignore[arg-type]
 
 
 def test_per_layer_type_rope_parameters_stay_refused_elsewhere(tmp_path: Path) -> None:
