@@ -1,7 +1,10 @@
 """The tensor-parallel split, checked on small random weights: no process group needed.
 
 Column-parallel q/k/v and gate/up, row-parallel o and down, the KV heads each rank
-keeps for its query heads, the vocabulary shards; and the sizes refused.
+keeps for its query heads, the vocabulary shards; and the sizes refused. Per family, as
+a rank loads them: Phi-3's fused checkpoint tensors cut section by section, OLMo 2's
+q/k norm weights cut with their heads (and a norm split over ranks is the whole one),
+Gemma 3's per-head norms kept whole.
 """
 
 from __future__ import annotations
@@ -12,8 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.engine.models import test_families, test_gemma, test_phi3
 from tokenrelay.engine.config import EngineConfig
+from tokenrelay.engine.models.blocks import OffsetRMSNorm, RMSNorm
 from tokenrelay.engine.models.config import ModelConfig, RopeConfig
+from tokenrelay.engine.models.llama import CausalLM
+from tokenrelay.engine.models.weights import load_model
 from tokenrelay.engine.parallel.layout import check_tensor_parallel, local_config, vocab_shard
 from tokenrelay.engine.parallel.sharding import shard_state
 
@@ -146,3 +153,90 @@ def test_engine_config_checks_tensor_parallel_size(model_path: Path) -> None:
         EngineConfig(device="cpu", weights="native", tensor_parallel_size=3)
     with pytest.raises(ValueError, match="tensor_parallel_size must be an integer"):
         EngineConfig(device="cpu", tensor_parallel_size=True)  # type: ignore[arg-type]
+
+
+# --- per family, as a rank loads its checkpoint ----------------------------------------
+
+
+class Place:
+    """All :func:`load_model` reads of a rank's group: where it stands (no collective)."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        self.rank, self.size = rank, size
+
+
+def _rank_models(folder: Path, size: int) -> list[CausalLM]:
+    """Every rank's model of ``folder``, in float64 (left dense: not packed)."""
+    cfg = ModelConfig.from_pretrained(folder)
+    cpu = torch.device("cpu")
+    places = [Place(r, size) for r in range(size)]
+    return [load_model(folder, cfg, cpu, torch.float64, p) for p in places]  # type: ignore[arg-type]
+
+
+def _part(t: torch.Tensor, rank: int, size: int) -> torch.Tensor:
+    n = t.shape[0] // size
+    return t[rank * n : (rank + 1) * n].double()
+
+
+def test_phi3s_fused_tensors_are_cut_section_by_section(tmp_path: Path, model_path: Path) -> None:
+    """``qkv_proj`` -> ``[q_r; k_r; v_r]``, ``gate_up_proj`` -> ``[gate_r; up_r]``."""
+    hf = test_phi3.build_phi3("phi3", tmp_path, model_path)
+    layer = hf.model.layers[1]
+    h, hkv, d = 4, 2, 16  # test_families.TINY's heads, head_dim 64 / 4
+    q, k, v = layer.self_attn.qkv_proj.weight.split([h * d, hkv * d, hkv * d])
+    gate, up = layer.mlp.gate_up_proj.weight.chunk(2)
+    for r, model in enumerate(_rank_models(tmp_path, 2)):
+        attn, mlp = model.decoder_layers()[1].attn, model.decoder_layers()[1].mlp
+        want = torch.cat([_part(q, r, 2), _part(k, r, 2), _part(v, r, 2)])
+        assert torch.equal(attn.qkv_weight, want)
+        assert torch.equal(mlp.gate_up_weight, torch.cat([_part(gate, r, 2), _part(up, r, 2)]))
+        assert model.rope is not None and model.rope.partial  # 12 of 16 values rotate
+
+
+def test_olmo2s_qk_norm_weights_go_with_their_heads(tmp_path: Path, model_path: Path) -> None:
+    hf = test_families.build_checkpoint("olmo2", tmp_path, model_path)
+    attn = hf.model.layers[0].self_attn
+    for r, model in enumerate(_rank_models(tmp_path, 2)):
+        ours = model.decoder_layers()[0].attn
+        assert ours.q_norm is not None and ours.k_norm is not None
+        assert torch.equal(ours.q_norm.weight, _part(attn.q_norm.weight, r, 2))  # [H D / 2]
+        assert torch.equal(ours.k_norm.weight, _part(attn.k_norm.weight, r, 2))  # [Hkv D / 2]
+
+
+def test_gemma3s_per_head_norms_stay_whole(tmp_path: Path, model_path: Path) -> None:
+    hf = test_gemma.build_checkpoint("gemma3", tmp_path, model_path)
+    attn = hf.model.layers[0].self_attn
+    for model in _rank_models(tmp_path, 2):
+        ours = model.decoder_layers()[0].attn
+        assert ours.q_norm is not None and ours.k_norm is not None
+        assert torch.equal(ours.q_norm.weight, attn.q_norm.weight.double())  # [head_dim]
+        assert torch.equal(ours.k_norm.weight, attn.k_norm.weight.double())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("kind", ["llama", "olmo", "gemma"])
+def test_a_norm_split_over_ranks_scales_as_the_whole_norm(kind: str, dtype: torch.dtype) -> None:
+    """Each rank's slice, normalised by the mean of squares of all slices (what
+    ``split_rms_norms`` all-reduces), is the whole norm's slice."""
+    gen = torch.Generator().manual_seed(0)
+    x = (3 * torch.randn(7, 24, generator=gen)).to(dtype)
+    weight = (0.3 * torch.randn(24, generator=gen) + (kind != "gemma")).to(dtype)
+
+    def norm(n: int, w: torch.Tensor) -> RMSNorm:
+        out = (
+            OffsetRMSNorm(n, 1e-6)
+            if kind == "gemma"
+            else RMSNorm(n, 1e-6, scale_in_fp32=kind == "olmo")
+        )
+        out.weight = torch.nn.Parameter(w, requires_grad=False)
+        return out
+
+    whole = norm(24, weight)(x)
+    parts = x.split(8, dim=1)  # 3 ranks
+    mean_sq = sum(p.float().pow(2).sum(-1, keepdim=True) for p in parts) / 24
+    split = [norm(8, w).scaled(p, mean_sq) for p, w in zip(parts, weight.split(8), strict=True)]
+    got = torch.cat(split, dim=1)
+    assert got.dtype == dtype
+    # the fp32 sums differ only in order: at most one rounding step apart
+    tol = 1e-6 if dtype == torch.float32 else torch.finfo(dtype).eps
+    torch.testing.assert_close(got, whole, rtol=tol, atol=tol)
