@@ -162,7 +162,7 @@ class ModelConfig:
             eos_token_ids=frozenset(eos),
             bos_token_id=cfg.get("bos_token_id"),
             **(_granite(cfg) if model_type == "granite" else {}),
-            **(_phi3(cfg) if model_type == "phi3" else {}),
+            **(_phi3(cfg, max_pos) if model_type == "phi3" else {}),
             **(_sliding(cfg, model_type, max_pos) if model_type in SLIDING_TYPES else {}),
             **gemma,
         )
@@ -207,13 +207,16 @@ def _granite(cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _phi3(cfg: dict[str, Any]) -> dict[str, Any]:
+def _phi3(cfg: dict[str, Any], max_pos: int) -> dict[str, Any]:
     """Phi-3's ``sliding_window``: every layer attends to that many keys (transformers'
-    sliding-window mask for the whole model; ``null`` or 0: the whole context)."""
+    sliding-window mask for the whole model; ``null`` or 0: the whole context). A window
+    of at least ``max_position_embeddings`` (Phi-3-mini-128k's) hides nothing: left out."""
     window = cfg.get("sliding_window") or None
     if window is None:
         return {}
     window = _int({"sliding_window": window}, "sliding_window")
+    if window >= max_pos:
+        return {}
     return {"layer_windows": (window,) * _int(cfg, "num_hidden_layers")}
 
 

@@ -61,7 +61,8 @@ class QuantRows(Protocol):
 class Attention(AttentionProjections):
     """GQA self-attention through the paged KV cache: rotary q and k, optional per-head
     q/k norm (Qwen3), the checkpoint's softmax scale (Granite's ``attention_multiplier``),
-    the layer's sliding window and soft-capped scores (Gemma; ``None`` elsewhere)."""
+    the layer's sliding window (Gemma, Phi-3, Mistral, Qwen2/3 where configured) and
+    soft-capped scores (Gemma 2); ``None`` where the family has neither."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__(cfg)

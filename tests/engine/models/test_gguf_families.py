@@ -9,8 +9,8 @@ original context, cos/sin scale and factor tensors), the tensor names of gguf-py
 name map, Granite's q/k rows permuted (``LlamaModel.permute``), the norms in F32 and the
 matrices in F32, F16, Q8_0 or Q4_0 (``gguf.quants.quantize``), the default model's
 tokenizer. A quantized file is served natively (weights auto or native: the file's blocks
-multiplied by our kernels, op by op here; tests/engine/kernels/ check the fused step
-against op by op); an F32 or F16 one dense (weights auto, with a one-line note). The
+multiplied by our kernels, in the fused C step, and op by op in one case); an F32 or F16
+one dense (weights auto, with a one-line note). The
 greedy tokens must be transformers' on the checkpoint whose matrices are the file's
 (dequantized: the numbers the engine multiplies).
 """
@@ -47,10 +47,11 @@ from tokenrelay.engine.models.store import locate_model
 __all__ = ["prompts"]  # the shared fixture: five prompts, 5 to 93 tokens
 GGML = gguf.GGMLQuantizationType
 ARCH = {"granite-bias": "granite", "olmo2": "olmo2", "phi3-longrope": "phi3"}
-# (checkpoint, the file's matrices, --weights): quantized files served natively
-CASES = [("granite-bias", "F32", "auto"), ("olmo2", "F16", "auto"),
-         ("phi3-longrope", "Q8_0", "auto"), ("granite-bias", "Q8_0", "native"),
-         ("olmo2", "Q4_0", "native")]  # fmt: skip
+# (checkpoint, the file's matrices, --weights, decoder): quantized files served natively,
+# through the fused C step (what a server runs) or op by op (TOKENRELAY_FUSED_DECODER=0)
+CASES = [("granite-bias", "F32", "auto", "fused"), ("olmo2", "F16", "auto", "fused"),
+         ("phi3-longrope", "Q8_0", "auto", "fused"), ("granite-bias", "Q8_0", "native", "fused"),
+         ("olmo2", "Q4_0", "native", "fused"), ("olmo2", "Q4_0", "native", "op-by-op")]  # fmt: skip
 
 
 def _permute(w: torch.Tensor, heads: int) -> torch.Tensor:
@@ -128,13 +129,22 @@ def write_gguf(path: Path, kind: str, hf: Any, qtype: str) -> Path:
 
 
 @pytest.fixture
-def op_by_op(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Native weights run op by op (``TOKENRELAY_FUSED_DECODER=0``, the operator's switch):
-    this module checks what the loader gives the modules."""
+def decoder_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """``fused`` (the default: native weights run in one C call a step) or ``op-by-op``
+    (``TOKENRELAY_FUSED_DECODER=0``, the operator's switch: each module on its weights)."""
+    path = str(getattr(request, "param", "fused"))
     decoder.decoder_library.cache_clear()
-    monkeypatch.setenv(decoder.FUSED_SWITCH, "0")
-    yield
+    if path == "op-by-op":
+        monkeypatch.setenv(decoder.FUSED_SWITCH, "0")
+    elif decoder.decoder_library() is None:
+        pytest.skip("the fused decoder did not build here (no C compiler?)")
+    yield path
     decoder.decoder_library.cache_clear()  # read again once the switch is restored
+
+
+def assert_decoder(model: CausalLM, path: str) -> None:
+    """The step runs as ``path`` says: the fused C step, or the family's modules."""
+    assert (model.fused is not None) == (path == "fused")
 
 
 def assert_native(model: CausalLM, qtype: str, path: Path) -> None:
@@ -166,13 +176,14 @@ def _build(kind: str, folder: Path, tokenizer_dir: Path) -> Any:
     return build_checkpoint(kind, folder, tokenizer_dir)
 
 
-@pytest.mark.parametrize(("kind", "qtype", "weights"), CASES)
+@pytest.mark.parametrize(("kind", "qtype", "weights", "decoder_path"), CASES,
+                         indirect=["decoder_path"])  # fmt: skip
 def test_greedy_from_a_gguf_is_transformers_on_its_weights(
     kind: str,
     qtype: str,
     weights: str,
     home: Path,
-    op_by_op: None,
+    decoder_path: str,
     tmp_path: Path,
     model_path: Path,
     prompts: list[list[int]],
@@ -193,7 +204,8 @@ def test_greedy_from_a_gguf_is_transformers_on_its_weights(
     notes = [r for r in caplog.records if "dequantizing to fp32" in r.getMessage()]
     model = engine.runner.model
     if qtype in QUANT_TYPES:  # as it is, whether asked for or picked by auto
-        assert not notes and engine.runner.weights == "native" and model.fused is None
+        assert not notes and engine.runner.weights == "native"
+        assert_decoder(model, decoder_path)
         assert EngineConfig(model=str(path), device="cpu").weights_for("cpu") == "native"
         assert_native(model, qtype, path)
         if kind == "phi3-longrope":  # the file's fused q/k/v and gate/up, one tensor each

@@ -1,5 +1,6 @@
 """Gemma 2 and Gemma 3 from GGUF files (llama.cpp's ``gemma2`` and ``gemma3``), through
-our own metadata reader and the dense path, against transformers on the same weights.
+our own metadata reader, served as they are or dense, against transformers on the same
+weights.
 
 Each file is written here with gguf-py from a tiny random checkpoint (the one of
 tests/engine/models/test_gemma.py: a window of 8 tokens, GQA, head_dim 16, the default
@@ -10,8 +11,8 @@ base and ``linear`` scaling), gguf-py's tensor names, every norm weight plus 1, 
 matrices in F16 or Q8_0. What the converter does not write, the checkpoints hold
 as llama.cpp derives it: ``query_pre_attn_scalar`` = ``head_dim``, every 2nd (Gemma 2)
 or 6th (Gemma 3: 6 layers, the last global) layer global, Gemma 3's local RoPE base
-10000. The engine serves a quantized file as it is (weights auto or native, op by op:
-the file's blocks, its norms less 1 in our modules) and an F16 one dense (weights auto, a
+10000. The engine serves a quantized file as it is (weights auto or native, fused or op
+by op: the file's blocks, its norms less 1 in our modules) and an F16 one dense (weights auto, a
 one-line note; the folder it writes must hold the checkpoint's tensors); its greedy tokens
 must be transformers' (eager attention) on the file's dequantized weights.
 """
@@ -36,9 +37,10 @@ from tests.engine.models.test_gemma import GEMMA, WINDOW
 from tests.engine.models.test_gguf_families import (
     _round_trip,
     _stored,
+    assert_decoder,
     assert_native,
+    decoder_path,
     home,
-    op_by_op,
 )
 from tests.engine.models.test_gguf_families import prompts as prompts
 from tests.engine.models.test_kquant_model import _copy_tokenizer
@@ -48,10 +50,11 @@ from tokenrelay.engine.models.gemma import GemmaForCausalLM
 from tokenrelay.engine.models.gguf_meta import write_metadata
 from tokenrelay.engine.models.weights import LAYER_NAMES
 
-__all__ = ["home", "op_by_op", "prompts"]  # the shared fixtures
-# (kind, the file's matrices, --weights): quantized files served natively
-CASES = [("gemma2", "F16", "auto"), ("gemma2", "Q8_0", "auto"), ("gemma3", "Q8_0", "native"),
-         ("gemma3", "Q4_0", "auto")]  # fmt: skip
+__all__ = ["decoder_path", "home", "prompts"]  # the shared fixtures
+# (kind, the file's matrices, --weights, decoder): quantized files served natively, fused
+# or op by op
+CASES = [("gemma2", "F16", "auto", "fused"), ("gemma2", "Q8_0", "auto", "fused"),
+         ("gemma3", "Q8_0", "native", "op-by-op"), ("gemma3", "Q4_0", "auto", "fused")]  # fmt: skip
 HEAD_DIM = GEMMA["head_dim"]
 
 
@@ -160,13 +163,14 @@ def assert_norms(model: GemmaForCausalLM, ref: Any) -> None:
             assert torch.equal(ours[f"layers.{layer}.{LAYER_NAMES[local]}"], tensor), name
 
 
-@pytest.mark.parametrize(("kind", "qtype", "weights"), CASES)
+@pytest.mark.parametrize(("kind", "qtype", "weights", "decoder_path"), CASES,
+                         indirect=["decoder_path"])  # fmt: skip
 def test_greedy_from_a_gemma_gguf_is_transformers_on_its_weights(
     kind: str,
     qtype: str,
     weights: str,
     home: Path,
-    op_by_op: None,
+    decoder_path: str,
     tmp_path: Path,
     model_path: Path,
     prompts: list[list[int]],
@@ -185,7 +189,8 @@ def test_greedy_from_a_gemma_gguf_is_transformers_on_its_weights(
     assert str(engine.model_path).startswith(str(home))
     assert type(model) is GemmaForCausalLM
     if qtype != "F16":  # the file's blocks (the embedding too, scaled by sqrt(hidden))
-        assert not notes and engine.runner.weights == "native" and model.fused is None
+        assert not notes and engine.runner.weights == "native"
+        assert_decoder(model, decoder_path)
         assert_native(model, qtype, path)
         assert_norms(model, ref_model)
     else:  # dequantized, with a note; the folder holds the checkpoint's tensors under

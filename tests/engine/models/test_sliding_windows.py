@@ -173,10 +173,12 @@ def test_a_window_as_long_as_the_context_is_left_out() -> None:
     for cfg in (
         _hf("MistralConfig", sliding_window=1024).to_dict(),
         _hf("Qwen2Config", use_sliding_window=True, sliding_window=4096).to_dict(),
+        _hf("Phi3Config", sliding_window=2048).to_dict(),  # Phi-3-mini-128k's kind
     ):
         assert ModelConfig.from_dict(cfg).layer_windows == ()
-    short = _hf("MistralConfig", sliding_window=1023).to_dict()
-    assert ModelConfig.from_dict(short).layer_windows == (1023,) * 6
+    for name in ("MistralConfig", "Phi3Config"):
+        short = _hf(name, sliding_window=1023).to_dict()
+        assert ModelConfig.from_dict(short).layer_windows == (1023,) * 6
 
 
 @pytest.mark.parametrize(
