@@ -28,7 +28,7 @@
  * [B, bt_stride] int32; seqs [T]
  * (each token's row in tables), slots [T], rows [T] = 0..T-1, lens [T] int32.
  * Threads: the whole step is one OpenMP parallel region. Each phase (a matrix product, the
- * rows' norms, rotary and KV writes, attention, SwiGLU) is split over the threads and ends
+ * rows' norms, rotary and KV writes, attention, the gated MLP) is split over the threads and ends
  * at a barrier of our own that spins briefly: waking OpenMP's sleeping threads for ~5
  * regions per layer cost more than some of the products themselves.
  *
@@ -257,30 +257,29 @@ static void dec_qkv_rows(const tr_model *m, const tr_layer *L, const tr_step *s,
     }
 }
 
-/* gelu(g) with tanh's approximation, as PyTorch's gelu(approximate="tanh"):
- * 0.5 g (1 + tanh(u)) = g s(2 u), u = sqrt(2 / pi) (g + 0.044715 g^3), s the logistic
- * function (computed as dec_swiglu computes it). */
-static inline float dec_gelu_tanh(float g) {
-    const float u2 = 2.0f * 0.7978845608028654f * (g + 0.044715f * g * g * g);
-    return g / (1.0f + expf(-u2));
-}
-
-/* Columns c0..c1 - 1 of every row: h[t] = gelu_tanh(gate + bg) * (up + bu) (Gemma); 16
- * lanes at a time with AVX-512. */
-static void dec_geglu(const float *gu, const float *bias, float *h, int64_t T, int64_t I,
-                      int64_t c0, int64_t c1) {
+/* Columns c0..c1 - 1 of every row: h[t] = act(gate + bg) * (up + bu), act SiLU or (gelu)
+ * tanh-GELU. Both are g s(v), s the logistic function: v = g for SiLU, and for the GELU
+ * 0.5 g (1 + tanh(u)) = g s(2 u), u = sqrt(2 / pi) (g + 0.044715 g^3), as PyTorch's
+ * gelu(approximate="tanh"). s(v) from e = exp(-|v|) <= 1 (no overflow): 1 / (1 + e) for
+ * v >= 0, e / (1 + e) below; 16 lanes at a time with AVX-512 (paged_attention.c's exp). */
+static void dec_gated(const float *gu, const float *bias, float *h, int64_t T, int64_t I,
+                      int64_t c0, int64_t c1, int gelu) {
+    const float k2 = 2.0f * 0.7978845608028654f, c3 = 0.044715f;
     for (int64_t t = 0; t < T; t++) {
         const float *g = gu + t * 2 * I, *u = g + I;
         float *a = h + t * I;
         int64_t i = c0;
 #if defined(__AVX512F__)
         if (bias == NULL) {
-            const __m512 one = _mm512_set1_ps(1.0f), c3 = _mm512_set1_ps(0.044715f);
-            const __m512 k2 = _mm512_set1_ps(2.0f * 0.7978845608028654f);
+            const __m512 one = _mm512_set1_ps(1.0f), c3v = _mm512_set1_ps(c3);
+            const __m512 k2v = _mm512_set1_ps(k2);
             for (; i + 16 <= c1; i += 16) {
                 const __m512 gi = _mm512_loadu_ps(g + i);
-                const __m512 g3 = _mm512_mul_ps(_mm512_mul_ps(gi, gi), gi);
-                const __m512 v = _mm512_mul_ps(k2, _mm512_fmadd_ps(c3, g3, gi)); /* 2 u */
+                const __m512 v =
+                    gelu ? _mm512_mul_ps(
+                               k2v, _mm512_fmadd_ps(c3v, _mm512_mul_ps(_mm512_mul_ps(gi, gi), gi),
+                                                    gi))
+                         : gi;
                 const __m512 e = exp512_nonpositive(
                     _mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(v)));
                 const __m512 inv = _mm512_div_ps(one, _mm512_add_ps(one, e));
@@ -294,39 +293,8 @@ static void dec_geglu(const float *gu, const float *bias, float *h, int64_t T, i
         for (; i < c1; i++) {
             const float gi = bias != NULL ? g[i] + bias[i] : g[i];
             const float ui = bias != NULL ? u[i] + bias[I + i] : u[i];
-            a[i] = dec_gelu_tanh(gi) * ui;
-        }
-    }
-}
-
-/* Columns c0..c1 - 1 of every row: h[t] = silu(gate + bg) * (up + bu). silu(g) = g s(g),
- * s the logistic function from e = exp(-|g|) <= 1 (no overflow): 1 / (1 + e) for g >= 0,
- * e / (1 + e) below; 16 lanes at a time with AVX-512 (paged_attention.c's exp). */
-static void dec_swiglu(const float *gu, const float *bias, float *h, int64_t T, int64_t I,
-                       int64_t c0, int64_t c1) {
-    for (int64_t t = 0; t < T; t++) {
-        const float *g = gu + t * 2 * I, *u = g + I;
-        float *a = h + t * I;
-        int64_t i = c0;
-#if defined(__AVX512F__)
-        if (bias == NULL) {
-            const __m512 one = _mm512_set1_ps(1.0f);
-            for (; i + 16 <= c1; i += 16) {
-                const __m512 gi = _mm512_loadu_ps(g + i);
-                const __m512 e = exp512_nonpositive(
-                    _mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(gi)));
-                const __m512 inv = _mm512_div_ps(one, _mm512_add_ps(one, e));
-                const __mmask16 neg = _mm512_cmp_ps_mask(gi, _mm512_setzero_ps(), _CMP_LT_OQ);
-                const __m512 sig = _mm512_mask_mul_ps(inv, neg, inv, e);
-                _mm512_storeu_ps(a + i, _mm512_mul_ps(_mm512_mul_ps(gi, sig),
-                                                      _mm512_loadu_ps(u + i)));
-            }
-        }
-#endif
-        for (; i < c1; i++) {
-            const float gi = bias != NULL ? g[i] + bias[i] : g[i];
-            const float ui = bias != NULL ? u[i] + bias[I + i] : u[i];
-            a[i] = gi / (1.0f + expf(-gi)) * ui;
+            const float v = gelu ? k2 * (gi + c3 * gi * gi * gi) : gi;
+            a[i] = gi / (1.0f + expf(-v)) * ui;
         }
     }
 }
@@ -443,10 +411,7 @@ static void dec_thread(dec_shared *d, int tid, int nth) {
         dec_wait(&d->bar, nth);
         dec_matmul(d, d->h, &L->gate_up, d->gu, panel, tid, nth, ctr + 1 + 2 * TR_PARTS);
         dec_wait(&d->bar, nth);
-        if (m->act == TR_ACT_GELU_TANH)
-            dec_geglu(d->gu, L->gate_up_bias, d->h, T, I, c0, c1);
-        else
-            dec_swiglu(d->gu, L->gate_up_bias, d->h, T, I, c0, c1);
+        dec_gated(d->gu, L->gate_up_bias, d->h, T, I, c0, c1, m->act == TR_ACT_GELU_TANH);
         dec_wait(&d->bar, nth);
         dec_matmul(d, d->h, &L->down, d->y, panel, tid, nth, ctr + 1 + 3 * TR_PARTS);
         dec_wait(&d->bar, nth);
