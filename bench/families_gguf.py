@@ -6,7 +6,9 @@ random-weight checkpoint of about 0.7B parameters whose matrices K-quants take (
 the default model's tokenizer) is built with bench/families.py's builder, converted to
 an F16 GGUF by llama.cpp's own ``convert_hf_to_gguf.py`` (bench/gguf_convert.py; the
 converters of Gemma-2 and Phi-3, which read only a SentencePiece tokenizer, are given
-the converter's own BPE vocabulary path) and quantized to ``--quant`` with
+the converter's own BPE vocabulary path; every file's ``general.name`` is ``NAME``, free
+of a family name that llama.cpp keys a tokenizer fix-up on; OLMo-2's output matrix is
+untied from its embedding, as llama.cpp requires it) and quantized to ``--quant`` with
 ``llama-quantize``; the file is cached under ``~/.cache/tokenrelay-bench/models/`` (its
 name carries the family and FORMAT; the F16 file is removed once quantized). Then
 bench/vs_llamacpp.py's machinery serves it with ``tokenrelay serve`` and with
@@ -47,8 +49,9 @@ from bench.vs_llamacpp import int_list, measure
 from bench.vs_llamacpp_servers import OURS, PEER, Proc, start_ours, start_peer
 
 FAMILIES = ("llama", "granite", "olmo2", "phi3", "gemma2", "gemma3_text")
-FORMAT = 1  # bump when the shape or the conversion changes: the cached files' names change
-TAG = "0.7b-k"  # the checkpoint folder's and the files' size tag
+FORMAT = 2  # bump when the shape or the conversion changes: the cached names change
+TAG = "0.7b-k"  # the size tag of the checkpoint folders and files (with FORMAT)
+NAME = f"random {TAG}"  # general.name: no family name (llama.cpp's loader reads "phi3")
 SHAPE: dict[str, Any] = {
     "hidden_size": 1536,
     "num_hidden_layers": 24,
@@ -61,6 +64,7 @@ SHAPE: dict[str, Any] = {
 EXTRA: dict[str, dict[str, Any]] = {
     "gemma2": {"query_pre_attn_scalar": 128},
     "gemma3_text": {"query_pre_attn_scalar": 128},
+    "olmo2": {"tie_word_embeddings": False},  # llama.cpp's OLMo-2 needs output.weight
 }
 QUANTS = ("Q4_K_M", "Q4_K_S", "Q6_K", "Q8_0")
 K_TYPES = {"F32", "F16", "Q4_K", "Q5_K", "Q6_K", "Q8_0"}  # what our kernels multiply
@@ -79,10 +83,10 @@ def make_file(family: str, args: argparse.Namespace) -> Path:
     out = model_path(family, args.quant)
     if out.is_file():
         return out
-    checkpoint = families.build(family, {**SHAPE, **EXTRA.get(family, {})}, TAG)
+    checkpoint = families.build(family, {**SHAPE, **EXTRA.get(family, {})}, f"{TAG}-v{FORMAT}")
     f16 = model_path(family, "F16")
     if not f16.is_file():
-        gguf_convert.convert(checkpoint, f16, say)
+        gguf_convert.convert(checkpoint, f16, say, NAME)
     binary = find_quantize(args)
     say(f"quantizing {f16.name} to {args.quant} with {binary}")
     model_1b.quantize(binary, f16, out, args.quant, args.threads)

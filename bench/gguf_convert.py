@@ -14,7 +14,10 @@ the default model's BPE ``tokenizer.json``. For the architectures in ``BPE_VOCAB
 subprocess sets the converter's ``set_vocab`` to its own BPE path (``_set_vocab_gpt2``,
 the path Phi-3 takes for ``GPT2Tokenizer`` and Gemma-3 takes without
 ``tokenizer.model``) before the converter runs; the weights and hyperparameters are
-converted as they are.
+converted as they are. ``name`` is written as ``general.name``: llama.cpp's vocabulary
+loader keys a Phi-3 tokenizer fix-up on that name (a name holding ``phi3`` or ``phi-3``
+makes it look up ``</s>``, ``<unk>`` and ``<s>``, which a vocabulary without them fails
+to load on), so a checkpoint with another family's tokenizer is given a neutral one.
 """
 
 from __future__ import annotations
@@ -95,8 +98,11 @@ def architecture(checkpoint: Path) -> str:
     return str(json.loads((checkpoint / "config.json").read_text())["architectures"][0])
 
 
-def convert(checkpoint: Path, out: Path, say: Callable[..., None] = print) -> Path:
-    """``checkpoint`` (an HF folder) -> the F16 GGUF ``out``, by llama.cpp's converter."""
+def convert(
+    checkpoint: Path, out: Path, say: Callable[..., None] = print, name: str | None = None
+) -> Path:
+    """``checkpoint`` (an HF folder) -> the F16 GGUF ``out``, by llama.cpp's converter;
+    ``name``: the file's ``general.name`` (the converter's, from the folder, if None)."""
     root = get_converter(say)
     arch = architecture(checkpoint)
     patch = arch if arch in BPE_VOCAB else ""
@@ -111,6 +117,8 @@ def convert(checkpoint: Path, out: Path, say: Callable[..., None] = print) -> Pa
     )
     cmd = [sys.executable, "-c", WRAPPER, str(root), patch, str(checkpoint),
            "--outfile", str(tmp), "--outtype", "f16"]  # fmt: skip
+    if name is not None:
+        cmd += ["--model-name", name]
     say(f"converting {checkpoint.name} ({arch}) with {root / 'convert_hf_to_gguf.py'}")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     text = proc.stdout + proc.stderr
