@@ -4,11 +4,12 @@ they are: quantized.
 Every architecture of ``gguf_meta.ARCHITECTURES`` (Llama, Mistral, Qwen2, Qwen3, Granite,
 OLMo 2, Phi-3, Gemma 2, Gemma 3) is built as ``families.model_class`` picks it and filled
 from the file: the projections (and the token embedding, also the tied LM head) stay in
-the file's block format (:data:`engine.kernels.quant.QUANT_TYPES`: Q4_0, Q4_1, Q8_0 and
-the K-quants Q4_K, Q5_K, Q6_K) as :class:`engine.kernels.quant.QuantWeight` and are
-multiplied by the C kernels of ``engine/kernels/csrc``; only the norms and biases (F32 in
-the file) become dense tensors. Nothing is dequantized to fp32. A family the fused
-decoder does not compute runs the same weights op by op (``CausalLM.fuse``).
+the file's block format (:data:`engine.kernels.quant.QUANT_TYPES`: Q4_0, Q4_1, Q5_0,
+Q5_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K) as
+:class:`engine.kernels.quant.QuantWeight` and are multiplied by the C kernels of
+``engine/kernels/csrc``; only the norms and biases (F32 in the file) become dense tensors.
+Nothing is dequantized to fp32. A family the fused decoder does not compute runs the same
+weights op by op (``CausalLM.fuse``).
 
 Names: each tensor's checkpoint name (``gguf_names.checkpoint_names``, shared with the
 dense path ``gguf_dense.py``), then ours (``weights.LAYER_NAMES`` and ``weights.FUSED``,
