@@ -47,6 +47,8 @@ OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
     redis.exceptions.ClusterError,  # CLUSTERDOWN, MASTERDOWN: a shard has no master
     redis.exceptions.SlotNotCoveredError,  # no node serves the key's slot
     redis.exceptions.TryAgainError,
+    # redis-py >= 8: no startup node of a cluster answered a topology refresh
+    *[e for e in [getattr(redis.exceptions, "RedisClusterUnreachableError", None)] if e],
     ConnectionError,
     OSError,
 )
